@@ -1,0 +1,1 @@
+"""Agents: the pluggable brain (DESIGN §1)."""

@@ -1,0 +1,97 @@
+"""Configuration as frozen value objects (DESIGN §11 defaults).
+
+Every number the contract names lives here once; the rest of the code reads
+it from a :class:`Config`, so tests can shrink limits to provoke the edge
+cases deterministically.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_PORT = 15707
+PROTOCOL_VERSION = 3
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLimits:
+    """Per-connection outbound queue bounds (DESIGN §11, I7)."""
+
+    reliable_messages: int = 256
+    reliable_bytes: int = 8 * MiB
+    transient_messages: int = 128
+    transient_bytes: int = 512 * KiB
+
+
+@dataclass(frozen=True, slots=True)
+class JournalLimits:
+    """In-process journal retention (DESIGN §4.2)."""
+
+    events: int = 10_000
+    seconds: float = 300.0
+    bytes_per_conversation: int = 64 * MiB
+    bytes_total: int = 512 * MiB
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRetention:
+    """Request registry retention (DESIGN §5)."""
+
+    min_seconds: float = 600.0
+    max_per_principal: int = 256
+    tombstone_seconds: float = 86_400.0
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    home: Path
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    heartbeat_s: float = 15.0
+    dead_after_s: float = 45.0
+    hello_timeout_s: float = 10.0
+    max_frame_bytes: int = 1 * MiB
+    max_chat_bytes: int = 256 * KiB
+    invalid_frames_before_close: int = 3
+    queue: QueueLimits = field(default_factory=QueueLimits)
+    journal: JournalLimits = field(default_factory=JournalLimits)
+    requests: RequestRetention = field(default_factory=RequestRetention)
+    # Browsers must present one of these Origins; clients that send no Origin
+    # header (scripts, terminals) are not browsers and are not checked.
+    allowed_origins: tuple[str, ...] = ()
+    scripted_delta_ms: float = 20.0
+    shutdown_grace_s: float = 5.0
+    # How often the Mind re-reads the credential table so that a revocation
+    # made by another process closes live connections within a second.
+    credential_poll_s: float = 0.25
+    snapshot_messages: int = 50
+
+    @property
+    def db_path(self) -> Path:
+        return self.home / "halfpi.db"
+
+    @property
+    def face_token_path(self) -> Path:
+        return self.home / "face.token"
+
+    def origins(self) -> tuple[str, ...]:
+        """Allowed browser Origins: the configured ones plus the Mind's own."""
+        own = (f"http://127.0.0.1:{self.port}", f"http://localhost:{self.port}")
+        return tuple(dict.fromkeys(self.allowed_origins + own))
+
+
+def default_home() -> Path:
+    env = os.environ.get("HALFPI_HOME")
+    return Path(env).expanduser() if env else Path.home() / ".halfpi"
+
+
+def env_delta_ms(default: float = 20.0) -> float:
+    raw = os.environ.get("HALFPI_SCRIPTED_DELTA_MS")
+    if raw is None or raw == "":
+        return default
+    return max(0.0, float(raw))

@@ -1,0 +1,301 @@
+"""Per-connection outbound queue policy (DESIGN §4, §11, I7), with no I/O.
+
+Messages are shared, pre-encoded :class:`Message` objects: an event is
+encoded once and handed to every subscriber; only the per-connection
+``event_seq`` is spliced in when a frame is written. The queue holds what
+the transport could not take yet. Under pressure it
+
+1. coalesces chat deltas of the same reply (lossless: the merged delta
+   carries ``first_seq`` of the first and ``seq``/``cursor`` of the last),
+2. drops droppable progress (a placeholder keeps its ``event_seq`` so the
+   Face sees exactly where; the next progress of that call says ``gap``),
+3. and if reliable messages still do not fit, asks to evict the connection
+   (close 4008) after telling it, per conversation, the cursor of the last
+   message actually written to it.
+
+``event_seq`` is +1 for every message the queue emits or drops, in emission
+order, starting at 1 on every connection.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import msgspec
+
+from halfpi.config import QueueLimits
+
+RELIABLE = 0
+DELTA = 1  # transient, coalescable
+PROGRESS = 2  # transient, droppable
+
+_encode = msgspec.json.encode
+
+
+def frame_prefix(type_: str) -> bytes:
+    return b'{"type":"' + type_.encode() + b'","payload":{"event_seq":'
+
+
+class Message:
+    """One Mind → Face message, shared by every connection it is sent to.
+
+    ``body`` is the payload JSON without ``event_seq``; it is encoded lazily
+    for coalesced deltas. Treat as immutable once queued anywhere.
+    """
+
+    __slots__ = (
+        "body",
+        "conversation_id",
+        "cursor",
+        "first_seq",
+        "kind",
+        "prefix",
+        "request_id",
+        "seq",
+        "size",
+        "stream",
+        "text",
+        "type",
+    )
+
+    def __init__(
+        self,
+        type_: str,
+        body: bytes | None,
+        *,
+        kind: int = RELIABLE,
+        conversation_id: str | None = None,
+        seq: int = 0,
+        cursor: str | None = None,
+        request_id: str | None = None,
+        text: str | None = None,
+        first_seq: int = 0,
+        stream: str | None = None,
+    ) -> None:
+        self.type = type_
+        self.prefix = frame_prefix(type_)
+        self.body = body
+        self.kind = kind
+        self.conversation_id = conversation_id
+        self.seq = seq
+        self.cursor = cursor
+        self.request_id = request_id
+        self.text = text
+        self.first_seq = first_seq or seq
+        # Progress is dropped per stream (tool call); deltas merge per reply.
+        self.stream = stream
+        self.size = len(body) if body is not None else len(text or "") + 160
+
+    def encoded_body(self) -> bytes:
+        if self.body is None:
+            self.body = delta_body(self)
+        return self.body
+
+    def frame(self, event_seq: int) -> bytes:
+        body = self.encoded_body()
+        if len(body) > 2:
+            return self.prefix + str(event_seq).encode() + b"," + body[1:] + b"}"
+        return self.prefix + str(event_seq).encode() + b"}}"
+
+
+def message(type_: str, payload: dict[str, Any] | msgspec.Struct) -> Message:
+    """A reliable message with no conversation position (accepted, result, error…)."""
+    return Message(type_, _encode(payload))
+
+
+def delta_body(m: Message) -> bytes:
+    payload: dict[str, Any] = {
+        "conversation_id": m.conversation_id,
+        "seq": m.seq,
+        "cursor": m.cursor,
+        "request_id": m.request_id,
+        "text": m.text,
+    }
+    if m.first_seq != m.seq:
+        payload["first_seq"] = m.first_seq
+    return _encode(payload)
+
+
+def merge_deltas(older: Message, newer: Message) -> Message:
+    merged = Message(
+        "face.chat.delta",
+        None,
+        kind=DELTA,
+        conversation_id=older.conversation_id,
+        seq=newer.seq,
+        cursor=newer.cursor,
+        request_id=older.request_id,
+        text=(older.text or "") + (newer.text or ""),
+        first_seq=older.first_seq,
+    )
+    return merged
+
+
+class _Dropped:
+    """Placeholder for a dropped message: consumes an ``event_seq``, writes nothing."""
+
+    __slots__ = ()
+
+
+DROPPED = _Dropped()
+
+
+class OutboundQueue:
+    """The bounded queue of one connection. Single-threaded; no clock needed."""
+
+    __slots__ = (
+        "_gaps",
+        "_items",
+        "_last_by_conversation",
+        "event_seq",
+        "limits",
+        "reliable_bytes",
+        "reliable_count",
+        "transient_bytes",
+        "transient_count",
+        "written_cursors",
+    )
+
+    def __init__(self, limits: QueueLimits) -> None:
+        self.limits = limits
+        self._items: deque[Message | _Dropped] = deque()
+        self.reliable_count = 0
+        self.reliable_bytes = 0
+        self.transient_count = 0
+        self.transient_bytes = 0
+        self.event_seq = 0
+        # conversation_id → cursor of the last message written (for face.evicted).
+        self.written_cursors: dict[str, str] = {}
+        # conversation_id → last queued message of it (coalescing may only
+        # merge into the tail of a conversation, never reorder within one).
+        self._last_by_conversation: dict[str, Message] = {}
+        # streams whose progress was dropped: their next progress says gap.
+        self._gaps: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def push(self, m: Message, *, pressured: bool) -> bool:
+        """Queue ``m``. Returns False if the connection must be evicted (I7)."""
+        conv = m.conversation_id
+        if m.kind == DELTA and pressured and conv is not None:
+            tail = self._last_by_conversation.get(conv)
+            if tail is not None and tail.kind == DELTA and tail.request_id == m.request_id:
+                if self._replace_tail(tail, merge_deltas(tail, m)):
+                    return self._fits()
+        self._items.append(m)
+        if conv is not None:
+            self._last_by_conversation[conv] = m
+        self._account(m, +1)
+        if m.kind == PROGRESS and pressured:
+            self._shed_progress()
+        return self._fits()
+
+    def _replace_tail(self, old: Message, new: Message) -> bool:
+        # The tail of a conversation is usually the last item overall; search
+        # backwards, bounded by the queue length (which is itself bounded).
+        items = self._items
+        for index in range(len(items) - 1, -1, -1):
+            if items[index] is old:
+                items[index] = new
+                self._account(old, -1)
+                self._account(new, +1)
+                assert new.conversation_id is not None
+                self._last_by_conversation[new.conversation_id] = new
+                return True
+        return False
+
+    def _account(self, m: Message, sign: int) -> None:
+        size = m.size  # fixed at construction, so accounting always balances
+        if m.kind == RELIABLE:
+            self.reliable_count += sign
+            self.reliable_bytes += sign * size
+        else:
+            self.transient_count += sign
+            self.transient_bytes += sign * size
+
+    def _transient_over(self) -> bool:
+        return (
+            self.transient_count > self.limits.transient_messages
+            or self.transient_bytes > self.limits.transient_bytes
+        )
+
+    def _shed_progress(self) -> None:
+        """Drop the oldest progress messages until the transient bounds hold."""
+        items = self._items
+        index = 0
+        while self._transient_over() and index < len(items):
+            item = items[index]
+            if isinstance(item, Message) and item.kind == PROGRESS:
+                items[index] = DROPPED
+                self._account(item, -1)
+                if item.stream is not None:
+                    self._gaps.add(item.stream)
+            index += 1
+
+    def _fits(self) -> bool:
+        limits = self.limits
+        return (
+            self.reliable_count <= limits.reliable_messages
+            and self.reliable_bytes <= limits.reliable_bytes
+            and not self._transient_over()
+        )
+
+    def take(self, budget: int) -> list[bytes]:
+        """Pop up to ``budget`` bytes of frames (at least one), assigning ``event_seq``."""
+        out: list[bytes] = []
+        items = self._items
+        spent = 0
+        while items and spent < budget:
+            item = items.popleft()
+            self.event_seq += 1
+            if isinstance(item, _Dropped):
+                continue
+            frame = self._emit(item)
+            spent += len(frame)
+            out.append(frame)
+        if not items:
+            self._last_by_conversation.clear()
+        return out
+
+    def _emit(self, m: Message) -> bytes:
+        self._account(m, -1)
+        conv = m.conversation_id
+        if conv is not None:
+            if self._last_by_conversation.get(conv) is m:
+                del self._last_by_conversation[conv]
+            if m.cursor is not None:
+                self.written_cursors[conv] = m.cursor
+        if m.kind == PROGRESS and m.stream in self._gaps:
+            self._gaps.discard(m.stream)
+            return _with_gap(m).frame(self.event_seq)
+        return m.frame(self.event_seq)
+
+    def emit_now(self, m: Message) -> bytes:
+        """Frame ``m`` for immediate writing (the queue is empty and the transport idle)."""
+        self.event_seq += 1
+        self._account(m, +1)
+        return self._emit(m)
+
+    def evict(self) -> dict[str, str]:
+        """Discard everything queued; return the cursors to resume from."""
+        self._items.clear()
+        self._last_by_conversation.clear()
+        self.reliable_count = self.reliable_bytes = 0
+        self.transient_count = self.transient_bytes = 0
+        return dict(self.written_cursors)
+
+
+def _with_gap(m: Message) -> Message:
+    body = msgspec.json.decode(m.encoded_body())
+    body["gap"] = True
+    return Message(
+        m.type,
+        _encode(body),
+        kind=m.kind,
+        conversation_id=m.conversation_id,
+        seq=m.seq,
+        cursor=m.cursor,
+        stream=m.stream,
+    )

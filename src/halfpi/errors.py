@@ -1,0 +1,138 @@
+"""One exception tree for halfpi, and the stable codes a Face branches on.
+
+Every error a Face can see is a :class:`HalfpiError` carrying an
+:class:`ErrorCode`; driver exceptions (sqlite3, psycopg, websockets) are
+mapped to one of these at the boundary and never reach a Face as-is.
+
+Tree::
+
+    HalfpiError                       code            retryable
+    ├── InvalidRequest                invalid_request no
+    ├── Unauthorized                  unauthorized    no
+    ├── Forbidden                     forbidden       no
+    ├── NotFound                      *_not_found     no
+    ├── RequestConflict               request_conflict no
+    ├── RequestInProgress             request_in_progress yes
+    ├── Busy                          busy            yes
+    ├── RateLimited                   rate_limited    yes
+    ├── TooLarge                      too_large       no
+    ├── Unavailable                   unavailable     yes
+    ├── ApprovalExpired               approval_expired no
+    └── InternalError                 internal_error  yes
+        └── StoreError                (a backend failed; mapped to internal_error)
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorCode(enum.StrEnum):
+    """DESIGN §4 error codes. Clients branch on these only."""
+
+    INVALID_REQUEST = "invalid_request"
+    UNAUTHORIZED = "unauthorized"
+    FORBIDDEN = "forbidden"
+    CONVERSATION_NOT_FOUND = "conversation_not_found"
+    REQUEST_CONFLICT = "request_conflict"
+    REQUEST_IN_PROGRESS = "request_in_progress"
+    APPROVAL_NOT_FOUND = "approval_not_found"
+    APPROVAL_EXPIRED = "approval_expired"
+    RUN_NOT_FOUND = "run_not_found"
+    TASK_NOT_FOUND = "task_not_found"
+    HAND_NOT_FOUND = "hand_not_found"
+    BUSY = "busy"
+    RATE_LIMITED = "rate_limited"
+    TOO_LARGE = "too_large"
+    UNAVAILABLE = "unavailable"
+    INTERNAL_ERROR = "internal_error"
+
+
+class CloseCode(enum.IntEnum):
+    """DESIGN §4 WebSocket close codes."""
+
+    NORMAL = 1000
+    GOING_AWAY = 1001
+    RESTARTING = 1012
+    UNAUTHORIZED = 4001
+    REVOKED = 4003
+    SLOW_CONSUMER = 4008
+    PROTOCOL_VIOLATION = 4009
+    HELLO_TIMEOUT = 4010
+
+
+class HalfpiError(Exception):
+    """Root of every error halfpi raises on purpose."""
+
+    code: ErrorCode = ErrorCode.INTERNAL_ERROR
+    retryable: bool = False
+
+    def __init__(self, message: str = "", *, field: str | None = None) -> None:
+        super().__init__(message or self.code.value)
+        self.message = message or self.code.value
+        self.field = field
+
+
+class InvalidRequest(HalfpiError):
+    code = ErrorCode.INVALID_REQUEST
+
+
+class Unauthorized(HalfpiError):
+    code = ErrorCode.UNAUTHORIZED
+
+
+class Forbidden(HalfpiError):
+    code = ErrorCode.FORBIDDEN
+
+
+class NotFound(HalfpiError):
+    """A named target does not exist (or is not visible to the caller)."""
+
+    def __init__(self, code: ErrorCode, message: str = "", *, field: str | None = None) -> None:
+        self.code = code
+        super().__init__(message, field=field)
+
+
+class RequestConflict(HalfpiError):
+    code = ErrorCode.REQUEST_CONFLICT
+
+
+class RequestInProgress(HalfpiError):
+    code = ErrorCode.REQUEST_IN_PROGRESS
+    retryable = True
+
+
+class Busy(HalfpiError):
+    code = ErrorCode.BUSY
+    retryable = True
+
+
+class RateLimited(HalfpiError):
+    code = ErrorCode.RATE_LIMITED
+    retryable = True
+
+
+class TooLarge(HalfpiError):
+    code = ErrorCode.TOO_LARGE
+
+
+class Unavailable(HalfpiError):
+    code = ErrorCode.UNAVAILABLE
+    retryable = True
+
+
+class ApprovalExpired(HalfpiError):
+    code = ErrorCode.APPROVAL_EXPIRED
+
+
+class InternalError(HalfpiError):
+    code = ErrorCode.INTERNAL_ERROR
+    retryable = True
+
+
+class StoreError(InternalError):
+    """A Store backend failed. The Face sees ``internal_error``."""
+
+
+class IllegalTransition(InternalError):
+    """A state machine was asked for a transition its table does not allow."""

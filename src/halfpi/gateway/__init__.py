@@ -1,0 +1,1 @@
+"""Face transports: the native WebSocket adapter and the session they share."""

@@ -1,0 +1,270 @@
+"""Handlers of the Face commands (DESIGN §4), one coroutine per type.
+
+Each takes the session (already authenticated and re-authorized for this
+command, I8) and the validated payload struct, and answers through the
+session. Scope checks and error mapping happen in the session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from halfpi.core import wire
+from halfpi.core.cursor import parse_cursor
+from halfpi.core.replay import Exact, plan_resume
+from halfpi.core.requests import RequestRecord, Tombstone
+from halfpi.errors import ErrorCode, InvalidRequest, NotFound, TooLarge
+from halfpi.store.base import FinishedRequest, WriteTx
+
+if TYPE_CHECKING:
+    from halfpi.gateway.session import FaceSession
+    from halfpi.mind.actor import ChatRun, ConversationActor
+
+Handler = Callable[["FaceSession", Any], Awaitable[None]]
+
+
+async def ping(s: FaceSession, p: wire.Ping) -> None:
+    s.send_reliable("face.pong", {"request_id": p.request_id} if p.request_id else {})
+
+
+async def conversation_create(s: FaceSession, p: wire.ConversationCreate) -> None:
+    async def admit(record: RequestRecord) -> RequestRecord | Tombstone:
+        standing = await s.mind.create_conversation(record, p.name)
+        if standing is record:
+            s.send_reliable("face.accepted", record.accepted)
+            assert record.result is not None
+            s.send_result(record.result)
+        return standing
+
+    await s.mutation("face.conversation.create", p, admit)
+
+
+async def conversation_list(s: FaceSession, p: wire.ConversationList) -> None:
+    rows = await s.mind.store.list_conversations(p.limit + 1, p.before)
+    more = len(rows) > p.limit
+    s.send_result(
+        {
+            "request_id": p.request_id,
+            "status": "succeeded",
+            "data": {
+                "conversations": [
+                    {"id": r.conversation_id, "name": r.name, "created_at": r.created_at}
+                    for r in rows[: p.limit]
+                ],
+                "has_more": more,
+            },
+        }
+    )
+
+
+async def conversation_snapshot(s: FaceSession, p: wire.ConversationSnapshot) -> None:
+    actor = await s.mind.actor(p.conversation_id)
+    mode = s.resolve_detail_mode(p.detail_mode)
+    limit = p.messages_limit or s.mind.config.snapshot_messages
+    snap = await actor.snapshot(limit, mode)
+    s.send_reliable("face.snapshot", {"request_id": p.request_id, **snap})
+
+
+async def conversation_messages(s: FaceSession, p: wire.ConversationMessages) -> None:
+    actor = await s.mind.actor(p.conversation_id)
+    page = await s.mind.store.messages(
+        actor.id, limit=p.limit, before_seq=p.before_seq, max_seq=actor.published
+    )
+    s.send_result(
+        {
+            "request_id": p.request_id,
+            "status": "succeeded",
+            "data": {
+                "messages": [m.to_wire() for m in page.messages],
+                "has_more_older": page.has_more_older,
+            },
+        }
+    )
+
+
+async def subscribe(s: FaceSession, p: wire.Subscribe) -> None:
+    """Exact replay from each cursor, or a reset with a snapshot (I4).
+
+    All reads happen first; then, in one synchronous step, the reply, the
+    snapshots/resets and the subscriptions are queued and installed, so no
+    replayed event can overtake the ``face.accepted`` that announces it.
+    """
+    mode = s.resolve_detail_mode(p.detail_mode)
+    since = dict(p.since or {})
+    unknown = set(since) - set(p.conversation_ids)
+    if unknown:
+        raise InvalidRequest(f"since names {sorted(unknown)[0]} which is not subscribed",
+                             field="since")
+    cursors = {cid: parse_cursor(text, field=f"since.{cid}") for cid, text in since.items()}
+    transient = frozenset(p.transient_types) if p.transient_types is not None else None
+    limit = s.mind.config.snapshot_messages
+    plans: list[tuple[ConversationActor, int]] = []
+    modes: dict[str, str] = {}
+    followups: list[tuple[str, dict[str, Any]]] = []
+    for cid in dict.fromkeys(p.conversation_ids):
+        actor = await s.mind.actor(cid)
+        cursor = cursors.get(cid)
+        if cursor is not None:
+            epoch, floor, head = s.mind.journal.window(cid)
+            plan = plan_resume(cursor, epoch=epoch, floor=floor, head=head)
+            if isinstance(plan, Exact):
+                plans.append((actor, plan.after_seq))
+                modes[cid] = "exact"
+                continue
+            snap = await actor.snapshot(limit, mode)
+            followups.append(
+                ("face.reset", {"conversation_id": cid, "reason": plan.reason.value,
+                                "snapshot": snap})
+            )
+            modes[cid] = "reset"
+        elif p.snapshot:
+            snap = await actor.snapshot(limit, mode)
+            followups.append(("face.snapshot", {"request_id": p.request_id, **snap}))
+            modes[cid] = "live"
+        else:
+            plans.append((actor, actor.published))
+            modes[cid] = "live"
+            continue
+        plans.append((actor, int(snap["cursor"].rpartition(".")[2])))
+    replay = "exact" if cursors and all(modes[c] == "exact" for c in cursors) else "live"
+    s.send_reliable(
+        "face.accepted",
+        {"request_id": p.request_id, "operation": "subscribe", "replay": replay,
+         "conversations": modes},
+    )
+    for type_, body in followups:
+        s.send_reliable(type_, body)
+    for actor, pos in plans:
+        s.install(actor, pos, transient, mode)
+
+
+async def unsubscribe(s: FaceSession, p: wire.Unsubscribe) -> None:
+    for cid in p.conversation_ids:
+        s._drop_subscription(cid)
+    s.send_result({"request_id": p.request_id, "status": "succeeded", "data": {}})
+
+
+async def chat(s: FaceSession, p: wire.Chat) -> None:
+    if len(p.content.encode()) > s.mind.config.max_chat_bytes:
+        raise TooLarge(f"content exceeds {s.mind.config.max_chat_bytes} bytes", field="content")
+    actor = await s.mind.actor(p.conversation_id)
+
+    def accepted(record: RequestRecord) -> None:
+        s.mind.attach((record.principal_id, record.request_id), s)
+        s.send_reliable("face.accepted", record.accepted)
+
+    await s.mutation(
+        "face.chat", p, lambda record: actor.admit_chat(record, p.content, accepted)
+    )
+
+
+async def chat_cancel(s: FaceSession, p: wire.ChatCancel) -> None:
+    """Cancel an explicit target (idempotent, DESIGN §5). The cancel's own
+    ``face.result`` comes once the target's terminal state is committed."""
+    mind = s.mind
+    actor = await mind.actor(p.conversation_id)
+
+    async def admit(record: RequestRecord) -> RequestRecord | Tombstone:
+        record.conversation_id = actor.id
+        record.accepted = {
+            "request_id": record.request_id,
+            "operation": "chat.cancel",
+            "conversation_id": actor.id,
+            "target_request_id": p.target_request_id,
+        }
+        run = actor.active_run_for(p.target_request_id)
+        if run is None:
+            row = await mind.store.run_for_request(actor.id, p.target_request_id)
+            if row is None:
+                raise NotFound(ErrorCode.RUN_NOT_FOUND, "no chat with that request_id here",
+                               field="target_request_id")
+            record.result = _cancel_result(record.request_id, p.target_request_id, row.status)
+            record.status, record.finished_at = "succeeded", mind.now()
+        outcome = await mind.store.write(WriteTx(admit=record))
+        if outcome.existing is not None:
+            return outcome.existing
+        s.send_reliable("face.accepted", record.accepted)
+        if record.result is not None:
+            s.send_result(record.result)
+            return record
+        assert run is not None
+        mind.attach((record.principal_id, record.request_id), s)
+        actor.stop(run, "cancelled")
+        mind.spawn(_settle_cancel(s, record, run, p.target_request_id), name="settle cancel")
+        return record
+
+    await s.mutation("face.chat.cancel", p, admit)
+
+
+async def _settle_cancel(s: FaceSession, record: RequestRecord, run: ChatRun,
+                         target: str) -> None:
+    status = await run.done
+    result = _cancel_result(record.request_id, target, status)
+    mind = s.mind
+    await mind.store.write(
+        WriteTx(finished=[FinishedRequest(record.principal_id, record.request_id, "succeeded",
+                                          result, mind.now())])
+    )
+    mind.deliver_result(record.principal_id, record.request_id, result)
+
+
+def _cancel_result(request_id: str, target: str, target_status: str) -> dict[str, Any]:
+    return {
+        "request_id": request_id,
+        "status": "succeeded",
+        "data": {
+            "outcome": "cancelled" if target_status == "cancelled" else "already_finished",
+            "target_request_id": target,
+            "target_status": target_status,
+        },
+    }
+
+
+# -- commands whose targets arrive with Hands and approvals ----------------------
+# Until a Hand or an approval exists, the truthful answer is "not found" /
+# "empty"; these handlers are replaced when Hands land.
+
+
+async def approval_resolve(s: FaceSession, p: wire.ApprovalResolve) -> None:
+    raise NotFound(ErrorCode.APPROVAL_NOT_FOUND, "no such approval", field="approval_id")
+
+
+async def run_cancel(s: FaceSession, p: wire.RunCancel) -> None:
+    raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run", field="run_id")
+
+
+async def task_cancel(s: FaceSession, p: wire.TaskCancel) -> None:
+    raise NotFound(ErrorCode.TASK_NOT_FOUND, "no such task", field="task_id")
+
+
+async def task_get(s: FaceSession, p: wire.TaskGet | wire.TaskLog) -> None:
+    raise NotFound(ErrorCode.TASK_NOT_FOUND, "no such task", field="task_id")
+
+
+async def task_list(s: FaceSession, p: wire.TaskList) -> None:
+    s.send_result({"request_id": p.request_id, "status": "succeeded", "data": {"tasks": []}})
+
+
+async def hand_list(s: FaceSession, p: wire.HandList) -> None:
+    s.send_result({"request_id": p.request_id, "status": "succeeded", "data": {"hands": []}})
+
+
+HANDLERS: dict[str, Handler] = {
+    "face.ping": ping,
+    "face.conversation.create": conversation_create,
+    "face.conversation.list": conversation_list,
+    "face.conversation.snapshot": conversation_snapshot,
+    "face.conversation.messages": conversation_messages,
+    "face.subscribe": subscribe,
+    "face.unsubscribe": unsubscribe,
+    "face.chat": chat,
+    "face.chat.cancel": chat_cancel,
+    "face.approval.resolve": approval_resolve,
+    "face.run.cancel": run_cancel,
+    "face.task.cancel": task_cancel,
+    "face.task.list": task_list,
+    "face.task.get": task_get,
+    "face.task.log": task_get,
+    "face.hand.list": hand_list,
+}

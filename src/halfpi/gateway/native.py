@@ -1,0 +1,208 @@
+"""The native WebSocket adapter: an ``asyncio.Protocol`` driving the Sans-I/O
+``websockets`` server protocol.
+
+Why not a framework server: an idle connection here is one Protocol object
+and one parser generator — no reader task, no keepalive task — and the
+transport's ``pause_writing``/``resume_writing`` are exactly the pressure
+signal the outbound queue policy (I7) needs. Frames are written with
+``writelines`` so a flush of many messages is one system call.
+
+Only moves bytes: everything the protocol means lives in the session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from websockets.frames import Opcode
+from websockets.http11 import Request
+from websockets.protocol import State
+from websockets.server import ServerProtocol
+
+from halfpi.gateway.session import FaceSession
+
+if TYPE_CHECKING:
+    from halfpi.mind.service import Mind
+
+log = logging.getLogger("halfpi.gateway.native")
+_ws_log = logging.getLogger("halfpi.gateway.ws")
+_ws_log.setLevel(logging.WARNING)
+
+FACE_PATH = "/v1/face"
+HIGH_WATER = 128 * 1024
+LOW_WATER = 32 * 1024
+CLOSE_TIMEOUT_S = 10.0
+
+
+class FaceServer:
+    """Listens on host:port and serves ``/v1/face`` (and ``/healthz``)."""
+
+    def __init__(self, mind: Mind) -> None:
+        self.mind = mind
+        self.server: asyncio.Server | None = None
+        self.connections: set[WebSocketConnection] = set()
+        origins = mind.config.origins()
+        self.origins: list[str | None] = [None, *origins]
+        # The hard limit the WebSocket layer enforces (close 1009). Frames
+        # between max_frame_bytes and this get a face.error instead, so a
+        # client learns why rather than just losing its connection.
+        self.hard_limit = mind.config.max_frame_bytes * 4
+
+    async def start(self) -> None:
+        config = self.mind.config
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(
+            lambda: WebSocketConnection(self), config.host, config.port, backlog=4096,
+            reuse_address=True,
+        )
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return int(self.server.sockets[0].getsockname()[1])
+
+    def stop_accepting(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+    async def wait_closed(self, timeout: float) -> None:
+        """Wait (bounded) for connections to finish their close handshakes."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self.connections and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        for connection in list(self.connections):
+            connection.abort()
+
+
+class WebSocketConnection(asyncio.Protocol):
+    __slots__ = ("_fragments", "_timer", "server", "session", "transport", "ws")
+
+    def __init__(self, server: FaceServer) -> None:
+        self.server = server
+        self.ws = ServerProtocol(
+            origins=server.origins, max_size=server.hard_limit, logger=_ws_log
+        )
+        self.transport: asyncio.Transport | None = None
+        self.session: FaceSession | None = None
+        self._fragments: list[bytes] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    # -- asyncio.Protocol ---------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
+        self.server.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        ws = self.ws
+        ws.receive_data(data)
+        for event in ws.events_received():
+            if isinstance(event, Request):
+                self._handshake(event)
+                continue
+            session = self.session
+            if session is None:
+                continue
+            opcode = event.opcode
+            if opcode is Opcode.TEXT or opcode is Opcode.BINARY:
+                if event.fin:
+                    if opcode is Opcode.TEXT:
+                        session.on_frame(event.data)
+                    else:
+                        session.on_binary()
+                else:
+                    self._fragments = [event.data] if opcode is Opcode.TEXT else None
+            elif opcode is Opcode.CONT:
+                if self._fragments is not None:
+                    self._fragments.append(event.data)
+                if event.fin:
+                    if self._fragments is None:
+                        session.on_binary()
+                    else:
+                        session.on_frame(b"".join(self._fragments))
+                    self._fragments = None
+            else:  # ping, pong, close: the protocol answers; we note the traffic
+                session.on_traffic()
+        self._write_pending()
+
+    def eof_received(self) -> bool | None:
+        self.ws.receive_eof()
+        self._write_pending()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.connections.discard(self)
+        if self._timer is not None:
+            self._timer.cancel()
+        self.ws.receive_eof()
+        if self.session is not None:
+            self.session.on_closed()
+
+    def pause_writing(self) -> None:
+        if self.session is not None:
+            self.session.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.session is not None:
+            self.session.resume_writing()
+
+    # -- handshake ----------------------------------------------------------------
+
+    def _handshake(self, request: Request) -> None:
+        ws = self.ws
+        path = request.path.partition("?")[0]
+        if path == "/healthz":
+            ws.send_response(ws.reject(200, "ok\n"))
+            return
+        if path != FACE_PATH:
+            ws.send_response(ws.reject(404, "not found\n"))
+            return
+        if self.server.mind.draining:
+            ws.send_response(ws.reject(503, "the Mind is restarting\n"))
+            return
+        response = ws.accept(request)  # checks Upgrade headers and the Origin allowlist
+        ws.send_response(response)
+        if response.status_code == 101:
+            self.session = FaceSession(self.server.mind, self)
+
+    # -- the session's Transport ----------------------------------------------------
+
+    def write_frames(self, frames: list[bytes]) -> None:
+        ws = self.ws
+        if ws.state is not State.OPEN or self.transport is None:
+            return
+        for frame in frames:
+            ws.send_text(frame)
+        self._write_pending()
+
+    def close(self, code: int, reason: str) -> None:
+        ws = self.ws
+        if ws.state is State.OPEN:
+            ws.send_close(code, reason)
+        self._write_pending()
+        if self.transport is not None and self._timer is None:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(CLOSE_TIMEOUT_S, self.abort)
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _write_pending(self) -> None:
+        transport = self.transport
+        if transport is None:
+            return
+        chunks = self.ws.data_to_send()
+        if not chunks:
+            return
+        if chunks[-1] == b"":  # SEND_EOF: the protocol is done with TCP
+            chunks.pop()
+            if chunks:
+                transport.writelines(chunks)
+            transport.close()  # flushes what is buffered, then closes
+            return
+        transport.writelines(chunks)

@@ -1,0 +1,436 @@
+"""One Face connection, whatever transport carries it (DESIGN §4, I7, I8).
+
+The session owns the connection's state machine (``awaiting_hello → open →
+closing → closed``), its bounded outbound queue and its subscriptions. A
+transport adapter feeds it text frames and writability changes and gives it
+a :class:`Transport` to write to; the session never touches a socket.
+
+Commands of one connection are handled in arrival order by a worker task
+that exists only while there is work (an idle connection costs no task).
+Frames leave through :meth:`send`: queue, then flush at the end of the
+current loop iteration so several messages share one write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import TYPE_CHECKING, Any, Protocol
+
+from halfpi.core import wire
+from halfpi.core.outbound import RELIABLE, Message, OutboundQueue, message
+from halfpi.core.requests import (
+    Decision,
+    RequestRecord,
+    Tombstone,
+    decide,
+    payload_digest,
+    replay_frames,
+)
+from halfpi.core.scopes import COMMAND_SCOPE, default_detail_mode
+from halfpi.core.states import CONNECTION
+from halfpi.config import PROTOCOL_VERSION
+from halfpi.errors import (
+    CloseCode,
+    Forbidden,
+    HalfpiError,
+    InternalError,
+    InvalidRequest,
+    RateLimited,
+    RequestConflict,
+    Unavailable,
+)
+from halfpi.gateway.commands import HANDLERS
+from halfpi.mind.subscriptions import Subscription
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from halfpi.mind.actor import ConversationActor
+    from halfpi.mind.service import Mind
+
+log = logging.getLogger("halfpi.gateway")
+
+FLUSH_BUDGET = 256 * 1024  # bytes handed to the transport per flush round
+REPLAY_BATCH = 256
+MAX_INBOX = 256
+FEATURES = ("resume", "snapshot", "coalesced_deltas", "evicted_cursors")
+
+
+class Transport(Protocol):
+    def write_frames(self, frames: list[bytes]) -> None: ...
+
+    def close(self, code: int, reason: str) -> None: ...
+
+
+class FaceSession:
+    def __init__(self, mind: Mind, transport: Transport) -> None:
+        self.mind = mind
+        self.transport = transport
+        self.loop = asyncio.get_running_loop()
+        now = mind.now()
+        self.connected_at = now
+        self.last_inbound = now
+        self.last_ping = now
+        self.state = CONNECTION.initial
+        self.queue = OutboundQueue(mind.config.queue)
+        self.principal_id: str | None = None
+        self.profile = ""
+        self.detail_mode: str | None = None
+        self.subscriptions: dict[str, Subscription] = {}
+        self._replaying: list[Subscription] = []
+        self.paused = False
+        self.closed = False
+        self._flush_scheduled = False
+        self._inbox: deque[bytes] = deque()
+        self._worker: asyncio.Task[None] | None = None
+        self.invalid_streak = 0
+        mind.sessions.add(self)
+
+    # -- outbound (I7) -----------------------------------------------------------
+
+    def send(self, m: Message) -> None:
+        if self.closed:
+            return
+        if not self.queue.push(m, pressured=self.paused):
+            self.evict()
+            return
+        if not self._flush_scheduled and not self.paused:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def send_reliable(self, type_: str, payload: dict[str, Any]) -> None:
+        self.send(message(type_, payload))
+
+    def send_result(self, payload: dict[str, Any]) -> None:
+        self.send(message("face.result", payload))
+
+    def send_error(self, exc: HalfpiError, request_id: str | None) -> None:
+        payload: dict[str, Any] = {
+            "code": exc.code.value,
+            "message": exc.message,
+            "retryable": exc.retryable,
+        }
+        if request_id is not None:
+            payload["request_id"] = request_id
+        if exc.field is not None:
+            payload["field"] = exc.field
+        self.send(message("face.error", payload))
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self.closed or self.paused:
+            return
+        queue = self.queue
+        frames = queue.take(FLUSH_BUDGET) if len(queue) else []
+        if not len(queue) and self._replaying:
+            self._pull(frames)
+        if frames:
+            self.transport.write_frames(frames)
+        if (len(queue) or self._replaying) and not self.paused and not self.closed:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _pull(self, frames: list[bytes]) -> None:
+        """Replay from the journal for subscriptions still catching up (I4)."""
+        budget = FLUSH_BUDGET
+        journal = self.mind.journal
+        for sub in list(self._replaying):
+            while budget > 0:
+                batch = journal.read_after(sub.conversation_id, sub.pos, REPLAY_BATCH)
+                if batch is None:  # the window moved past us while we replayed
+                    self._replaying.remove(sub)
+                    self._drop_subscription(sub.conversation_id)
+                    self.mind.spawn(self._reset(sub), name="reset subscription")
+                    break
+                if not batch:
+                    sub.live = True
+                    self._replaying.remove(sub)
+                    break
+                for m in batch:
+                    sub.pos = m.seq
+                    if m.kind == RELIABLE or sub.wants(m):
+                        frame = self.queue.emit_now(m)
+                        budget -= len(frame)
+                        frames.append(frame)
+            if budget <= 0:
+                return
+
+    async def _reset(self, sub: Subscription) -> None:
+        actor = sub.actor
+        snap = await actor.snapshot(self.mind.config.snapshot_messages, sub.detail_mode)
+        self.send_reliable(
+            "face.reset",
+            {"conversation_id": actor.id, "reason": "cursor_expired", "snapshot": snap},
+        )
+        self.install(actor, _seq_of(snap), sub.transient_types, sub.detail_mode)
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if not self._flush_scheduled and not self.closed:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def evict(self) -> None:
+        """Slow consumer (I7): drop the queue, hand over the cursors, close 4008."""
+        if self.closed:
+            return
+        cursors = self.queue.evict()
+        for sub in self._replaying:
+            cursors[sub.conversation_id] = sub.actor.cursor(sub.pos)
+        frame = self.queue.emit_now(message("face.evicted", {"cursors": cursors}))
+        self.transport.write_frames([frame])
+        self.close(CloseCode.SLOW_CONSUMER, "slow consumer: resume from your cursors")
+
+    # -- subscriptions -------------------------------------------------------------
+
+    def install(
+        self,
+        actor: ConversationActor,
+        pos: int,
+        transient_types: frozenset[str] | None,
+        detail_mode: str,
+    ) -> None:
+        """Subscribe from ``pos``: replay what is newer, then go live."""
+        self._drop_subscription(actor.id)
+        sub = Subscription(
+            self, actor, pos=pos, transient_types=transient_types, detail_mode=detail_mode
+        )
+        self.subscriptions[actor.id] = sub
+        actor.subscribers[self] = sub
+        self.queue.written_cursors.setdefault(actor.id, actor.cursor(pos))
+        self._replaying.append(sub)
+        if not self._flush_scheduled and not self.paused:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _drop_subscription(self, conversation_id: str) -> None:
+        sub = self.subscriptions.pop(conversation_id, None)
+        if sub is None:
+            return
+        sub.actor.subscribers.pop(self, None)
+        if sub in self._replaying:
+            self._replaying.remove(sub)
+
+    def resolve_detail_mode(self, requested: str | None) -> str:
+        """DESIGN §6: per connection; observers may never ask for transparent (I9)."""
+        if requested == "transparent" and self.profile != "operator":
+            raise Forbidden("observers cannot request transparent detail", field="detail_mode")
+        mode = requested or self.detail_mode or default_detail_mode(self.profile)
+        self.detail_mode = mode
+        return mode
+
+    # -- inbound -------------------------------------------------------------------
+
+    def on_frame(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self.last_inbound = self.mind.now()
+        if len(self._inbox) >= MAX_INBOX:
+            self.send_error(RateLimited("too many commands in flight"), wire.request_id_of(data))
+            return
+        self._inbox.append(data)
+        if self._worker is None:
+            self._worker = self.loop.create_task(self._work())
+
+    def on_binary(self) -> None:
+        self.on_frame(b"\x00binary")  # not JSON: refused as invalid_request like any garbage
+
+    def on_traffic(self) -> None:
+        """Any inbound traffic (pings included) proves the Face is alive."""
+        self.last_inbound = self.mind.now()
+
+    async def _work(self) -> None:
+        try:
+            while self._inbox and not self.closed:
+                await self._handle(self._inbox.popleft())
+        finally:
+            self._worker = None
+
+    async def _handle(self, data: bytes) -> None:
+        config = self.mind.config
+        if len(data) > config.max_frame_bytes:
+            self._invalid(
+                InvalidRequest(f"frame of {len(data)} bytes exceeds {config.max_frame_bytes}"),
+                None,
+            )
+            return
+        try:
+            type_, payload = wire.decode_command(data)
+        except InvalidRequest as exc:
+            self._invalid(exc, wire.request_id_of(data))
+            return
+        self.invalid_streak = 0
+        if self.state == "awaiting_hello":
+            if type_ != "face.hello":
+                self.send_error(InvalidRequest("the first frame must be face.hello",
+                                               field="type"), None)
+                self.close(CloseCode.UNAUTHORIZED, "hello required")
+                return
+            self._hello(payload)
+            return
+        request_id = getattr(payload, "request_id", None)
+        if type_ == "face.hello":
+            self.send_error(InvalidRequest("hello was already received", field="type"), None)
+            return
+        # I8: every command re-checks the credential as it is now.
+        credential = self.mind.credential(self.principal_id or "")
+        if credential is None:
+            self.close(CloseCode.REVOKED, "credential revoked")
+            return
+        scope = COMMAND_SCOPE.get(type_)
+        try:
+            if scope is not None and scope not in credential.scopes:
+                raise Forbidden(f"{type_} needs scope {scope}")
+            if self.mind.draining and type_ in wire.MUTATIONS:
+                raise Unavailable("the Mind is shutting down; retry elsewhere or later")
+            await HANDLERS[type_](self, payload)
+        except HalfpiError as exc:
+            self.send_error(exc, request_id)
+        except Exception:
+            log.exception("command %s failed", type_)
+            self.send_error(InternalError("internal error"), request_id)
+
+    def _invalid(self, exc: InvalidRequest, request_id: str | None) -> None:
+        self.invalid_streak += 1
+        self.send_error(exc, request_id)
+        if self.invalid_streak >= self.mind.config.invalid_frames_before_close:
+            self.close(CloseCode.PROTOCOL_VIOLATION, "too many invalid frames")
+
+    def _hello(self, hello: wire.Hello) -> None:
+        if hello.protocol != PROTOCOL_VERSION:
+            self.send_error(
+                InvalidRequest(f"protocol {hello.protocol} is not supported; "
+                               f"this Mind speaks {PROTOCOL_VERSION}", field="protocol"),
+                None,
+            )
+            self.close(CloseCode.PROTOCOL_VIOLATION, "unsupported protocol")
+            return
+        credential = self.mind.auth.authenticate(hello.token, "face")
+        if credential is None:
+            self.close(CloseCode.UNAUTHORIZED, "unauthorized")
+            return
+        self.principal_id = credential.principal_id
+        self.profile = credential.profile
+        self.state = CONNECTION.check(self.state, "open")
+        config = self.mind.config
+        self.send_reliable(
+            "face.welcome",
+            {
+                "principal_id": credential.principal_id,
+                "label": credential.label,
+                "profile": credential.profile,
+                "scopes": sorted(credential.scopes),
+                "protocol": PROTOCOL_VERSION,
+                "node_id": self.mind.node_id,
+                "heartbeat_s": config.heartbeat_s,
+                "limits": {
+                    "max_frame_bytes": config.max_frame_bytes,
+                    "max_chat_bytes": config.max_chat_bytes,
+                    "reliable_queue_messages": config.queue.reliable_messages,
+                    "reliable_queue_bytes": config.queue.reliable_bytes,
+                    "transient_queue_messages": config.queue.transient_messages,
+                    "transient_queue_bytes": config.queue.transient_bytes,
+                },
+                "replay_safe": list(wire.REPLAY_SAFE),
+                "features": list(FEATURES),
+            },
+        )
+
+    # -- the request registry, seen from a connection (DESIGN §5, I5) ------------
+
+    async def mutation(
+        self,
+        type_: str,
+        payload: Any,
+        admit: Callable[[RequestRecord], Awaitable[RequestRecord | Tombstone]],
+    ) -> None:
+        """Admit ``payload`` once per ``(principal_id, request_id)``.
+
+        ``admit`` runs only for a new key and sends its own replies; a replay
+        gets the stored outcome; a different payload gets ``request_conflict``.
+        """
+        assert self.principal_id is not None
+        digest = payload_digest(type_, payload)
+        key = (self.principal_id, payload.request_id)
+        async with self.mind.request_lock(key):
+            existing = await self.mind.store.get_request(*key)
+            if existing is None:
+                record = RequestRecord(
+                    self.principal_id, payload.request_id, type_, digest, "accepted",
+                    self.mind.now(),
+                )
+                standing = await admit(record)
+                if standing is record:
+                    return
+                existing = standing
+            await self._replay(key, existing, digest)
+
+    async def _replay(
+        self, key: tuple[str, str], existing: RequestRecord | Tombstone, digest: str
+    ) -> None:
+        if decide(existing, digest) is Decision.CONFLICT:
+            raise RequestConflict(
+                "this request_id was used for a different command", field="request_id"
+            )
+        for type_, body in replay_frames(existing):
+            self.send_reliable(type_, dict(body))
+        if isinstance(existing, RequestRecord) and not existing.terminal:
+            # Attach for the terminal result, then re-read: if it finished in
+            # between and was not delivered to us, deliver it now (once).
+            self.mind.attach(key, self)
+            fresh = await self.mind.store.get_request(*key)
+            if fresh is not None and fresh.result is not None and self.mind.is_attached(key, self):
+                self.mind.detach_key(key, self)
+                self.send_result(dict(fresh.result))
+
+    # -- liveness and closing ------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        """Called by the Mind's maintenance loop; time is passed in."""
+        if self.closed:
+            return
+        config = self.mind.config
+        if self.state == "awaiting_hello":
+            if now - self.connected_at >= config.hello_timeout_s:
+                self.close(CloseCode.HELLO_TIMEOUT, "no hello in time")
+            return
+        if now - self.last_inbound >= config.dead_after_s:
+            self.close(CloseCode.GOING_AWAY, "no traffic: connection presumed dead")
+            return
+        if now - self.last_ping >= config.heartbeat_s:
+            self.last_ping = now
+            self.send_reliable("face.ping", {"ts": now})
+
+    def close(self, code: int, reason: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.state != "closing":
+            self.state = "closing"
+        self.transport.close(code, reason)
+        self._cleanup()
+
+    def on_closed(self) -> None:
+        """The transport is gone (either side closed, or the network died)."""
+        if not self.closed:
+            self.closed = True
+            self._cleanup()
+        self.state = "closed"
+
+    def _cleanup(self) -> None:
+        for conversation_id in list(self.subscriptions):
+            self._drop_subscription(conversation_id)
+        self.mind.detach(self)
+        self.mind.sessions.discard(self)
+        self._inbox.clear()
+        if self._worker is not None and self._worker is not asyncio.current_task():
+            self._worker.cancel()
+
+
+def _seq_of(snapshot: dict[str, Any]) -> int:
+    return int(str(snapshot["cursor"]).rpartition(".")[2])

@@ -1,0 +1,1 @@
+"""The Mind: actors, registry, recovery."""

@@ -1,0 +1,405 @@
+"""The conversation actor: single writer of one conversation (DESIGN §1, I2, I3).
+
+Everything that changes a conversation goes through its actor, on the event
+loop thread, so the actor's synchronous sections are its mailbox order. The
+actor assigns ``seq``, stages events in an outbox, and *publishes* them —
+to the journal, to its in-memory view and to subscribed connections — only
+once they and every durable event before them have committed (I3). The
+publication step runs as the store future's done-callback, so an event is
+shown the moment it is durable, never before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+import msgspec
+
+from halfpi.agents.base import Agent, AgentFailed, ChatInput
+from halfpi.core.cursor import encode_cursor
+from halfpi.core.outbound import DELTA, RELIABLE, Message
+from halfpi.core.requests import RequestRecord, Tombstone
+from halfpi.core.states import CHAT, CHAT_EVENT_FOR_STATUS
+from halfpi.errors import Busy, StoreError
+from halfpi.journal.base import Journal
+from halfpi.store.base import (
+    ConversationRow,
+    FinishedRequest,
+    MessageRow,
+    RunRow,
+    StoredEvent,
+    Store,
+    TxOutcome,
+    WriteTx,
+)
+from halfpi.core.ids import new_run_id
+
+if TYPE_CHECKING:
+    from halfpi.mind.subscriptions import Subscription
+
+log = logging.getLogger("halfpi.actor")
+
+_encode = msgspec.json.encode
+
+
+class ActorHost(Protocol):
+    """What an actor needs from the Mind around it."""
+
+    store: Store
+    journal: Journal
+    agent: Agent
+
+    def now(self) -> float: ...
+
+    def deliver_result(self, principal_id: str, request_id: str, payload: dict[str, Any]) -> None:
+        ...
+
+
+class ChatRun:
+    """One admitted chat, from ``chat.started`` to its terminal event."""
+
+    __slots__ = (
+        "content",
+        "done",
+        "error_code",
+        "principal_id",
+        "request_id",
+        "run_id",
+        "started_at",
+        "state",
+        "stop_reason",
+        "task",
+        "text",
+        "visible_text",
+    )
+
+    def __init__(
+        self, run_id: str, request_id: str, principal_id: str, content: str, started_at: float
+    ) -> None:
+        self.run_id = run_id
+        self.request_id = request_id
+        self.principal_id = principal_id
+        self.content = content
+        self.started_at = started_at
+        self.state = CHAT.initial
+        self.text: list[str] = []  # every delta produced so far
+        self.visible_text: list[str] = []  # deltas published so far (snapshot)
+        self.task: asyncio.Task[None] | None = None
+        self.stop_reason: str | None = None
+        self.error_code: str | None = None
+        # Resolves with the terminal status once it is committed.
+        self.done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    def pending_view(self) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id,
+            "run_id": self.run_id,
+            "status": self.state,
+            "text_so_far": "".join(self.visible_text),
+            "started_at": self.started_at,
+        }
+
+
+_OnPublish = Callable[[], None] | None
+
+
+class ConversationActor:
+    def __init__(self, host: ActorHost, row: ConversationRow, head: int) -> None:
+        self.host = host
+        self.row = row
+        self.id = row.conversation_id
+        self.epoch = host.journal.open(self.id, head)
+        self.next_seq = head + 1
+        self.published = head
+        self.subscribers: dict[object, Subscription] = {}
+        self._outbox: deque[tuple[Message, asyncio.Future[TxOutcome] | None, _OnPublish]] = (
+            deque()
+        )
+        self.run: ChatRun | None = None  # the admitted, not yet finished chat
+        self.visible_runs: dict[str, ChatRun] = {}  # started and not yet ended, as published
+
+    # -- staging and publication (I3) ------------------------------------------
+
+    def cursor(self, seq: int) -> str:
+        return encode_cursor(self.epoch, seq)
+
+    def _take_seq(self) -> int:
+        seq = self.next_seq
+        self.next_seq = seq + 1
+        return seq
+
+    def _event(self, type_: str, data: dict[str, Any], now: float) -> tuple[Message, StoredEvent]:
+        seq = self._take_seq()
+        data_json = _encode(data)
+        cursor = self.cursor(seq)
+        body = _encode(
+            {
+                "conversation_id": self.id,
+                "seq": seq,
+                "cursor": cursor,
+                "type": type_,
+                "data": msgspec.Raw(data_json),
+                "ts": now,
+            }
+        )
+        message = Message("face.event", body, conversation_id=self.id, seq=seq, cursor=cursor)
+        return message, StoredEvent(self.id, seq, type_, data_json, now)
+
+    def _commit(
+        self, tx: WriteTx, staged: list[tuple[Message, _OnPublish]]
+    ) -> asyncio.Future[TxOutcome]:
+        future = self.host.store.write(tx)
+        for message, hook in staged:
+            self._outbox.append((message, future, hook))
+        future.add_done_callback(self._drain)
+        return future
+
+    def _drain(self, _: object = None) -> None:
+        outbox = self._outbox
+        while outbox:
+            message, future, hook = outbox[0]
+            if future is not None:
+                if not future.done():
+                    return
+                if future.cancelled() or future.exception() is not None:
+                    outbox.popleft()  # never committed: never shown
+                    continue
+                if not future.result().committed:
+                    outbox.popleft()
+                    continue
+            outbox.popleft()
+            self._publish(message)
+            if hook is not None:
+                hook()
+
+    def _publish(self, message: Message) -> None:
+        self.published = message.seq
+        self.host.journal.append(message, self.host.now())
+        if message.kind == DELTA and message.request_id is not None:
+            run = self.visible_runs.get(message.request_id)
+            if run is not None:
+                run.visible_text.append(message.text or "")
+        for sub in self.subscribers.values():
+            if sub.live and (message.kind == RELIABLE or sub.wants(message)):
+                sub.session.send(message)
+
+    # -- chat ------------------------------------------------------------------
+
+    async def admit_chat(
+        self,
+        record: RequestRecord,
+        content: str,
+        on_accepted: Callable[[RequestRecord], None],
+    ) -> RequestRecord | Tombstone:
+        """Admit one chat: request record, user message, run and events in one
+        transaction (DESIGN §5). Returns the record that stands: ours, or an
+        existing one if the key raced in from elsewhere (I5)."""
+        if self.run is not None:
+            raise Busy("a chat is already running in this conversation")
+        now = self.host.now()
+        run = ChatRun(new_run_id(now), record.request_id, record.principal_id, content, now)
+        self.run = run  # reserve the slot before awaiting: one active chat
+        try:
+            m_message, e_message = self._event(
+                "chat.message",
+                {"request_id": record.request_id, "role": "user", "content": content},
+                now,
+            )
+            m_started, e_started = self._event(
+                "chat.started", {"request_id": record.request_id, "run_id": run.run_id}, now
+            )
+            record.run_id = run.run_id
+            record.conversation_id = self.id
+            record.accepted = {
+                "request_id": record.request_id,
+                "operation": "chat",
+                "conversation_id": self.id,
+                "run_id": run.run_id,
+                "cursor": m_started.cursor,
+            }
+            tx = WriteTx(
+                admit=record,
+                messages=[
+                    MessageRow(self.id, e_message.seq, "user", content, record.request_id,
+                               None, now)
+                ],
+                runs=[RunRow(run.run_id, self.id, record.request_id, record.principal_id,
+                             "running", now)],
+                events=[e_message, e_started],
+            )
+
+            def started() -> None:
+                self.visible_runs[run.request_id] = run
+
+            outcome = await self._commit(tx, [(m_message, None), (m_started, started)])
+        except BaseException:
+            self.run = None
+            raise
+        if outcome.existing is not None:
+            self.run = None
+            return outcome.existing
+        on_accepted(record)
+        run.task = asyncio.create_task(self._drive(run), name=f"chat {run.run_id}")
+        return record
+
+    def emit_delta(self, run: ChatRun, text: str) -> None:
+        seq = self._take_seq()
+        message = Message(
+            "face.chat.delta",
+            None,
+            kind=DELTA,
+            conversation_id=self.id,
+            seq=seq,
+            cursor=self.cursor(seq),
+            request_id=run.request_id,
+            text=text,
+        )
+        message.encoded_body()  # encode once; every subscriber shares the bytes
+        run.text.append(text)
+        if self._outbox:
+            self._outbox.append((message, None, None))
+        else:
+            self._publish(message)
+
+    async def _drive(self, run: ChatRun) -> None:
+        status, error_code = "succeeded", None
+        try:
+            async for delta in self.host.agent.reply(
+                ChatInput(self.id, run.request_id, run.content)
+            ):
+                if delta.text:
+                    self.emit_delta(run, delta.text)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            status = run.stop_reason or "interrupted"
+        except AgentFailed as exc:
+            status, error_code = "failed", exc.code
+            log.info("chat %s failed: %s", run.run_id, exc)
+        except Exception:
+            log.exception("agent crashed in chat %s", run.run_id)
+            status, error_code = "failed", "internal_error"
+        await self.finish(run, status, error_code)
+
+    def stop(self, run: ChatRun, reason: str) -> bool:
+        """Ask a running chat to stop (``cancelled`` or ``interrupted``).
+
+        Returns False if the chat already reached a terminal state (I10).
+        """
+        if CHAT.is_terminal(run.state):
+            return False
+        if run.state == "running":
+            run.state = CHAT.check(run.state, "cancel_requested")
+        if run.stop_reason is None:
+            run.stop_reason = reason
+        if run.task is not None and not run.task.done():
+            run.task.cancel()
+        return True
+
+    async def finish(self, run: ChatRun, status: str, error_code: str | None) -> None:
+        """Commit the chat's terminal state: run, request result, assistant
+        message and the ``chat.*`` event in one transaction; first terminal wins."""
+        if not CHAT.first_terminal_wins(run.state, status):
+            return
+        run.state = status
+        now = self.host.now()
+        content = "".join(run.text)
+        event_type = CHAT_EVENT_FOR_STATUS[status]
+        data: dict[str, Any] = {
+            "request_id": run.request_id,
+            "run_id": run.run_id,
+            "status": status,
+            "content": content,
+        }
+        if error_code:
+            data["error_code"] = error_code
+        m_done, e_done = self._event(event_type, data, now)
+        result: dict[str, Any] = {
+            "request_id": run.request_id,
+            "status": status,
+            "content": content,
+            "data": {"conversation_id": self.id, "run_id": run.run_id, "cursor": m_done.cursor},
+        }
+        if error_code:
+            result["error_code"] = error_code
+        tx = WriteTx(
+            events=[e_done],
+            runs=[RunRow(run.run_id, self.id, run.request_id, run.principal_id, status,
+                         run.started_at, now, content, error_code)],
+            finished=[
+                FinishedRequest(run.principal_id, run.request_id, status, result, now)
+            ],
+        )
+        if status == "succeeded" or content:
+            tx.messages.append(
+                MessageRow(self.id, e_done.seq, "assistant", content, run.request_id, status, now)
+            )
+
+        def ended() -> None:
+            self.visible_runs.pop(run.request_id, None)
+            if self.run is run:
+                self.run = None
+            self.host.deliver_result(run.principal_id, run.request_id, result)
+            if not run.done.done():
+                run.done.set_result(status)
+
+        future = self._commit(tx, [(m_done, ended)])
+        try:
+            await asyncio.shield(future)
+        except StoreError:
+            log.exception("could not commit the end of chat %s", run.run_id)
+            if self.run is run:
+                self.run = None
+            if not run.done.done():
+                run.done.set_result("interrupted")
+
+    # -- recovery ----------------------------------------------------------------
+
+    async def interrupt_recovered(self, row: RunRow) -> None:
+        """A run found open at start-up: its outcome is unknown, so it is
+        ``interrupted`` (I11) — never resumed, never re-run."""
+        run = ChatRun(row.run_id, row.request_id, row.principal_id, "", row.started_at)
+        await self.finish(run, "interrupted", None)
+
+    # -- reads -------------------------------------------------------------------
+
+    async def snapshot(self, messages_limit: int, detail_mode: str) -> dict[str, Any]:
+        """DESIGN §4.1. The position and in-memory state are captured in one
+        synchronous step; the message page is read from the store *bounded by
+        that position*, so the snapshot is exactly the log up to ``cursor`` and
+        a subscription from ``cursor`` continues it with no gap or overlap."""
+        position = self.published
+        pending = [run.pending_view() for run in self.visible_runs.values()]
+        page = await self.host.store.messages(
+            self.id, limit=messages_limit, before_seq=None, max_seq=position
+        )
+        return {
+            "conversation": self.meta(),
+            "cursor": self.cursor(position),
+            "epoch": self.epoch,
+            "messages": [m.to_wire() for m in page.messages],
+            "has_more_older": page.has_more_older,
+            "pending_chats": pending,
+            "pending_approvals": [],
+            "active_runs": [],
+            "tasks": [],
+            "tool_history": [],
+            "detail_mode": detail_mode,
+        }
+
+    def active_run_for(self, request_id: str) -> ChatRun | None:
+        run = self.run
+        return run if run is not None and run.request_id == request_id else None
+
+    def meta(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.row.name,
+            "created_at": self.row.created_at,
+        }
+

@@ -1,0 +1,119 @@
+"""Credentials: tokens hashed at rest, stable principals, live revocation (I8).
+
+A token is 32 random bytes (``hpf_…`` for Faces, ``hph_…`` for Hands) shown
+once. Only its sha256 is stored: with 256 bits of entropy a slow hash adds
+nothing, and lookups stay O(1). Tokens are never logged; ``describe`` shows
+a credential without its secret.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+from halfpi.core.ids import new_principal_id
+from halfpi.core.scopes import scopes_for
+from halfpi.store import sqlite as sqlite_store
+from halfpi.store.base import Credential
+
+TOKEN_PREFIX = {"face": "hpf_", "hand": "hph_"}
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token(kind: str) -> str:
+    return TOKEN_PREFIX[kind] + secrets.token_urlsafe(32)
+
+
+def make_credential(
+    kind: str, label: str, profile: str, scopes: frozenset[str], now: float
+) -> tuple[Credential, str]:
+    token = new_token(kind)
+    credential = Credential(
+        principal_id=new_principal_id(now),
+        label=label,
+        kind=kind,
+        profile=profile,
+        scopes=scopes,
+        token_hash=hash_token(token),
+        created_at=now,
+    )
+    return credential, token
+
+
+class CredentialCache:
+    """The Mind's in-memory view of the credential table, refreshed by version."""
+
+    def __init__(self) -> None:
+        self.version = -1
+        self._by_hash: dict[str, Credential] = {}
+        self._by_principal: dict[str, Credential] = {}
+
+    def load(self, credentials: list[Credential], version: int) -> set[str]:
+        """Replace the view; return principal ids that are no longer live."""
+        before = {p for p, c in self._by_principal.items() if c.live}
+        self._by_principal = {c.principal_id: c for c in credentials}
+        self._by_hash = {c.token_hash: c for c in credentials}
+        self.version = version
+        now_live = {p for p, c in self._by_principal.items() if c.live}
+        return before - now_live
+
+    def authenticate(self, token: str, kind: str) -> Credential | None:
+        credential = self._by_hash.get(hash_token(token))
+        if credential is None or not credential.live or credential.kind != kind:
+            return None
+        # The dict lookup already matched; compare again in constant time so
+        # the check does not depend on dict internals.
+        if not hmac.compare_digest(credential.token_hash, hash_token(token)):
+            return None
+        return credential
+
+    def get(self, principal_id: str) -> Credential | None:
+        credential = self._by_principal.get(principal_id)
+        return credential if credential is not None and credential.live else None
+
+    def has_face(self) -> bool:
+        return any(c.kind == "face" for c in self._by_principal.values())
+
+
+@dataclass(frozen=True)
+class AddedCredential:
+    credential: Credential
+    token: str
+
+
+def add_credential(
+    conn: sqlite3.Connection,
+    kind: str,
+    label: str,
+    profile: str,
+    now: float,
+    *,
+    extra_scopes: tuple[str, ...] = (),
+    approve: bool = False,
+) -> AddedCredential:
+    """Create a credential (CLI path). Raises ValueError for a live duplicate label."""
+    scopes = scopes_for(profile, extra_scopes, approve=approve) if kind == "face" else frozenset()
+    credential, token = make_credential(kind, label, profile, scopes, now)
+    try:
+        sqlite_store.insert_credential(conn, credential)
+    except sqlite3.IntegrityError:
+        raise ValueError(f"a live {kind} credential labelled {label!r} already exists") from None
+    return AddedCredential(credential, token)
+
+
+def write_token_file(path: Path, token: str) -> None:
+    """Write a token readable by its owner only (mode 0600, created that way)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    import os
+
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(token + "\n")
+    os.chmod(path, 0o600)

@@ -1,0 +1,277 @@
+"""The Mind: actors, the request registry, credentials and recovery, wired together.
+
+Transport adapters (gateway) talk to a :class:`Mind`; the Mind never knows
+which transport a session came in on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
+
+from halfpi.agents.base import Agent
+from halfpi.config import Config
+from halfpi.core.ids import new_conversation_id, new_node_id
+from halfpi.core.requests import RequestRecord, Tombstone
+from halfpi.core.scopes import scopes_for
+from halfpi.errors import CloseCode, ErrorCode, NotFound
+from halfpi.journal.base import Journal
+from halfpi.mind.actor import ConversationActor
+from halfpi.mind.auth import CredentialCache, make_credential, write_token_file
+from halfpi.store.base import (
+    ConversationRow,
+    FinishedRequest,
+    Store,
+    WriteTx,
+)
+from halfpi.store.base import Credential
+
+log = logging.getLogger("halfpi.mind")
+
+Key = tuple[str, str]
+
+
+class Session(Protocol):
+    """What the Mind needs from a Face connection, whatever its transport."""
+
+    principal_id: str | None
+
+    def send_result(self, payload: dict[str, Any]) -> None: ...
+
+    def close(self, code: int, reason: str) -> None: ...
+
+    def tick(self, now: float) -> None: ...
+
+
+class Mind:
+    def __init__(
+        self,
+        config: Config,
+        store: Store,
+        journal: Journal,
+        agent: Agent,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.journal = journal
+        self.agent = agent
+        self.clock = clock
+        self.node_id = new_node_id(clock())
+        self.auth = CredentialCache()
+        self.sessions: set[Session] = set()
+        self.draining = False
+        self._actors: dict[str, ConversationActor] = {}
+        self._loading: dict[str, asyncio.Future[ConversationActor]] = {}
+        self._attached: dict[Key, set[Session]] = {}
+        self._locks: dict[Key, asyncio.Lock] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self._maintenance: asyncio.Task[None] | None = None
+
+    def now(self) -> float:
+        return self.clock()
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.store.open()
+        await self.refresh_credentials()
+        if not self.auth.has_face():
+            await self._create_local_face()
+        await self._recover()
+        self._maintenance = asyncio.create_task(self._maintain(), name="mind maintenance")
+
+    async def _create_local_face(self) -> None:
+        """First start: the owner's own terminal gets an operator credential
+        that may approve, its token written to ``face.token`` (mode 0600)."""
+        scopes = scopes_for("operator", approve=True)
+        credential, token = make_credential("face", "local", "operator", scopes, self.now())
+        await self.store.add_credential(credential)
+        write_token_file(self.config.face_token_path, token)
+        await self.refresh_credentials()
+        log.info("created the local operator credential; token in %s",
+                 self.config.face_token_path)
+
+    async def _recover(self) -> None:
+        """After a crash: open runs become ``interrupted`` (I11), open requests
+        get a terminal result, and ``seq`` continues from the store."""
+        for row in await self.store.open_runs():
+            actor = await self.actor(row.conversation_id)
+            await actor.interrupt_recovered(row)
+        leftovers = await self.store.open_requests()
+        if leftovers:
+            now = self.now()
+            tx = WriteTx(
+                finished=[
+                    FinishedRequest(
+                        r.principal_id,
+                        r.request_id,
+                        "interrupted",
+                        {"request_id": r.request_id, "status": "interrupted",
+                         "data": {"reason": "mind_restarted"}},
+                        now,
+                    )
+                    for r in leftovers
+                ]
+            )
+            await self.store.write(tx)
+
+    async def drain(self) -> None:
+        """Graceful shutdown: tell Faces (1012), interrupt chats, commit, close."""
+        self.draining = True
+        for session in list(self.sessions):
+            session.close(CloseCode.RESTARTING, "mind restarting")
+        stopping = []
+        for actor in self._actors.values():
+            run = actor.run
+            if run is not None and actor.stop(run, "interrupted"):
+                stopping.append(run.done)
+        if stopping:
+            await asyncio.wait(stopping, timeout=self.config.shutdown_grace_s)
+        if self._maintenance is not None:
+            self._maintenance.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._maintenance
+        for task in list(self._background):
+            task.cancel()
+        await self.store.close()
+
+    # -- actors (I2) -------------------------------------------------------------
+
+    async def actor(self, conversation_id: str) -> ConversationActor:
+        """The one actor of a conversation; concurrent loads share one load."""
+        actor = self._actors.get(conversation_id)
+        if actor is not None:
+            return actor
+        loading = self._loading.get(conversation_id)
+        if loading is None:
+            loading = asyncio.get_running_loop().create_future()
+            self._loading[conversation_id] = loading
+            try:
+                row = await self.store.get_conversation(conversation_id)
+                if row is None:
+                    raise NotFound(ErrorCode.CONVERSATION_NOT_FOUND,
+                                   f"no conversation {conversation_id}",
+                                   field="conversation_id")
+                head = await self.store.head_seq(conversation_id)
+                actor = ConversationActor(self, row, head)
+                self._actors[conversation_id] = actor
+                loading.set_result(actor)
+            except BaseException as exc:
+                loading.set_exception(exc)
+                loading.exception()  # mark retrieved: waiters re-raise it themselves
+                raise
+            finally:
+                del self._loading[conversation_id]
+            return actor
+        return await asyncio.shield(loading)
+
+    def loaded_actor(self, conversation_id: str) -> ConversationActor | None:
+        return self._actors.get(conversation_id)
+
+    async def create_conversation(self, record: RequestRecord, name: str | None) -> (
+        RequestRecord | Tombstone
+    ):
+        now = self.now()
+        conversation_id = new_conversation_id(now)
+        row = ConversationRow(conversation_id, name, now, record.principal_id)
+        record.conversation_id = conversation_id
+        record.accepted = {
+            "request_id": record.request_id,
+            "operation": "conversation.create",
+            "conversation_id": conversation_id,
+        }
+        record.result = {
+            "request_id": record.request_id,
+            "status": "succeeded",
+            "data": {"conversation_id": conversation_id, "name": name, "created_at": now},
+        }
+        record.status = "succeeded"
+        record.finished_at = now
+        outcome = await self.store.write(WriteTx(admit=record, conversations=[row]))
+        return outcome.existing if outcome.existing is not None else record
+
+    # -- the request registry (DESIGN §5, I5) ------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def request_lock(self, key: Key) -> AsyncIterator[None]:
+        """Serialize commands that share ``(principal_id, request_id)`` in this
+        process; the store's admit-if-absent is the backstop across nodes."""
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        try:
+            async with lock:
+                yield
+        finally:
+            if not lock.locked() and not lock._waiters:  # type: ignore[attr-defined]
+                self._locks.pop(key, None)
+
+    def attach(self, key: Key, session: Session) -> None:
+        """``session`` will receive the terminal ``face.result`` of ``key``."""
+        self._attached.setdefault(key, set()).add(session)
+
+    def detach(self, session: Session) -> None:
+        for key in [k for k, s in self._attached.items() if session in s]:
+            sessions = self._attached[key]
+            sessions.discard(session)
+            if not sessions:
+                del self._attached[key]
+
+    def is_attached(self, key: Key, session: Session) -> bool:
+        return session in self._attached.get(key, ())
+
+    def detach_key(self, key: Key, session: Session) -> None:
+        sessions = self._attached.get(key)
+        if sessions is not None:
+            sessions.discard(session)
+            if not sessions:
+                del self._attached[key]
+
+    def deliver_result(self, principal_id: str, request_id: str, payload: dict[str, Any]) -> None:
+        for session in self._attached.pop((principal_id, request_id), ()):
+            session.send_result(payload)
+
+    def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    # -- credentials (I8) --------------------------------------------------------
+
+    async def refresh_credentials(self) -> None:
+        version = await self.store.credentials_version()
+        if version == self.auth.version:
+            return
+        revoked = self.auth.load(await self.store.credentials(), version)
+        if revoked:
+            for session in list(self.sessions):
+                if session.principal_id in revoked:
+                    session.close(CloseCode.REVOKED, "credential revoked")
+
+    def credential(self, principal_id: str) -> Credential | None:
+        return self.auth.get(principal_id)
+
+    # -- maintenance -------------------------------------------------------------
+
+    async def _maintain(self) -> None:
+        period = self.config.credential_poll_s
+        last_prune = 0.0
+        while True:
+            await asyncio.sleep(period)
+            now = self.now()
+            try:
+                await self.refresh_credentials()
+                for session in list(self.sessions):
+                    session.tick(now)
+                if now - last_prune > 60.0:
+                    last_prune = now
+                    await self.store.prune_requests(now, self.config.requests)
+            except Exception:  # keep maintaining; the next round may succeed
+                log.exception("maintenance round failed")

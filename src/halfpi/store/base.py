@@ -1,0 +1,193 @@
+"""The Store seam: the durable source of truth (DESIGN §1), as a Protocol.
+
+SQLite (default) implements it here; PostgreSQL implements the same
+Protocol for cluster mode. Writes are described as data (:class:`WriteTx`)
+so a backend can group many of them into one commit (group commit) without
+knowing what they mean, and so the same transaction is portable SQL-wise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from halfpi.config import RequestRetention
+from halfpi.core.requests import RequestRecord, Tombstone
+
+
+@dataclass(frozen=True, slots=True)
+class Credential:
+    principal_id: str
+    label: str
+    kind: str  # "face" | "hand"
+    profile: str
+    scopes: frozenset[str]
+    token_hash: str
+    created_at: float
+    revoked_at: float | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.revoked_at is None
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationRow:
+    conversation_id: str
+    name: str | None
+    created_at: float
+    created_by: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    conversation_id: str
+    seq: int
+    type: str
+    data: bytes  # JSON
+    ts: float
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRow:
+    conversation_id: str
+    seq: int
+    role: str  # "user" | "assistant"
+    content: str
+    request_id: str | None
+    status: str | None
+    ts: float
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "role": self.role,
+            "content": self.content,
+            "request_id": self.request_id,
+            "status": self.status,
+            "ts": self.ts,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    run_id: str
+    conversation_id: str
+    request_id: str
+    principal_id: str
+    status: str
+    started_at: float
+    finished_at: float | None = None
+    content: str | None = None
+    error_code: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedRequest:
+    """Moves an accepted request record to its terminal result."""
+
+    principal_id: str
+    request_id: str
+    status: str
+    result: dict[str, Any]
+    finished_at: float
+
+
+@dataclass(slots=True)
+class WriteTx:
+    """One atomic write. ``admit`` is inserted only if its key is new; if the
+    key exists the whole transaction is dropped and the outcome carries the
+    existing record (or tombstone) instead — I5's backstop under races."""
+
+    admit: RequestRecord | None = None
+    conversations: list[ConversationRow] = field(default_factory=list)
+    events: list[StoredEvent] = field(default_factory=list)
+    messages: list[MessageRow] = field(default_factory=list)
+    runs: list[RunRow] = field(default_factory=list)
+    finished: list[FinishedRequest] = field(default_factory=list)
+
+    @property
+    def only_events(self) -> bool:
+        return not (
+            self.admit or self.conversations or self.messages or self.runs or self.finished
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TxOutcome:
+    existing: RequestRecord | Tombstone | None = None
+
+    @property
+    def committed(self) -> bool:
+        return self.existing is None
+
+
+COMMITTED = TxOutcome()
+
+
+@dataclass(frozen=True, slots=True)
+class MessagePage:
+    messages: list[MessageRow]
+    has_more_older: bool
+
+
+class Store(Protocol):
+    """Everything the Mind must not lose. All methods may raise StoreError."""
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def write(self, tx: WriteTx) -> asyncio.Future[TxOutcome]:
+        """Queue ``tx`` for a group commit; the future resolves once it is durable.
+
+        A future (not a coroutine) so the actor can attach its publication
+        step as a done-callback: events are shown the moment they commit.
+        """
+        ...
+
+    async def get_request(
+        self, principal_id: str, request_id: str
+    ) -> RequestRecord | Tombstone | None: ...
+
+    async def prune_requests(self, now: float, retention: RequestRetention) -> int:
+        """Turn terminal records past retention into tombstones (DESIGN §5)."""
+        ...
+
+    async def get_conversation(self, conversation_id: str) -> ConversationRow | None: ...
+
+    async def list_conversations(
+        self, limit: int, before: str | None
+    ) -> list[ConversationRow]: ...
+
+    async def head_seq(self, conversation_id: str) -> int:
+        """Highest durable seq of the conversation (0 if none)."""
+        ...
+
+    async def messages(
+        self, conversation_id: str, *, limit: int, before_seq: int | None, max_seq: int | None
+    ) -> MessagePage: ...
+
+    async def run_for_request(self, conversation_id: str, request_id: str) -> RunRow | None:
+        """The newest run of ``request_id`` in the conversation (any principal)."""
+        ...
+
+    async def open_runs(self) -> Sequence[RunRow]:
+        """Runs that were not terminal when the Mind stopped (for recovery)."""
+        ...
+
+    async def open_requests(self) -> Sequence[RequestRecord]:
+        """Accepted, non-terminal request records (for recovery)."""
+        ...
+
+    async def events(self, conversation_id: str, after_seq: int, limit: int) -> list[StoredEvent]:
+        ...
+
+    # Credentials (also used synchronously by the CLI through the backend).
+    async def credentials(self) -> list[Credential]: ...
+
+    async def credentials_version(self) -> int: ...
+
+    async def add_credential(self, credential: Credential) -> None: ...

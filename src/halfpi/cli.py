@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from halfpi.config import DEFAULT_PORT, Config, default_home, env_delta_ms
@@ -33,10 +33,8 @@ def cmd_mind(args: argparse.Namespace) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(config))
-    except KeyboardInterrupt:
-        pass
     return 0
 
 

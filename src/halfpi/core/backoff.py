@@ -1,4 +1,4 @@
-"""Reconnect backoff as a pure generator (DESIGN §11: 0.25 s × 2ⁿ, cap 30 s, full jitter).
+"""Reconnect backoff as a pure generator (DESIGN §11: 0.25 s * 2^n, cap 30 s, full jitter).
 
 The random source is an argument so tests are deterministic.
 """

@@ -26,43 +26,43 @@ class Strict(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """Base of every wire struct: unknown fields are an error, values are frozen."""
 
 
-class ClientInfo(Strict):
+class ClientInfo(Strict, frozen=True):
     name: Annotated[str, msgspec.Meta(max_length=100)]
     version: Annotated[str, msgspec.Meta(max_length=50)]
 
 
-class Hello(Strict):
+class Hello(Strict, frozen=True):
     token: Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
     client: ClientInfo
     protocol: int
 
 
-class Command(Strict):
+class Command(Strict, frozen=True):
     request_id: RequestIdField
 
 
-class ConversationCreate(Command):
+class ConversationCreate(Command, frozen=True):
     name: Name | None = None
 
 
-class ConversationList(Command):
+class ConversationList(Command, frozen=True):
     limit: Annotated[int, msgspec.Meta(ge=1, le=200)] = 50
     before: Id | None = None
 
 
-class ConversationSnapshot(Command):
+class ConversationSnapshot(Command, frozen=True):
     conversation_id: Id
     detail_mode: DetailMode | None = None
     messages_limit: PageLimit | None = None
 
 
-class ConversationMessages(Command):
+class ConversationMessages(Command, frozen=True):
     conversation_id: Id
     limit: PageLimit
     before_seq: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
 
-class Subscribe(Command):
+class Subscribe(Command, frozen=True):
     conversation_ids: Annotated[list[Id], msgspec.Meta(min_length=1, max_length=100)]
     since: dict[Id, Annotated[str, msgspec.Meta(max_length=64)]] | None = None
     transient_types: list[Annotated[str, msgspec.Meta(max_length=64)]] | None = None
@@ -70,54 +70,54 @@ class Subscribe(Command):
     snapshot: bool = False
 
 
-class Unsubscribe(Command):
+class Unsubscribe(Command, frozen=True):
     conversation_ids: Annotated[list[Id], msgspec.Meta(min_length=1, max_length=100)]
 
 
-class Chat(Command):
+class Chat(Command, frozen=True):
     conversation_id: Id
     content: str
 
 
-class ChatCancel(Command):
+class ChatCancel(Command, frozen=True):
     conversation_id: Id
     target_request_id: RequestIdField
 
 
-class ApprovalResolve(Command):
+class ApprovalResolve(Command, frozen=True):
     approval_id: Id
     decision: Literal["allow_once", "deny_once"]
     reason: Annotated[str, msgspec.Meta(max_length=1000)] | None = None
 
 
-class RunCancel(Command):
+class RunCancel(Command, frozen=True):
     run_id: Id
 
 
-class TaskCancel(Command):
+class TaskCancel(Command, frozen=True):
     task_id: Id
 
 
-class TaskList(Command):
+class TaskList(Command, frozen=True):
     limit: Annotated[int, msgspec.Meta(ge=1, le=200)] = 50
     hand: Id | None = None
 
 
-class TaskGet(Command):
+class TaskGet(Command, frozen=True):
     task_id: Id
 
 
-class TaskLog(Command):
+class TaskLog(Command, frozen=True):
     task_id: Id
     offset: Annotated[int, msgspec.Meta(ge=0)] = 0
     limit: Annotated[int, msgspec.Meta(ge=1, le=1_048_576)] = 65_536
 
 
-class HandList(Command):
+class HandList(Command, frozen=True):
     pass
 
 
-class Ping(Strict):
+class Ping(Strict, frozen=True):
     request_id: RequestIdField | None = None
 
 

@@ -16,10 +16,11 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from websockets.frames import Opcode
+from websockets.frames import Frame, Opcode
 from websockets.http11 import Request
 from websockets.protocol import State
 from websockets.server import ServerProtocol
+from websockets.typing import Origin
 
 from halfpi.gateway.session import FaceSession
 
@@ -44,7 +45,7 @@ class FaceServer:
         self.server: asyncio.Server | None = None
         self.connections: set[WebSocketConnection] = set()
         origins = mind.config.origins()
-        self.origins: list[str | None] = [None, *origins]
+        self.origins: list[Origin | None] = [None, *(Origin(o) for o in origins)]
         # The hard limit the WebSocket layer enforces (close 1009). Frames
         # between max_frame_bytes and this get a face.error instead, so a
         # client learns why rather than just losing its connection.
@@ -105,20 +106,20 @@ class WebSocketConnection(asyncio.Protocol):
                 self._handshake(event)
                 continue
             session = self.session
-            if session is None:
+            if session is None or not isinstance(event, Frame):
                 continue
             opcode = event.opcode
             if opcode is Opcode.TEXT or opcode is Opcode.BINARY:
                 if event.fin:
                     if opcode is Opcode.TEXT:
-                        session.on_frame(event.data)
+                        session.on_frame(bytes(event.data))
                     else:
                         session.on_binary()
                 else:
-                    self._fragments = [event.data] if opcode is Opcode.TEXT else None
+                    self._fragments = [bytes(event.data)] if opcode is Opcode.TEXT else None
             elif opcode is Opcode.CONT:
                 if self._fragments is not None:
-                    self._fragments.append(event.data)
+                    self._fragments.append(bytes(event.data))
                 if event.fin:
                     if self._fragments is None:
                         session.on_binary()

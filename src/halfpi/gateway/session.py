@@ -18,6 +18,7 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
+from halfpi.config import PROTOCOL_VERSION
 from halfpi.core import wire
 from halfpi.core.outbound import RELIABLE, Message, OutboundQueue, message
 from halfpi.core.requests import (
@@ -30,7 +31,6 @@ from halfpi.core.requests import (
 )
 from halfpi.core.scopes import COMMAND_SCOPE, default_detail_mode
 from halfpi.core.states import CONNECTION
-from halfpi.config import PROTOCOL_VERSION
 from halfpi.errors import (
     CloseCode,
     Forbidden,

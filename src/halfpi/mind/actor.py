@@ -21,6 +21,7 @@ import msgspec
 
 from halfpi.agents.base import Agent, AgentFailed, ChatInput
 from halfpi.core.cursor import encode_cursor
+from halfpi.core.ids import new_run_id
 from halfpi.core.outbound import DELTA, RELIABLE, Message
 from halfpi.core.requests import RequestRecord, Tombstone
 from halfpi.core.states import CHAT, CHAT_EVENT_FOR_STATUS
@@ -31,12 +32,11 @@ from halfpi.store.base import (
     FinishedRequest,
     MessageRow,
     RunRow,
-    StoredEvent,
     Store,
+    StoredEvent,
     TxOutcome,
     WriteTx,
 )
-from halfpi.core.ids import new_run_id
 
 if TYPE_CHECKING:
     from halfpi.mind.subscriptions import Subscription

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import secrets
 import sqlite3
 from dataclasses import dataclass
@@ -111,8 +112,6 @@ def add_credential(
 def write_token_file(path: Path, token: str) -> None:
     """Write a token readable by its owner only (mode 0600, created that way)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    import os
-
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
         handle.write(token + "\n")

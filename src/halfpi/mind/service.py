@@ -24,11 +24,11 @@ from halfpi.mind.actor import ConversationActor
 from halfpi.mind.auth import CredentialCache, make_credential, write_token_file
 from halfpi.store.base import (
     ConversationRow,
+    Credential,
     FinishedRequest,
     Store,
     WriteTx,
 )
-from halfpi.store.base import Credential
 
 log = logging.getLogger("halfpi.mind")
 
@@ -209,7 +209,7 @@ class Mind:
             async with lock:
                 yield
         finally:
-            if not lock.locked() and not lock._waiters:  # type: ignore[attr-defined]
+            if not lock.locked() and not lock._waiters:
                 self._locks.pop(key, None)
 
     def attach(self, key: Key, session: Session) -> None:

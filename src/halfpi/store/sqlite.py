@@ -14,6 +14,7 @@ WAL lets them proceed while the writer commits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import sqlite3
 import threading
@@ -24,8 +25,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from halfpi.core.requests import Finished, RequestRecord, Tombstone, prunable
 from halfpi.config import RequestRetention
+from halfpi.core.requests import Finished, RequestRecord, Tombstone, prunable
 from halfpi.errors import StoreError
 from halfpi.store.base import (
     COMMITTED,
@@ -455,10 +456,9 @@ class SQLiteStore:
             failure = StoreError(f"commit failed: {exc}")
             outcomes = [(future, failure) for _, future in batch]
         assert self._loop is not None
-        try:
+        # If the loop is already closed nobody is waiting any more.
+        with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(_resolve_all, outcomes)
-        except RuntimeError:  # loop already closed: nobody is waiting any more
-            pass
 
     # reads
 

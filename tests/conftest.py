@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.mind import LocalMind, MindProcess, local_mind
+from tests.support.proxy import FaultProxy
+
+
+@pytest.fixture
+async def lmind(tmp_path: Path) -> AsyncIterator[LocalMind]:
+    async with local_mind(tmp_path / "home") as m:
+        yield m
+
+
+@pytest.fixture
+def mind_proc(tmp_path: Path) -> Iterator[MindProcess]:
+    proc = MindProcess(tmp_path / "home")
+    (tmp_path / "home").mkdir()
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.kill()
+
+
+@pytest.fixture
+async def proxy_to(mind_proc: MindProcess) -> AsyncIterator[FaultProxy]:
+    proxy = await FaultProxy(mind_proc.port).start()
+    try:
+        yield proxy
+    finally:
+        await proxy.stop()

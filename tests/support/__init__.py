@@ -1,0 +1,1 @@
+"""Shared test machinery: real Mind processes, a raw Face client, a faulty proxy."""

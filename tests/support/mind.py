@@ -1,0 +1,108 @@
+"""Real Minds for tests: a subprocess (``halfpi mind``) or one in this loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from halfpi.config import Config
+from halfpi.gateway.native import FaceServer
+from halfpi.mind.run import build_mind
+from halfpi.mind.service import Mind
+
+class MindProcess:
+    """``halfpi mind`` as a child process on a free port of 127.0.0.1."""
+
+    def __init__(self, home: Path, *, delta_ms: float = 0.0, port: int = 0,
+                 extra_args: tuple[str, ...] = ()) -> None:
+        self.home = home
+        self.delta_ms = delta_ms
+        self.port = port
+        self.extra_args = extra_args
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = ""
+        self.ready: dict[str, Any] = {}
+
+    @property
+    def token(self) -> str:
+        return (self.home / "face.token").read_text().strip()
+
+    def start(self, timeout: float = 20.0) -> MindProcess:
+        env = dict(os.environ, HALFPI_HOME=str(self.home),
+                   HALFPI_SCRIPTED_DELTA_MS=str(self.delta_ms), PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "halfpi.cli", "mind", "--port", str(self.port),
+             "--log-level", "warning", *self.extra_args],
+            env=env, stdout=subprocess.PIPE, stderr=open(self.home / "mind.log", "ab"),
+        )
+        assert self.proc.stdout is not None
+
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout):
+            self.kill()
+            raise RuntimeError(f"mind did not start; log: {self.log()}")
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"mind exited; log: {self.log()}")
+        self.ready = json.loads(line)
+        self.url = self.ready["url"]
+        # The next start on the same home reuses the port so proxies keep working.
+        self.port = int(self.ready["port"])
+        return self
+
+    def log(self) -> str:
+        path = self.home / "mind.log"
+        return path.read_text()[-4000:] if path.exists() else ""
+
+    def kill(self) -> None:
+        """``kill -9``: no drain, no goodbye."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def terminate(self, timeout: float = 20.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def restart(self) -> MindProcess:
+        self.kill()
+        return self.start()
+
+@dataclass
+class LocalMind:
+    """A Mind and its FaceServer running in the test's own event loop."""
+
+    mind: Mind
+    server: FaceServer
+    url: str
+    token: str
+    config: Config = field(repr=False, default=None)  # type: ignore[assignment]
+
+@contextlib.asynccontextmanager
+async def local_mind(home: Path, **overrides: Any) -> AsyncIterator[LocalMind]:
+    config = replace(Config(home=home, port=0, scripted_delta_ms=0.0), **overrides)
+    mind = build_mind(config)
+    await mind.start()
+    server = FaceServer(mind)
+    await server.start()
+    token = config.face_token_path.read_text().strip()
+    try:
+        yield LocalMind(mind, server, f"ws://127.0.0.1:{server.port}/v1/face", token, config)
+    finally:
+        server.stop_accepting()
+        await mind.drain()
+        await server.wait_closed(1.0)
+        await asyncio.sleep(0)

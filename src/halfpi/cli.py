@@ -50,8 +50,13 @@ def cmd_face_add(args: argparse.Namespace) -> int:
     extra = tuple(s for s in (args.scopes or "").split(",") if s)
     try:
         added = add_credential(
-            _db(args), "face", args.label, args.profile, time.time(),
-            extra_scopes=extra, approve=args.approve,
+            _db(args),
+            "face",
+            args.label,
+            args.profile,
+            time.time(),
+            extra_scopes=extra,
+            approve=args.approve,
         )
     except ValueError as exc:
         print(f"halfpi: {exc}", file=sys.stderr)
@@ -73,8 +78,10 @@ def cmd_face_list(args: argparse.Namespace) -> int:
     print(f"{'LABEL':<20} {'PROFILE':<9} {'STATE':<8} {'PRINCIPAL':<34} SCOPES")
     for c in rows:
         state = "live" if c.live else "revoked"
-        print(f"{c.label:<20} {c.profile:<9} {state:<8} {c.principal_id:<34} "
-              f"{','.join(sorted(c.scopes))}")
+        print(
+            f"{c.label:<20} {c.profile:<9} {state:<8} {c.principal_id:<34} "
+            f"{','.join(sorted(c.scopes))}"
+        )
     return 0
 
 
@@ -82,8 +89,7 @@ def cmd_face_revoke(args: argparse.Namespace) -> int:
     from halfpi.store.sqlite import revoke_credential
 
     if revoke_credential(_db(args), "face", args.label, time.time()):
-        print(f"revoked {args.label}; its live connections close within a second",
-              file=sys.stderr)
+        print(f"revoked {args.label}; its live connections close within a second", file=sys.stderr)
         return 0
     print(f"halfpi: no live face credential labelled {args.label!r}", file=sys.stderr)
     return 1
@@ -97,10 +103,17 @@ def build_parser() -> argparse.ArgumentParser:
     mind.add_argument("--host", default="127.0.0.1")
     mind.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
     mind.add_argument("--home", help="data directory (default $HALFPI_HOME or ~/.halfpi)")
-    mind.add_argument("--delta-ms", type=float, default=None,
-                      help="scripted agent pace (default $HALFPI_SCRIPTED_DELTA_MS or 20)")
-    mind.add_argument("--allow-origin", action="append",
-                      help="an extra browser Origin allowed to connect (repeatable)")
+    mind.add_argument(
+        "--delta-ms",
+        type=float,
+        default=None,
+        help="scripted agent pace (default $HALFPI_SCRIPTED_DELTA_MS or 20)",
+    )
+    mind.add_argument(
+        "--allow-origin",
+        action="append",
+        help="an extra browser Origin allowed to connect (repeatable)",
+    )
     mind.add_argument("--log-level", default="info")
     mind.set_defaults(func=cmd_mind)
 

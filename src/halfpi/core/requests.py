@@ -84,9 +84,7 @@ class Finished:
     finished_at: float
 
 
-def prunable(
-    finished: Iterable[Finished], now: float, retention: RequestRetention
-) -> list[str]:
+def prunable(finished: Iterable[Finished], now: float, retention: RequestRetention) -> list[str]:
     """Request ids of one principal's terminal records that retention releases.
 
     A terminal record is kept at least ``min_seconds``; past that, only the

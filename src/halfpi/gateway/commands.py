@@ -94,8 +94,9 @@ async def subscribe(s: FaceSession, p: wire.Subscribe) -> None:
     since = dict(p.since or {})
     unknown = set(since) - set(p.conversation_ids)
     if unknown:
-        raise InvalidRequest(f"since names {sorted(unknown)[0]} which is not subscribed",
-                             field="since")
+        raise InvalidRequest(
+            f"since names {sorted(unknown)[0]} which is not subscribed", field="since"
+        )
     cursors = {cid: parse_cursor(text, field=f"since.{cid}") for cid, text in since.items()}
     transient = frozenset(p.transient_types) if p.transient_types is not None else None
     limit = s.mind.config.snapshot_messages
@@ -114,8 +115,10 @@ async def subscribe(s: FaceSession, p: wire.Subscribe) -> None:
                 continue
             snap = await actor.snapshot(limit, mode)
             followups.append(
-                ("face.reset", {"conversation_id": cid, "reason": plan.reason.value,
-                                "snapshot": snap})
+                (
+                    "face.reset",
+                    {"conversation_id": cid, "reason": plan.reason.value, "snapshot": snap},
+                )
             )
             modes[cid] = "reset"
         elif p.snapshot:
@@ -130,8 +133,12 @@ async def subscribe(s: FaceSession, p: wire.Subscribe) -> None:
     replay = "exact" if cursors and all(modes[c] == "exact" for c in cursors) else "live"
     s.send_reliable(
         "face.accepted",
-        {"request_id": p.request_id, "operation": "subscribe", "replay": replay,
-         "conversations": modes},
+        {
+            "request_id": p.request_id,
+            "operation": "subscribe",
+            "replay": replay,
+            "conversations": modes,
+        },
     )
     for type_, body in followups:
         s.send_reliable(type_, body)
@@ -154,9 +161,7 @@ async def chat(s: FaceSession, p: wire.Chat) -> None:
         s.mind.attach((record.principal_id, record.request_id), s)
         s.send_reliable("face.accepted", record.accepted)
 
-    await s.mutation(
-        "face.chat", p, lambda record: actor.admit_chat(record, p.content, accepted)
-    )
+    await s.mutation("face.chat", p, lambda record: actor.admit_chat(record, p.content, accepted))
 
 
 async def chat_cancel(s: FaceSession, p: wire.ChatCancel) -> None:
@@ -177,8 +182,11 @@ async def chat_cancel(s: FaceSession, p: wire.ChatCancel) -> None:
         if run is None:
             row = await mind.store.run_for_request(actor.id, p.target_request_id)
             if row is None:
-                raise NotFound(ErrorCode.RUN_NOT_FOUND, "no chat with that request_id here",
-                               field="target_request_id")
+                raise NotFound(
+                    ErrorCode.RUN_NOT_FOUND,
+                    "no chat with that request_id here",
+                    field="target_request_id",
+                )
             record.result = _cancel_result(record.request_id, p.target_request_id, row.status)
             record.status, record.finished_at = "succeeded", mind.now()
         outcome = await mind.store.write(WriteTx(admit=record))
@@ -197,14 +205,18 @@ async def chat_cancel(s: FaceSession, p: wire.ChatCancel) -> None:
     await s.mutation("face.chat.cancel", p, admit)
 
 
-async def _settle_cancel(s: FaceSession, record: RequestRecord, run: ChatRun,
-                         target: str) -> None:
+async def _settle_cancel(s: FaceSession, record: RequestRecord, run: ChatRun, target: str) -> None:
     status = await run.done
     result = _cancel_result(record.request_id, target, status)
     mind = s.mind
     await mind.store.write(
-        WriteTx(finished=[FinishedRequest(record.principal_id, record.request_id, "succeeded",
-                                          result, mind.now())])
+        WriteTx(
+            finished=[
+                FinishedRequest(
+                    record.principal_id, record.request_id, "succeeded", result, mind.now()
+                )
+            ]
+        )
     )
     mind.deliver_result(record.principal_id, record.request_id, result)
 

@@ -55,7 +55,10 @@ class FaceServer:
         config = self.mind.config
         loop = asyncio.get_running_loop()
         self.server = await loop.create_server(
-            lambda: WebSocketConnection(self), config.host, config.port, backlog=4096,
+            lambda: WebSocketConnection(self),
+            config.host,
+            config.port,
+            backlog=4096,
             reuse_address=True,
         )
 
@@ -82,9 +85,7 @@ class WebSocketConnection(asyncio.Protocol):
 
     def __init__(self, server: FaceServer) -> None:
         self.server = server
-        self.ws = ServerProtocol(
-            origins=server.origins, max_size=server.hard_limit, logger=_ws_log
-        )
+        self.ws = ServerProtocol(origins=server.origins, max_size=server.hard_limit, logger=_ws_log)
         self.transport: asyncio.Transport | None = None
         self.session: FaceSession | None = None
         self._fragments: list[bytes] | None = None

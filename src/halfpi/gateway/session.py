@@ -267,8 +267,9 @@ class FaceSession:
         self.invalid_streak = 0
         if self.state == "awaiting_hello":
             if type_ != "face.hello":
-                self.send_error(InvalidRequest("the first frame must be face.hello",
-                                               field="type"), None)
+                self.send_error(
+                    InvalidRequest("the first frame must be face.hello", field="type"), None
+                )
                 self.close(CloseCode.UNAUTHORIZED, "hello required")
                 return
             self._hello(payload)
@@ -304,8 +305,11 @@ class FaceSession:
     def _hello(self, hello: wire.Hello) -> None:
         if hello.protocol != PROTOCOL_VERSION:
             self.send_error(
-                InvalidRequest(f"protocol {hello.protocol} is not supported; "
-                               f"this Mind speaks {PROTOCOL_VERSION}", field="protocol"),
+                InvalidRequest(
+                    f"protocol {hello.protocol} is not supported; "
+                    f"this Mind speaks {PROTOCOL_VERSION}",
+                    field="protocol",
+                ),
                 None,
             )
             self.close(CloseCode.PROTOCOL_VIOLATION, "unsupported protocol")
@@ -361,7 +365,11 @@ class FaceSession:
             existing = await self.mind.store.get_request(*key)
             if existing is None:
                 record = RequestRecord(
-                    self.principal_id, payload.request_id, type_, digest, "accepted",
+                    self.principal_id,
+                    payload.request_id,
+                    type_,
+                    digest,
+                    "accepted",
                     self.mind.now(),
                 )
                 standing = await admit(record)

@@ -55,8 +55,9 @@ class ActorHost(Protocol):
 
     def now(self) -> float: ...
 
-    def deliver_result(self, principal_id: str, request_id: str, payload: dict[str, Any]) -> None:
-        ...
+    def deliver_result(
+        self, principal_id: str, request_id: str, payload: dict[str, Any]
+    ) -> None: ...
 
 
 class ChatRun:
@@ -116,9 +117,7 @@ class ConversationActor:
         self.next_seq = head + 1
         self.published = head
         self.subscribers: dict[object, Subscription] = {}
-        self._outbox: deque[tuple[Message, asyncio.Future[TxOutcome] | None, _OnPublish]] = (
-            deque()
-        )
+        self._outbox: deque[tuple[Message, asyncio.Future[TxOutcome] | None, _OnPublish]] = deque()
         self.run: ChatRun | None = None  # the admitted, not yet finished chat
         self.visible_runs: dict[str, ChatRun] = {}  # started and not yet ended, as published
 
@@ -224,11 +223,15 @@ class ConversationActor:
             tx = WriteTx(
                 admit=record,
                 messages=[
-                    MessageRow(self.id, e_message.seq, "user", content, record.request_id,
-                               None, now)
+                    MessageRow(
+                        self.id, e_message.seq, "user", content, record.request_id, None, now
+                    )
                 ],
-                runs=[RunRow(run.run_id, self.id, record.request_id, record.principal_id,
-                             "running", now)],
+                runs=[
+                    RunRow(
+                        run.run_id, self.id, record.request_id, record.principal_id, "running", now
+                    )
+                ],
                 events=[e_message, e_started],
             )
 
@@ -329,11 +332,20 @@ class ConversationActor:
             result["error_code"] = error_code
         tx = WriteTx(
             events=[e_done],
-            runs=[RunRow(run.run_id, self.id, run.request_id, run.principal_id, status,
-                         run.started_at, now, content, error_code)],
-            finished=[
-                FinishedRequest(run.principal_id, run.request_id, status, result, now)
+            runs=[
+                RunRow(
+                    run.run_id,
+                    self.id,
+                    run.request_id,
+                    run.principal_id,
+                    status,
+                    run.started_at,
+                    now,
+                    content,
+                    error_code,
+                )
             ],
+            finished=[FinishedRequest(run.principal_id, run.request_id, status, result, now)],
         )
         if status == "succeeded" or content:
             tx.messages.append(
@@ -402,4 +414,3 @@ class ConversationActor:
             "name": self.row.name,
             "created_at": self.row.created_at,
         }
-

@@ -94,8 +94,7 @@ class Mind:
         await self.store.add_credential(credential)
         write_token_file(self.config.face_token_path, token)
         await self.refresh_credentials()
-        log.info("created the local operator credential; token in %s",
-                 self.config.face_token_path)
+        log.info("created the local operator credential; token in %s", self.config.face_token_path)
 
     async def _recover(self) -> None:
         """After a crash: open runs become ``interrupted`` (I11), open requests
@@ -112,8 +111,11 @@ class Mind:
                         r.principal_id,
                         r.request_id,
                         "interrupted",
-                        {"request_id": r.request_id, "status": "interrupted",
-                         "data": {"reason": "mind_restarted"}},
+                        {
+                            "request_id": r.request_id,
+                            "status": "interrupted",
+                            "data": {"reason": "mind_restarted"},
+                        },
                         now,
                     )
                     for r in leftovers
@@ -155,9 +157,11 @@ class Mind:
             try:
                 row = await self.store.get_conversation(conversation_id)
                 if row is None:
-                    raise NotFound(ErrorCode.CONVERSATION_NOT_FOUND,
-                                   f"no conversation {conversation_id}",
-                                   field="conversation_id")
+                    raise NotFound(
+                        ErrorCode.CONVERSATION_NOT_FOUND,
+                        f"no conversation {conversation_id}",
+                        field="conversation_id",
+                    )
                 head = await self.store.head_seq(conversation_id)
                 actor = ConversationActor(self, row, head)
                 self._actors[conversation_id] = actor
@@ -174,9 +178,9 @@ class Mind:
     def loaded_actor(self, conversation_id: str) -> ConversationActor | None:
         return self._actors.get(conversation_id)
 
-    async def create_conversation(self, record: RequestRecord, name: str | None) -> (
-        RequestRecord | Tombstone
-    ):
+    async def create_conversation(
+        self, record: RequestRecord, name: str | None
+    ) -> RequestRecord | Tombstone:
         now = self.now()
         conversation_id = new_conversation_id(now)
         row = ConversationRow(conversation_id, name, now, record.principal_id)

@@ -110,9 +110,7 @@ class WriteTx:
 
     @property
     def only_events(self) -> bool:
-        return not (
-            self.admit or self.conversations or self.messages or self.runs or self.finished
-        )
+        return not (self.admit or self.conversations or self.messages or self.runs or self.finished)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,9 +156,7 @@ class Store(Protocol):
 
     async def get_conversation(self, conversation_id: str) -> ConversationRow | None: ...
 
-    async def list_conversations(
-        self, limit: int, before: str | None
-    ) -> list[ConversationRow]: ...
+    async def list_conversations(self, limit: int, before: str | None) -> list[ConversationRow]: ...
 
     async def head_seq(self, conversation_id: str) -> int:
         """Highest durable seq of the conversation (0 if none)."""
@@ -182,8 +178,9 @@ class Store(Protocol):
         """Accepted, non-terminal request records (for recovery)."""
         ...
 
-    async def events(self, conversation_id: str, after_seq: int, limit: int) -> list[StoredEvent]:
-        ...
+    async def events(
+        self, conversation_id: str, after_seq: int, limit: int
+    ) -> list[StoredEvent]: ...
 
     # Credentials (also used synchronously by the CLI through the backend).
     async def credentials(self) -> list[Credential]: ...

@@ -251,8 +251,17 @@ def apply_tx(conn: sqlite3.Connection, tx: WriteTx) -> TxOutcome:
             " finished_at = excluded.finished_at, content = excluded.content,"
             " error_code = excluded.error_code",
             [
-                (r.run_id, r.conversation_id, r.request_id, r.principal_id, r.status,
-                 r.started_at, r.finished_at, r.content, r.error_code)
+                (
+                    r.run_id,
+                    r.conversation_id,
+                    r.request_id,
+                    r.principal_id,
+                    r.status,
+                    r.started_at,
+                    r.finished_at,
+                    r.content,
+                    r.error_code,
+                )
                 for r in tx.runs
             ],
         )
@@ -261,8 +270,7 @@ def apply_tx(conn: sqlite3.Connection, tx: WriteTx) -> TxOutcome:
             "UPDATE requests SET status = ?, result = ?, finished_at = ?"
             " WHERE principal_id = ? AND request_id = ? AND finished_at IS NULL",
             [
-                (f.status, _encode(f.result).decode(), f.finished_at, f.principal_id,
-                 f.request_id)
+                (f.status, _encode(f.result).decode(), f.finished_at, f.principal_id, f.request_id)
                 for f in tx.finished
             ],
         )
@@ -299,8 +307,16 @@ def insert_credential(conn: sqlite3.Connection, c: Credential) -> None:
     try:
         conn.execute(
             f"INSERT INTO credentials ({_CREDENTIAL_COLUMNS}) VALUES (?,?,?,?,?,?,?,?)",
-            (c.principal_id, c.label, c.kind, c.profile, _encode(sorted(c.scopes)).decode(),
-             c.token_hash, c.created_at, c.revoked_at),
+            (
+                c.principal_id,
+                c.label,
+                c.kind,
+                c.profile,
+                _encode(sorted(c.scopes)).decode(),
+                c.token_hash,
+                c.created_at,
+                c.revoked_at,
+            ),
         )
         bump_credentials_version(conn)
         conn.execute("COMMIT")
@@ -486,9 +502,7 @@ class SQLiteStore:
     ) -> RequestRecord | Tombstone | None:
         return await self._read(lambda c: lookup_request(c, principal_id, request_id))
 
-    async def prune_requests(
-        self, now: float, retention: RequestRetention
-    ) -> int:
+    async def prune_requests(self, now: float, retention: RequestRetention) -> int:
         """Move terminal records past retention to tombstones; expire old tombstones."""
 
         def run(conn: sqlite3.Connection) -> int:

@@ -131,6 +131,9 @@ async def subscribe(s: FaceSession, p: wire.Subscribe) -> None:
             continue
         plans.append((actor, int(snap["cursor"].rpartition(".")[2])))
     replay = "exact" if cursors and all(modes[c] == "exact" for c in cursors) else "live"
+    # ``heads``: where each log stands at this instant, so a Face knows how
+    # many replayed events it is catching up on and when it has caught up.
+    heads = {actor.id: actor.cursor(actor.published) for actor, _ in plans}
     s.send_reliable(
         "face.accepted",
         {
@@ -138,6 +141,7 @@ async def subscribe(s: FaceSession, p: wire.Subscribe) -> None:
             "operation": "subscribe",
             "replay": replay,
             "conversations": modes,
+            "heads": heads,
         },
     )
     for type_, body in followups:

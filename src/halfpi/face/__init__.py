@@ -1,0 +1,1 @@
+"""Faces: the Python SDK, the reducer every Face shares, headless and terminal faces."""

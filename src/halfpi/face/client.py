@@ -1,0 +1,640 @@
+"""The Python Face SDK: one asyncio client that keeps a Face true to the Mind.
+
+What it does for you (DESIGN §3, §4, I4–I6):
+
+- connects to one of several Mind URLs (the next one on failure), says
+  hello, and reconnects with jittered exponential backoff (a pure generator,
+  :func:`halfpi.core.backoff.backoff`) for as long as it lives;
+- watches the heartbeat: silence beyond ``dead_after_s`` means a dead link;
+- keeps a :class:`~halfpi.face.view.ConversationView` per subscribed
+  conversation, resubscribes after every reconnect from each view's cursor
+  (exact replay) and rebuilds from the snapshot on ``face.reset``;
+- dedupes by ``seq``; a jump in ``event_seq`` makes it resubscribe from the
+  last good cursors; a message from an older connection generation is
+  ignored, so it can never overwrite newer state;
+- keeps a table of outstanding commands: after a reconnect, those the Mind
+  declared replay-safe (``face.welcome.replay_safe``) are re-sent with the
+  same ``request_id``; any other that was already on the wire fails with
+  :class:`~halfpi.face.errors.OutcomeUnknown` — never silently re-sent.
+
+The transport is a seam (:data:`Connector`): the default speaks WebSocket
+through ``websockets``; tests inject a scripted one, and time (``sleep``,
+``rng``) is injectable too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import os
+import random
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from halfpi import __version__
+from halfpi.core.backoff import backoff
+from halfpi.face.errors import AuthError, ClientClosed, FaceError, OutcomeUnknown, command_error
+from halfpi.face.view import APPLIED, RESYNC, ConversationView
+
+log = logging.getLogger("halfpi.face")
+
+AUTH_CLOSE_CODES = frozenset({4001, 4003})
+
+
+class ConnectionLost(Exception):
+    def __init__(self, code: int | None = None, reason: str = "") -> None:
+        super().__init__(f"connection lost ({code}): {reason}")
+        self.code = code
+        self.reason = reason
+
+
+class Transport(Protocol):
+    async def send(self, text: str) -> None: ...
+
+    async def recv(self) -> str:
+        """Next text frame; raises :class:`ConnectionLost` when the link ends."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+Connector = Callable[[str], Awaitable[Transport]]
+
+
+class _WebSocketTransport:
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+
+    async def send(self, text: str) -> None:
+        import websockets
+
+        try:
+            await self.ws.send(text)
+        except websockets.ConnectionClosed as exc:
+            raise _lost(exc) from None
+
+    async def recv(self) -> str:
+        import websockets
+
+        try:
+            data = await self.ws.recv()
+        except websockets.ConnectionClosed as exc:
+            raise _lost(exc) from None
+        return data if isinstance(data, str) else data.decode()
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.ws.close(), 2.0)
+
+
+def _lost(exc: Any) -> ConnectionLost:
+    rcvd = getattr(exc, "rcvd", None)
+    return ConnectionLost(rcvd.code if rcvd else None, rcvd.reason if rcvd else "")
+
+
+async def websocket_connector(url: str) -> Transport:
+    import websockets
+
+    try:
+        ws = await websockets.connect(url, max_size=None, open_timeout=10, ping_interval=None)
+    except (OSError, TimeoutError, websockets.InvalidHandshake) as exc:
+        raise ConnectionLost(None, str(exc)) from None
+    return _WebSocketTransport(ws)
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """What a status line shows; never claims more than the client knows."""
+
+    # connecting | live | reconnecting | resuming | resumed | resynced | refused | closed
+    state: str
+    attempt: int = 0
+    next_in: float | None = None
+    replayed: int = 0
+    detail: str = ""
+
+    def describe(self) -> str:
+        if self.state == "reconnecting":
+            nxt = f", next in {self.next_in:.1f} s" if self.next_in is not None else ""
+            return f"reconnecting (attempt {self.attempt}{nxt})"
+        if self.state == "resuming":
+            return "connected, catching up"
+        if self.state == "resumed":
+            return f"resumed: {self.replayed} events replayed"
+        if self.state == "resynced":
+            return "resynced from snapshot"
+        if self.state == "refused":
+            return f"refused: {self.detail}"
+        return self.state
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """A terminal ``face.result``."""
+
+    request_id: str
+    status: str
+    content: str | None = None
+    error_code: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "succeeded"
+
+    @classmethod
+    def from_wire(cls, p: dict[str, Any]) -> Result:
+        return cls(
+            p["request_id"],
+            p["status"],
+            p.get("content"),
+            p.get("error_code"),
+            dict(p.get("data") or {}),
+        )
+
+
+class _Pending:
+    __slots__ = ("accepted", "internal", "payload", "request_id", "result", "sent_gen", "type")
+
+    def __init__(self, type_: str, payload: dict[str, Any], *, internal: bool = False) -> None:
+        loop = asyncio.get_running_loop()
+        self.type = type_
+        self.payload = payload
+        self.request_id: str = payload["request_id"]
+        self.accepted: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self.result: asyncio.Future[Any] = loop.create_future()
+        self.sent_gen: int | None = None
+        self.internal = internal
+
+    def fail(self, exc: BaseException) -> None:
+        for future in (self.accepted, self.result):
+            if not future.done():
+                future.set_exception(exc)
+                future.exception()  # retrieved: callers may await only one
+
+
+class ChatHandle:
+    def __init__(self, client: FaceClient, pending: _Pending) -> None:
+        self.client = client
+        self.request_id = pending.request_id
+        self._pending = pending
+
+    async def accepted(self) -> dict[str, Any]:
+        return await self._pending.accepted
+
+    async def result(self) -> Result:
+        value: Result = await self._pending.result
+        return value
+
+
+_counter = itertools.count(1)
+
+
+def new_request_id(prefix: str = "q") -> str:
+    return f"{prefix}-{os.urandom(6).hex()}-{next(_counter)}"
+
+
+class FaceClient:
+    def __init__(
+        self,
+        urls: str | list[str],
+        token: str,
+        *,
+        client_name: str = "halfpi-sdk",
+        connector: Connector = websocket_connector,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        rng: random.Random | None = None,
+        heartbeat_s: float = 15.0,
+        dead_after_s: float = 45.0,
+        delays: Callable[[], Iterator[float]] | None = None,
+        on_status: Callable[[Status], None] | None = None,
+        on_update: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.urls = [urls] if isinstance(urls, str) else list(urls)
+        self.token = token
+        self.client_name = client_name
+        self.connector = connector
+        self.sleep = sleep
+        self.rng = rng or random.Random()
+        self.heartbeat_s = heartbeat_s
+        self.dead_after_s = dead_after_s
+        self._delays = delays or (lambda: backoff(rng=self.rng))
+        self.on_status = on_status
+        self.on_update = on_update
+        self.status = Status("connecting")
+        self.views: dict[str, ConversationView] = {}
+        self.welcome: dict[str, Any] = {}
+        self.generation = 0
+        self.sent_log: list[tuple[int, str, str]] = []  # (generation, type, request_id)
+        self._wanted: set[str] = set()
+        self._pending: dict[str, _Pending] = {}
+        self._transport: Transport | None = None
+        self._expected_event_seq = 1
+        self._catching_up: dict[str, int] = {}
+        # subscribe request_id -> cid, for subscriptions that asked for a snapshot
+        self._awaiting_snapshot: dict[str, str] = {}
+        self._replayed = 0
+        self._supervisor: asyncio.Task[None] | None = None
+        self._live = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._closing = False
+        self._fatal: BaseException | None = None
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def connect(self, timeout: float | None = 30.0) -> FaceClient:
+        """Start the connection supervisor and wait until the first hello succeeds."""
+        if self._supervisor is None:
+            self._supervisor = asyncio.create_task(self._supervise(), name="face supervisor")
+        waiter = asyncio.ensure_future(self._live.wait())
+        done, _ = await asyncio.wait(
+            {waiter, self._supervisor}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+        if waiter not in done:
+            waiter.cancel()
+            if self._fatal is not None:
+                raise self._fatal
+            raise FaceError("could not reach any Mind in time")
+        return self
+
+    async def __aenter__(self) -> FaceClient:
+        return await self.connect()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._transport is not None:
+            await self._transport.close()
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._supervisor
+        for pending in list(self._pending.values()):
+            pending.fail(ClientClosed("client closed"))
+        self._pending.clear()
+        self._set_status(Status("closed"))
+
+    def _set_status(self, status: Status) -> None:
+        self.status = status
+        if self.on_status is not None:
+            self.on_status(status)
+
+    def _notify(self, kind: str, conversation_id: str) -> None:
+        if self.on_update is not None:
+            self.on_update(kind, conversation_id)
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def wait_view(
+        self,
+        conversation_id: str,
+        predicate: Callable[[ConversationView], bool],
+        timeout: float | None = None,
+    ) -> ConversationView:
+        """Wait until the conversation's view satisfies ``predicate``."""
+        view = self.views[conversation_id]
+
+        async def until() -> ConversationView:
+            while not predicate(view):
+                await self._changed.wait()
+            return view
+
+        return await asyncio.wait_for(until(), timeout)
+
+    # -- the connection supervisor ---------------------------------------------
+
+    async def _supervise(self) -> None:
+        delays = self._delays()
+        attempt = 0
+        urls = itertools.cycle(self.urls)
+        while not self._closing:
+            url = next(urls)
+            transport: Transport | None = None
+            try:
+                transport = await self.connector(url)
+                await self._hello(transport)
+            except ConnectionLost as exc:
+                if transport is not None:
+                    await transport.close()
+                if exc.code in AUTH_CLOSE_CODES:
+                    self._refuse(AuthError(exc.code or 0, exc.reason))
+                    return
+                attempt += 1
+                delay = next(delays)
+                self._set_status(Status("reconnecting", attempt, delay))
+                await self.sleep(delay)
+                continue
+            attempt, delays = 0, self._delays()
+            try:
+                await self._run_connection(transport)
+            except ConnectionLost as exc:
+                if exc.code in AUTH_CLOSE_CODES:
+                    self._refuse(AuthError(exc.code or 0, exc.reason))
+                    return
+            finally:
+                self._transport = None
+                await transport.close()
+            if self._closing:
+                return
+            attempt = 1
+            delay = next(delays)
+            self._set_status(Status("reconnecting", attempt, delay))
+            await self.sleep(delay)
+
+    def _refuse(self, exc: AuthError) -> None:
+        self._fatal = exc
+        self._set_status(Status("refused", detail=str(exc)))
+        for pending in list(self._pending.values()):
+            pending.fail(exc)
+        self._pending.clear()
+
+    async def _hello(self, transport: Transport) -> None:
+        await transport.send(
+            json.dumps(
+                {
+                    "type": "face.hello",
+                    "payload": {
+                        "token": self.token,
+                        "client": {"name": self.client_name, "version": __version__},
+                        "protocol": 3,
+                    },
+                }
+            )
+        )
+        frame = json.loads(await asyncio.wait_for(transport.recv(), self.dead_after_s))
+        if frame.get("type") != "face.welcome":
+            raise ConnectionLost(None, f"expected face.welcome, got {frame.get('type')}")
+        self.welcome = frame["payload"]
+        self.heartbeat_s = float(self.welcome.get("heartbeat_s", self.heartbeat_s))
+        self._expected_event_seq = int(self.welcome.get("event_seq", 1)) + 1
+
+    async def _run_connection(self, transport: Transport) -> None:
+        self.generation += 1
+        gen = self.generation
+        self._transport = transport
+        resumed = await self._after_connect(gen)
+        self._set_status(Status("resuming" if resumed else "live"))
+        self._live.set()
+        loop = asyncio.get_running_loop()
+        last_rx = loop.time()
+        while True:
+            try:
+                text = await asyncio.wait_for(transport.recv(), self.heartbeat_s)
+            except TimeoutError:
+                if loop.time() - last_rx >= self.dead_after_s:
+                    raise ConnectionLost(None, "heartbeat lost") from None
+                await self._send_raw(gen, "face.ping", {})
+                continue
+            last_rx = loop.time()
+            self._dispatch(gen, json.loads(text))
+
+    async def _after_connect(self, gen: int) -> bool:
+        """Resubscribe from cursors, then settle the outstanding table (I6)."""
+        resumed = False
+        self._awaiting_snapshot.clear()
+        self._catching_up.clear()
+        for cid in sorted(self._wanted):
+            view = self.views[cid]
+            resumed = resumed or view.ready
+            await self._subscribe_now(gen, cid)
+        replay_safe = set(self.welcome.get("replay_safe", ()))
+        for pending in list(self._pending.values()):
+            if pending.internal:
+                self._pending.pop(pending.request_id, None)
+                pending.fail(ConnectionLost(None, "superseded by a new connection"))
+            elif pending.sent_gen is None or pending.type in replay_safe:
+                await self._send_pending(gen, pending)
+            else:
+                self._pending.pop(pending.request_id, None)
+                pending.fail(
+                    OutcomeUnknown(
+                        pending.request_id,
+                        pending.type,
+                        "read the conversation to learn what happened",
+                    )
+                )
+        return resumed
+
+    async def _subscribe_now(self, gen: int, cid: str) -> None:
+        view = self.views[cid]
+        payload: dict[str, Any] = {"request_id": new_request_id("sub"), "conversation_ids": [cid]}
+        if view.ready and view.cursor is not None:
+            payload["since"] = {cid: view.cursor}
+        else:
+            payload["snapshot"] = True
+            self._awaiting_snapshot[payload["request_id"]] = cid
+        pending = _Pending("face.subscribe", payload, internal=True)
+        self._pending[pending.request_id] = pending
+        await self._send_pending(gen, pending)
+
+    async def _send_pending(self, gen: int, pending: _Pending) -> None:
+        pending.sent_gen = gen
+        self.sent_log.append((gen, pending.type, pending.request_id))
+        await self._send_raw(gen, pending.type, pending.payload)
+
+    async def _send_raw(self, gen: int, type_: str, payload: dict[str, Any]) -> None:
+        transport = self._transport
+        if transport is None or gen != self.generation:
+            return
+        with contextlib.suppress(ConnectionLost):
+            await transport.send(json.dumps({"type": type_, "payload": payload}))
+
+    # -- incoming ------------------------------------------------------------------
+
+    def _dispatch(self, gen: int, frame: dict[str, Any]) -> None:
+        if gen != self.generation:
+            return  # a late message of an older connection never touches newer state
+        type_ = frame.get("type")
+        payload = frame.get("payload") or {}
+        event_seq = payload.get("event_seq")
+        if isinstance(event_seq, int):
+            if event_seq != self._expected_event_seq:
+                log.warning(
+                    "event_seq jumped %s → %s: resubscribing", self._expected_event_seq, event_seq
+                )
+                self._expected_event_seq = event_seq + 1
+                self._resubscribe_all(gen)
+            else:
+                self._expected_event_seq = event_seq + 1
+        if type_ in ("face.event", "face.chat.delta"):
+            self._conversation_message(gen, type_, payload)
+        elif type_ == "face.reset":
+            self._rebuild(payload["conversation_id"], payload["snapshot"])
+        elif type_ == "face.snapshot":
+            request_id = payload.get("request_id", "")
+            cid = self._awaiting_snapshot.pop(request_id, None)
+            if cid is not None:
+                self._rebuild(cid, payload, quiet=True)
+            else:
+                pending = self._pending.get(request_id)
+                if pending is not None:
+                    self._finish(pending, payload)
+        elif type_ == "face.accepted":
+            self._accepted(payload)
+        elif type_ == "face.result":
+            pending = self._pending.get(payload.get("request_id", ""))
+            if pending is not None:
+                self._finish(pending, Result.from_wire(payload) if "status" in payload else payload)
+        elif type_ == "face.error":
+            pending = self._pending.pop(payload.get("request_id", ""), None)
+            if pending is not None:
+                pending.fail(command_error(payload))
+            else:
+                log.warning("face.error: %s", payload)
+
+    def _finish(self, pending: _Pending, value: Any) -> None:
+        self._pending.pop(pending.request_id, None)
+        if not pending.accepted.done():
+            pending.accepted.set_result({})
+        if not pending.result.done():
+            pending.result.set_result(value)
+
+    def _accepted(self, payload: dict[str, Any]) -> None:
+        pending = self._pending.get(payload.get("request_id", ""))
+        if pending is None:
+            return
+        if not pending.accepted.done():
+            pending.accepted.set_result(payload)
+        if payload.get("operation") != "subscribe":
+            return
+        heads = payload.get("heads") or {}
+        for cid, mode in (payload.get("conversations") or {}).items():
+            if mode == "exact" and cid in heads:
+                head = int(str(heads[cid]).rpartition(".")[2])
+                if head > self.views[cid].seq:
+                    self._catching_up[cid] = head
+                    self._replayed = 0
+                else:
+                    self._set_status(Status("resumed", replayed=0))
+        if not pending.internal:
+            self._finish(pending, payload)
+        else:
+            self._pending.pop(pending.request_id, None)
+
+    def _conversation_message(self, gen: int, type_: str, payload: dict[str, Any]) -> None:
+        cid = payload["conversation_id"]
+        view = self.views.get(cid)
+        if view is None:
+            return
+        outcome = view.apply(type_, payload)
+        if outcome is RESYNC:
+            # Not placeable exactly: forget the view and rebuild it from a
+            # fresh snapshot (once; events meanwhile are covered by it).
+            view.seq = -1
+            if cid not in self._awaiting_snapshot.values():
+                asyncio.get_running_loop().create_task(self._subscribe_now(gen, cid))
+            return
+        if outcome is APPLIED:
+            head = self._catching_up.get(cid)
+            if head is not None:
+                self._replayed += 1
+                if view.seq >= head:
+                    del self._catching_up[cid]
+                    self._set_status(Status("resumed", replayed=self._replayed))
+            self._notify(type_, cid)
+
+    def _rebuild(self, cid: str, snapshot: dict[str, Any], *, quiet: bool = False) -> None:
+        view = self.views.get(cid)
+        if view is None:
+            return
+        for request_id in [r for r, c in self._awaiting_snapshot.items() if c == cid]:
+            del self._awaiting_snapshot[request_id]
+        view.apply_snapshot(snapshot)
+        self._catching_up.pop(cid, None)
+        if not quiet:
+            self._set_status(Status("resynced"))
+        self._notify("snapshot", cid)
+
+    def _resubscribe_all(self, gen: int) -> None:
+        loop = asyncio.get_running_loop()
+        for cid in sorted(self._wanted):
+            loop.create_task(self._subscribe_now(gen, cid))
+
+    # -- commands ------------------------------------------------------------------
+
+    async def _submit(self, type_: str, payload: dict[str, Any]) -> _Pending:
+        if self._fatal is not None:
+            raise self._fatal
+        if self._closing:
+            raise ClientClosed("client closed")
+        payload.setdefault("request_id", new_request_id(type_.rsplit(".", 1)[-1][:4]))
+        pending = _Pending(type_, payload)
+        existing = self._pending.get(pending.request_id)
+        if existing is not None:
+            return existing
+        self._pending[pending.request_id] = pending
+        if self._transport is not None:
+            await self._send_pending(self.generation, pending)
+        return pending
+
+    async def request(self, type_: str, **payload: Any) -> Any:
+        """Send any command; return its ``face.result`` (a :class:`Result`) or snapshot."""
+        pending = await self._submit(type_, payload)
+        return await pending.result
+
+    async def create_conversation(
+        self, name: str | None = None, *, request_id: str | None = None
+    ) -> str:
+        payload: dict[str, Any] = {"name": name}
+        if request_id:
+            payload["request_id"] = request_id
+        result: Result = await self.request("face.conversation.create", **payload)
+        return str(result.data["conversation_id"])
+
+    async def list_conversations(self, limit: int = 50) -> list[dict[str, Any]]:
+        result: Result = await self.request("face.conversation.list", limit=limit)
+        return list(result.data["conversations"])
+
+    async def snapshot(self, conversation_id: str, messages_limit: int = 50) -> dict[str, Any]:
+        snap: dict[str, Any] = await self.request(
+            "face.conversation.snapshot",
+            conversation_id=conversation_id,
+            messages_limit=messages_limit,
+        )
+        return snap
+
+    async def subscribe(self, conversation_id: str) -> ConversationView:
+        """Follow a conversation; its view stays exact across reconnects."""
+        view = self.views.setdefault(conversation_id, ConversationView(conversation_id))
+        if conversation_id not in self._wanted:
+            self._wanted.add(conversation_id)
+            if self._transport is not None:
+                await self._subscribe_now(self.generation, conversation_id)
+        return view
+
+    async def chat(
+        self, conversation_id: str, content: str, *, request_id: str | None = None
+    ) -> ChatHandle:
+        payload: dict[str, Any] = {"conversation_id": conversation_id, "content": content}
+        if request_id:
+            payload["request_id"] = request_id
+        pending = await self._submit("face.chat", payload)
+        return ChatHandle(self, pending)
+
+    async def ask(
+        self, conversation_id: str, content: str, *, request_id: str | None = None
+    ) -> Result:
+        handle = await self.chat(conversation_id, content, request_id=request_id)
+        return await handle.result()
+
+    async def cancel(
+        self, conversation_id: str, target_request_id: str, *, request_id: str | None = None
+    ) -> ChatHandle:
+        view = self.views.get(conversation_id)
+        if view is not None:
+            view.mark_cancel_requested(target_request_id)
+            self._notify("cancel_requested", conversation_id)
+        payload: dict[str, Any] = {
+            "conversation_id": conversation_id,
+            "target_request_id": target_request_id,
+        }
+        if request_id:
+            payload["request_id"] = request_id
+        pending = await self._submit("face.chat.cancel", payload)
+        return ChatHandle(self, pending)

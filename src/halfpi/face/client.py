@@ -1,6 +1,6 @@
 """The Python Face SDK: one asyncio client that keeps a Face true to the Mind.
 
-What it does for you (DESIGN §3, §4, I4–I6):
+What it does for you (DESIGN §3, §4, I4-I6):
 
 - connects to one of several Mind URLs (the next one on failure), says
   hello, and reconnects with jittered exponential backoff (a pure generator,
@@ -241,6 +241,7 @@ class FaceClient:
         self._supervisor: asyncio.Task[None] | None = None
         self._live = asyncio.Event()
         self._changed = asyncio.Event()
+        self._tasks: set[asyncio.Future[None]] = set()
         self._closing = False
         self._fatal: BaseException | None = None
 
@@ -528,7 +529,7 @@ class FaceClient:
             # fresh snapshot (once; events meanwhile are covered by it).
             view.seq = -1
             if cid not in self._awaiting_snapshot.values():
-                asyncio.get_running_loop().create_task(self._subscribe_now(gen, cid))
+                self._spawn(self._subscribe_now(gen, cid))
             return
         if outcome is APPLIED:
             head = self._catching_up.get(cid)
@@ -552,9 +553,13 @@ class FaceClient:
         self._notify("snapshot", cid)
 
     def _resubscribe_all(self, gen: int) -> None:
-        loop = asyncio.get_running_loop()
         for cid in sorted(self._wanted):
-            loop.create_task(self._subscribe_now(gen, cid))
+            self._spawn(self._subscribe_now(gen, cid))
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # -- commands ------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -95,6 +96,58 @@ def cmd_face_revoke(args: argparse.Namespace) -> int:
     return 1
 
 
+def _face_target(args: argparse.Namespace) -> tuple[list[str], str]:
+    urls = args.url or [os.environ.get("HALFPI_URL") or f"ws://127.0.0.1:{DEFAULT_PORT}/v1/face"]
+    token = args.token or os.environ.get("HALFPI_TOKEN")
+    if not token:
+        path = Config(home=_home(args.home)).face_token_path
+        try:
+            token = path.read_text().strip()
+        except OSError:
+            raise SystemExit(
+                f"halfpi: no token: pass --token, set HALFPI_TOKEN, or run `halfpi mind` once "
+                f"so that {path} exists"
+            ) from None
+    return urls, token
+
+
+def cmd_face(args: argparse.Namespace) -> int:
+    urls, token = _face_target(args)
+    if args.mode == "headless":
+        logging.basicConfig(
+            level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
+        )
+        from halfpi.face.headless import HeadlessOptions, run_headless
+
+        options = HeadlessOptions(
+            urls,
+            token,
+            conversation=args.conversation,
+            new_conversation=args.new_conversation,
+            retry_interrupted=args.retry_interrupted,
+        )
+        return asyncio.run(run_headless(options))
+    if not sys.stdout.isatty() or not sys.stdin.isatty():
+        print(
+            "halfpi: the terminal face needs a terminal (stdin and stdout are not both a tty).\n"
+            "For scripts and pipes use:  halfpi face --mode headless",
+            file=sys.stderr,
+        )
+        return 2
+    from halfpi.face.terminal import run_terminal
+
+    # The screen is the terminal: logs go to a file, never onto the screen.
+    home = _home(args.home)
+    home.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(
+        level=logging.WARNING,
+        filename=str(home / "face.log"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+    return run_terminal(urls, token, conversation=args.conversation)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="halfpi", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -117,8 +170,33 @@ def build_parser() -> argparse.ArgumentParser:
     mind.add_argument("--log-level", default="info")
     mind.set_defaults(func=cmd_mind)
 
-    face = sub.add_parser("face", help="manage Face credentials")
-    face_sub = face.add_subparsers(dest="face_command", required=True)
+    face = sub.add_parser(
+        "face", help="run a Face (terminal, or --mode headless), or manage Face credentials"
+    )
+    face.add_argument("--mode", choices=("tui", "headless"), default="tui")
+    face.add_argument(
+        "--url",
+        action="append",
+        help="Mind URL (repeatable; tried in turn). Default $HALFPI_URL or "
+        f"ws://127.0.0.1:{DEFAULT_PORT}/v1/face",
+    )
+    face.add_argument("--token", help="Face token (default $HALFPI_TOKEN or HOME/face.token)")
+    face.add_argument("--home")
+    face.add_argument("--conversation", help="open (and for headless: default to) this id")
+    face.add_argument(
+        "--new-conversation",
+        metavar="NAME",
+        help="headless: create a conversation first and default to it",
+    )
+    face.add_argument(
+        "--retry-interrupted",
+        type=int,
+        default=0,
+        metavar="N",
+        help="headless: ask again (new request_id) up to N times when a chat ends interrupted",
+    )
+    face.set_defaults(func=cmd_face)
+    face_sub = face.add_subparsers(dest="face_command")
     add = face_sub.add_parser("add", help="create a Face credential; prints its token once")
     add.add_argument("label")
     add.add_argument("--profile", choices=sorted(PROFILES), default="operator")

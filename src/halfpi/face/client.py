@@ -213,6 +213,7 @@ class FaceClient:
         delays: Callable[[], Iterator[float]] | None = None,
         on_status: Callable[[Status], None] | None = None,
         on_update: Callable[[str, str], None] | None = None,
+        on_message: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> None:
         self.urls = [urls] if isinstance(urls, str) else list(urls)
         self.token = token
@@ -225,6 +226,7 @@ class FaceClient:
         self._delays = delays or (lambda: backoff(rng=self.rng))
         self.on_status = on_status
         self.on_update = on_update
+        self.on_message = on_message
         self.status = Status("connecting")
         self.views: dict[str, ConversationView] = {}
         self.welcome: dict[str, Any] = {}
@@ -463,31 +465,42 @@ class FaceClient:
                 self._resubscribe_all(gen)
             else:
                 self._expected_event_seq = event_seq + 1
+        if self._route(gen, type_, payload) and self.on_message is not None:
+            self.on_message(str(type_), payload)
+
+    def _route(self, gen: int, type_: Any, payload: dict[str, Any]) -> bool:
+        """Fold one message into the client; True if it is news for the caller
+        (not a duplicate event, not a second accepted for a re-sent command)."""
         if type_ in ("face.event", "face.chat.delta"):
-            self._conversation_message(gen, type_, payload)
-        elif type_ == "face.reset":
+            return self._conversation_message(gen, type_, payload)
+        if type_ == "face.reset":
             self._rebuild(payload["conversation_id"], payload["snapshot"])
-        elif type_ == "face.snapshot":
-            request_id = payload.get("request_id", "")
+            return True
+        request_id = payload.get("request_id", "")
+        if type_ == "face.snapshot":
             cid = self._awaiting_snapshot.pop(request_id, None)
             if cid is not None:
                 self._rebuild(cid, payload, quiet=True)
-            else:
-                pending = self._pending.get(request_id)
-                if pending is not None:
-                    self._finish(pending, payload)
-        elif type_ == "face.accepted":
-            self._accepted(payload)
-        elif type_ == "face.result":
-            pending = self._pending.get(payload.get("request_id", ""))
+                return True
+            pending = self._pending.get(request_id)
+            if pending is not None:
+                self._finish(pending, payload)
+            return pending is not None
+        if type_ == "face.accepted":
+            return self._accepted(payload)
+        if type_ == "face.result":
+            pending = self._pending.get(request_id)
             if pending is not None:
                 self._finish(pending, Result.from_wire(payload) if "status" in payload else payload)
-        elif type_ == "face.error":
-            pending = self._pending.pop(payload.get("request_id", ""), None)
+            return pending is not None
+        if type_ == "face.error":
+            pending = self._pending.pop(request_id, None)
             if pending is not None:
                 pending.fail(command_error(payload))
             else:
                 log.warning("face.error: %s", payload)
+            return True
+        return False
 
     def _finish(self, pending: _Pending, value: Any) -> None:
         self._pending.pop(pending.request_id, None)
@@ -496,14 +509,15 @@ class FaceClient:
         if not pending.result.done():
             pending.result.set_result(value)
 
-    def _accepted(self, payload: dict[str, Any]) -> None:
+    def _accepted(self, payload: dict[str, Any]) -> bool:
         pending = self._pending.get(payload.get("request_id", ""))
         if pending is None:
-            return
-        if not pending.accepted.done():
+            return False
+        first = not pending.accepted.done()
+        if first:
             pending.accepted.set_result(payload)
         if payload.get("operation") != "subscribe":
-            return
+            return first
         heads = payload.get("heads") or {}
         for cid, mode in (payload.get("conversations") or {}).items():
             if mode == "exact" and cid in heads:
@@ -517,12 +531,13 @@ class FaceClient:
             self._finish(pending, payload)
         else:
             self._pending.pop(pending.request_id, None)
+        return first
 
-    def _conversation_message(self, gen: int, type_: str, payload: dict[str, Any]) -> None:
+    def _conversation_message(self, gen: int, type_: str, payload: dict[str, Any]) -> bool:
         cid = payload["conversation_id"]
         view = self.views.get(cid)
         if view is None:
-            return
+            return False
         outcome = view.apply(type_, payload)
         if outcome is RESYNC:
             # Not placeable exactly: forget the view and rebuild it from a
@@ -530,7 +545,7 @@ class FaceClient:
             view.seq = -1
             if cid not in self._awaiting_snapshot.values():
                 self._spawn(self._subscribe_now(gen, cid))
-            return
+            return False
         if outcome is APPLIED:
             head = self._catching_up.get(cid)
             if head is not None:
@@ -539,6 +554,8 @@ class FaceClient:
                     del self._catching_up[cid]
                     self._set_status(Status("resumed", replayed=self._replayed))
             self._notify(type_, cid)
+            return True
+        return False
 
     def _rebuild(self, cid: str, snapshot: dict[str, Any], *, quiet: bool = False) -> None:
         view = self.views.get(cid)

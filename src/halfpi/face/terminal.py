@@ -12,6 +12,7 @@ model or a tool passes :func:`escape_controls` before it is drawn.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from rich.text import Text
@@ -237,10 +238,9 @@ class TerminalFace(App[int]):
         self._set_status_text(self._status_text(status))
 
     def _set_status_text(self, text: str) -> None:
-        try:
+        # Not mounted yet (or already gone): the next status change redraws.
+        with contextlib.suppress(Exception):
             self.query_one("#status", Static).update(Text(text))
-        except Exception:  # not mounted yet (or already gone)
-            pass
 
     async def on_unmount(self) -> None:
         await self.client.close()

@@ -402,12 +402,13 @@ class FaceClient:
         resumed = False
         self._awaiting_snapshot.clear()
         self._catching_up.clear()
+        outstanding = list(self._pending.values())  # before this connection adds its own
         for cid in sorted(self._wanted):
             view = self.views[cid]
             resumed = resumed or view.ready
             await self._subscribe_now(gen, cid)
         replay_safe = set(self.welcome.get("replay_safe", ()))
-        for pending in list(self._pending.values()):
+        for pending in outstanding:
             if pending.internal:
                 self._pending.pop(pending.request_id, None)
                 pending.fail(ConnectionLost(None, "superseded by a new connection"))

@@ -46,6 +46,10 @@ class FaultProxy:
         # Called with each chunk Mind → client; returning True cuts before forwarding it.
         self.cut_when: Callable[[bytes], bool] | None = None
         self.cuts = 0
+        # Cleared: Mind → client bytes stay unread in the Mind's socket, as if
+        # the client had stopped reading (TCP back-pressure, no loss).
+        self.flowing = asyncio.Event()
+        self.flowing.set()
 
     async def start(self) -> FaultProxy:
         self.server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -61,6 +65,12 @@ class FaultProxy:
         if self.server is not None:
             self.server.close()
             await self.server.wait_closed()
+
+    def pause_to_client(self) -> None:
+        self.flowing.clear()
+
+    def resume_to_client(self) -> None:
+        self.flowing.set()
 
     def cut_all(self) -> None:
         for link in self.links:
@@ -84,6 +94,8 @@ class FaultProxy:
                     link: Link, *, to_client: bool) -> None:
         try:
             while True:
+                if to_client:
+                    await self.flowing.wait()
                 data = await reader.read(65536)
                 if not data:
                     break

@@ -23,6 +23,6 @@ def encode_cursor(epoch: str, seq: int) -> str:
 def parse_cursor(text: str, *, field: str = "since") -> Cursor:
     """Parse a cursor; a malformed one is an ``invalid_request`` naming ``field``."""
     epoch, dot, seq_text = text.rpartition(".")
-    if not dot or not epoch or not seq_text.isdigit() or len(text) > 64:
+    if not dot or not epoch or not (seq_text.isascii() and seq_text.isdigit()) or len(text) > 64:
         raise InvalidRequest(f"malformed cursor {text[:64]!r}", field=field)
     return Cursor(epoch, int(seq_text))

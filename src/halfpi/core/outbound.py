@@ -179,7 +179,10 @@ class OutboundQueue:
     def push(self, m: Message, *, pressured: bool) -> bool:
         """Queue ``m``. Returns False if the connection must be evicted (I7)."""
         conv = m.conversation_id
-        if m.kind == DELTA and pressured and conv is not None:
+        # Pressure: the transport is backed up, or this delta would not fit
+        # the transient bound (a burst released at once by a commit). Either
+        # way merging is lossless; evicting a healthy Face would not be.
+        if m.kind == DELTA and conv is not None and (pressured or self._transient_full(m)):
             tail = self._last_by_conversation.get(conv)
             if tail is not None and tail.kind == DELTA and tail.request_id == m.request_id:
                 if self._replace_tail(tail, merge_deltas(tail, m)):
@@ -188,9 +191,16 @@ class OutboundQueue:
         if conv is not None:
             self._last_by_conversation[conv] = m
         self._account(m, +1)
-        if m.kind == PROGRESS and pressured:
+        if m.kind != RELIABLE and (pressured or self._transient_over()):
             self._shed_progress()
         return self._fits()
+
+    def _transient_full(self, m: Message) -> bool:
+        limits = self.limits
+        return (
+            self.transient_count >= limits.transient_messages
+            or self.transient_bytes + m.size > limits.transient_bytes
+        )
 
     def _replace_tail(self, old: Message, new: Message) -> bool:
         # The tail of a conversation is usually the last item overall; search

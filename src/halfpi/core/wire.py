@@ -165,7 +165,7 @@ class _Envelope(msgspec.Struct, forbid_unknown_fields=True):
 _envelope_decoder = msgspec.json.Decoder(_Envelope)
 _payload_decoders = {name: msgspec.json.Decoder(cls) for name, cls in COMMANDS.items()}
 
-_AT = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
+_AT = re.compile(r" - at (?:`key` in )?`\$\.?(?P<path>[^`]*)`$")
 _NAMED = re.compile(r"field `(?P<name>[^`]+)`")
 
 
@@ -192,6 +192,11 @@ def decode_command(data: bytes | str) -> tuple[str, Any]:
         raise InvalidRequest(str(exc), field=_field_of(str(exc))) from None
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"not a JSON object frame: {exc}") from None
+    except (RecursionError, UnicodeError):
+        # The envelope is flat; depth (or a bad string) can only be in the payload.
+        raise InvalidRequest(
+            "not a decodable JSON frame (too deeply nested or not UTF-8)", field="payload"
+        ) from None
     decoder = _payload_decoders.get(envelope.type)
     if decoder is None:
         raise InvalidRequest(f"unknown type {envelope.type[:64]!r}", field="type")
@@ -199,15 +204,17 @@ def decode_command(data: bytes | str) -> tuple[str, Any]:
         return envelope.type, decoder.decode(envelope.payload)
     except msgspec.ValidationError as exc:
         raise InvalidRequest(str(exc), field=_field_of(str(exc)) or "payload") from None
-    except msgspec.DecodeError as exc:  # pragma: no cover - Raw is already valid JSON
-        raise InvalidRequest(str(exc), field="payload") from None
+    except (msgspec.DecodeError, RecursionError, UnicodeError) as exc:
+        raise InvalidRequest(
+            f"undecodable payload: {type(exc).__name__}", field="payload"
+        ) from None
 
 
 def request_id_of(data: bytes | str) -> str | None:
     """Best-effort request_id from a frame that failed validation, for the error reply."""
     try:
         raw = msgspec.json.decode(data)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError, UnicodeError):
         return None
     if isinstance(raw, dict):
         payload = raw.get("payload")

@@ -20,6 +20,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -442,28 +443,18 @@ class SQLiteStore:
 
     def _commit_batch(self, conn: sqlite3.Connection, batch: list[Any]) -> None:
         outcomes: list[tuple[asyncio.Future[TxOutcome], TxOutcome | BaseException]] = []
-        pending_events: list[StoredEvent] = []
+        appends: list[tuple[int, WriteTx]] = []  # event-only writes, merged
         try:
             conn.execute("BEGIN IMMEDIATE")
             for tx, future in batch:
                 if tx.only_events:
-                    pending_events.extend(tx.events)
+                    appends.append((len(outcomes), tx))
                     outcomes.append((future, COMMITTED))
                     continue
-                if pending_events:
-                    insert_events(conn, pending_events)
-                    pending_events = []
-                conn.execute("SAVEPOINT tx")
-                try:
-                    outcome: TxOutcome | BaseException = apply_tx(conn, tx)
-                    conn.execute("RELEASE tx")
-                except sqlite3.Error as exc:
-                    conn.execute("ROLLBACK TO tx")
-                    conn.execute("RELEASE tx")
-                    outcome = StoreError(f"write failed: {exc}")
-                outcomes.append((future, outcome))
-            if pending_events:
-                insert_events(conn, pending_events)
+                self._flush_appends(conn, appends, outcomes)
+                appends = []
+                outcomes.append((future, _in_savepoint(conn, partial(apply_tx, conn, tx))))
+            self._flush_appends(conn, appends, outcomes)
             conn.execute("COMMIT")
             self.batches += 1
         except sqlite3.Error as exc:
@@ -475,6 +466,23 @@ class SQLiteStore:
         # If the loop is already closed nobody is waiting any more.
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(_resolve_all, outcomes)
+
+    @staticmethod
+    def _flush_appends(
+        conn: sqlite3.Connection,
+        appends: list[tuple[int, WriteTx]],
+        outcomes: list[tuple[asyncio.Future[TxOutcome], TxOutcome | BaseException]],
+    ) -> None:
+        """One executemany for all plain appends; if it fails, retry each
+        write on its own so only the offending ones fail."""
+        if not appends:
+            return
+        merged = [e for _, tx in appends for e in tx.events]
+        if isinstance(_in_savepoint(conn, partial(insert_events, conn, merged)), TxOutcome):
+            return
+        for index, tx in appends:
+            outcome = _in_savepoint(conn, partial(insert_events, conn, tx.events))
+            outcomes[index] = (outcomes[index][0], outcome)
 
     # reads
 
@@ -662,6 +670,21 @@ class SQLiteStore:
 
     async def add_credential(self, credential: Credential) -> None:
         await self._read(lambda c: insert_credential(c, credential))
+
+
+def _in_savepoint(
+    conn: sqlite3.Connection, work: Callable[[], object]
+) -> TxOutcome | BaseException:
+    """Run ``work`` so that its failure undoes only itself, not the batch."""
+    conn.execute("SAVEPOINT tx")
+    try:
+        result = work()
+        conn.execute("RELEASE tx")
+    except sqlite3.Error as exc:
+        conn.execute("ROLLBACK TO tx")
+        conn.execute("RELEASE tx")
+        return StoreError(f"write failed: {exc}")
+    return result if isinstance(result, TxOutcome) else COMMITTED
 
 
 def _resolve_all(

@@ -1,0 +1,724 @@
+"""One conformance suite for every Store backend (STYLE §4).
+
+Each backend joins ``BACKENDS`` with a way to open a fresh handle on the same
+storage (for restarts) and a way to hold its writer, so that what is queued
+meanwhile provably lands in one group commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from halfpi.config import RequestRetention
+from halfpi.core.requests import RequestRecord, Tombstone, replay_frames
+from halfpi.errors import StoreError
+from halfpi.mind import auth
+from halfpi.store import sqlite as sqlite_store
+from halfpi.store.base import (
+    ConversationRow,
+    Credential,
+    FinishedRequest,
+    MessageRow,
+    RunRow,
+    StoredEvent,
+    TxOutcome,
+    WriteTx,
+)
+from halfpi.store.sqlite import SQLiteStore
+
+# -- backends --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    make: Callable[[], Any]  # a new, unopened Store on the same storage
+    hold_writer: Callable[[Any], AbstractAsyncContextManager[None]]
+    path: Path | None = None
+
+
+class _HeldTx(WriteTx):
+    """A no-op transaction whose evaluation parks the SQLite writer thread."""
+
+    def __init__(self, entered: threading.Event, release: threading.Event) -> None:
+        super().__init__()
+        self._entered = entered
+        self._release = release
+
+    @property
+    def only_events(self) -> bool:
+        self._entered.set()
+        self._release.wait(30)
+        return True
+
+
+@asynccontextmanager
+async def _hold_sqlite_writer(store: SQLiteStore) -> AsyncIterator[None]:
+    """While inside, the writer is busy with a batch of its own: everything
+    written meanwhile waits in its queue and is taken as the next batch."""
+    entered, release = threading.Event(), threading.Event()
+    held = store.write(_HeldTx(entered, release))
+    try:
+        assert await asyncio.to_thread(entered.wait, 30)
+        yield
+    finally:
+        release.set()
+        assert (await held).committed
+
+
+BACKENDS = [pytest.param("sqlite", id="sqlite")]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    if request.param == "sqlite":
+        path = tmp_path / "halfpi.db"
+        return Backend("sqlite", lambda: SQLiteStore(path), _hold_sqlite_writer, path)
+    raise AssertionError(f"no such backend {request.param}")  # pragma: no cover
+
+
+@pytest.fixture
+async def store(backend: Backend) -> AsyncIterator[Any]:
+    s = backend.make()
+    await s.open()
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+@pytest.fixture
+def sqlite_conn(backend: Backend, store: Any) -> Iterator[sqlite3.Connection]:
+    """A synchronous connection, as the CLI uses, on the store's database."""
+    if backend.name != "sqlite" or backend.path is None:
+        pytest.skip("the synchronous credential functions are SQLite's")
+    conn = sqlite_store.open_db(backend.path)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+# -- builders --------------------------------------------------------------------
+
+
+def record(
+    request_id: str = "r_1",
+    digest: str = "d_1",
+    *,
+    principal: str = "p_1",
+    conversation: str | None = "c_1",
+    created_at: float = 100.0,
+) -> RequestRecord:
+    return RequestRecord(
+        principal_id=principal,
+        request_id=request_id,
+        type="face.chat",
+        digest=digest,
+        status="accepted",
+        created_at=created_at,
+        conversation_id=conversation,
+        run_id=f"run_{request_id}",
+        accepted={"request_id": request_id, "operation": "chat", "conversation_id": conversation},
+    )
+
+
+def stored(conv: str, seq: int, type_: str = "chat.message", ts: float = 100.0) -> StoredEvent:
+    return StoredEvent(conv, seq, type_, b'{"n":%d}' % seq, ts)
+
+
+def message_row(conv: str, seq: int, request_id: str | None = None) -> MessageRow:
+    return MessageRow(conv, seq, "user", f"m{seq}", request_id, None, 100.0 + seq)
+
+
+def run_row(
+    run_id: str,
+    request_id: str = "r_1",
+    *,
+    conv: str = "c_1",
+    started: float = 100.0,
+    status: str = "running",
+    principal: str = "p_1",
+) -> RunRow:
+    return RunRow(run_id, conv, request_id, principal, status, started)
+
+
+def finished(
+    request_id: str, at: float, *, principal: str = "p_1", status: str = "succeeded"
+) -> FinishedRequest:
+    return FinishedRequest(
+        principal, request_id, status, {"request_id": request_id, "status": status}, at
+    )
+
+
+def conversation(conv: str, created_at: float = 100.0) -> ConversationRow:
+    return ConversationRow(conv, f"name of {conv}", created_at, "p_1")
+
+
+async def commit(store: Any, tx: WriteTx) -> TxOutcome:
+    outcome: TxOutcome = await store.write(tx)
+    return outcome
+
+
+# -- admission (I5) ---------------------------------------------------------------
+
+
+async def test_I5_admit_inserts_once(store: Any) -> None:
+    rec = record()
+    first = await commit(
+        store,
+        WriteTx(
+            admit=rec,
+            conversations=[conversation("c_1")],
+            messages=[message_row("c_1", 1, request_id="r_1")],
+            runs=[run_row("run_1")],
+            events=[stored("c_1", 1), stored("c_1", 2, "chat.started")],
+        ),
+    )
+    assert first.committed
+    assert first.existing is None
+    assert await store.get_request("p_1", "r_1") == rec
+
+
+async def test_I5_second_admit_returns_the_existing_record_and_writes_nothing(store: Any) -> None:
+    rec = record(digest="d_first")
+    await commit(
+        store,
+        WriteTx(
+            admit=rec,
+            runs=[run_row("run_1")],
+            events=[stored("c_1", 1)],
+            messages=[message_row("c_1", 1)],
+        ),
+    )
+    again = await commit(
+        store,
+        WriteTx(
+            admit=record(digest="d_second"),
+            conversations=[conversation("c_9")],
+            messages=[message_row("c_1", 2)],
+            runs=[run_row("run_2", started=200.0)],
+            events=[stored("c_1", 2)],
+            finished=[finished("r_1", 300.0)],
+        ),
+    )
+    assert not again.committed
+    assert isinstance(again.existing, RequestRecord)
+    assert again.existing.digest == "d_first"
+    assert again.existing == rec
+    # Nothing else of the dropped transaction was written.
+    assert await store.head_seq("c_1") == 1
+    assert [
+        m.seq
+        for m in (await store.messages("c_1", limit=10, before_seq=None, max_seq=None)).messages
+    ] == [1]
+    assert (await store.run_for_request("c_1", "r_1")).run_id == "run_1"
+    assert await store.get_conversation("c_9") is None
+    still = await store.get_request("p_1", "r_1")
+    assert isinstance(still, RequestRecord)
+    assert not still.terminal
+
+
+async def test_I5_same_request_id_of_another_principal_is_a_separate_key(store: Any) -> None:
+    assert (await commit(store, WriteTx(admit=record(principal="p_1")))).committed
+    assert (await commit(store, WriteTx(admit=record(principal="p_2")))).committed
+    assert (await store.get_request("p_2", "r_1")).principal_id == "p_2"
+
+
+async def test_I5_racing_admits_in_one_batch_admit_once(store: Any, backend: Backend) -> None:
+    async with backend.hold_writer(store):
+        a = store.write(WriteTx(admit=record(digest="d_a"), events=[stored("c_1", 1)]))
+        b = store.write(WriteTx(admit=record(digest="d_b"), events=[stored("c_1", 2)]))
+    first, second = await a, await b
+    assert first.committed
+    assert not second.committed
+    assert second.existing is not None and second.existing.digest == "d_a"
+    assert [e.seq for e in await store.events("c_1", 0, 10)] == [1]
+
+
+async def test_I5_admit_of_a_tombstoned_key_gets_the_tombstone(store: Any) -> None:
+    retention = RequestRetention(min_seconds=10.0, max_per_principal=0, tombstone_seconds=1000.0)
+    await commit(store, WriteTx(admit=record(digest="d_old")))
+    await commit(store, WriteTx(finished=[finished("r_1", 200.0)]))
+    assert await store.prune_requests(500.0, retention) == 1
+    late = await commit(store, WriteTx(admit=record(digest="d_old"), events=[stored("c_1", 5)]))
+    assert isinstance(late.existing, Tombstone)
+    assert late.existing.digest == "d_old"
+    assert await store.head_seq("c_1") == 0
+
+
+async def test_I5_records_survive_a_restart(backend: Backend) -> None:
+    first = backend.make()
+    await first.open()
+    rec = record()
+    await commit(first, WriteTx(admit=rec, events=[stored("c_1", 1)]))
+    await first.close()
+    second = backend.make()
+    await second.open()
+    try:
+        assert await second.get_request("p_1", "r_1") == rec
+        assert await second.head_seq("c_1") == 1
+        again = await commit(second, WriteTx(admit=record(digest="other")))
+        assert again.existing == rec
+    finally:
+        await second.close()
+
+
+# -- group commit ---------------------------------------------------------------------
+
+
+async def test_concurrent_writes_are_grouped_and_all_committed(
+    store: Any, backend: Backend
+) -> None:
+    n = 60
+    before = store.batches
+    async with backend.hold_writer(store):
+        futures = [store.write(WriteTx(events=[stored("c_1", seq)])) for seq in range(1, n + 1)]
+        futures += [
+            store.write(WriteTx(admit=record(f"r_{i}"), runs=[run_row(f"run_{i}", f"r_{i}")]))
+            for i in range(n)
+        ]
+    outcomes = await asyncio.gather(*futures)
+    assert all(o.committed for o in outcomes)
+    assert store.batches - before < 2 * n
+    assert store.batches - before <= 2  # the held batch, then everything else at once
+    assert [e.seq for e in await store.events("c_1", 0, 1000)] == list(range(1, n + 1))
+    assert len(await store.open_requests()) == n
+    assert len(await store.open_runs()) == n
+
+
+async def test_gathered_writes_all_commit(store: Any) -> None:
+    outcomes = await asyncio.gather(
+        *(store.write(WriteTx(events=[stored("c_2", seq)])) for seq in range(1, 201))
+    )
+    assert all(o.committed for o in outcomes)
+    assert await store.head_seq("c_2") == 200
+    assert store.batches <= 200
+
+
+async def test_a_failing_tx_fails_only_its_own_future(store: Any, backend: Backend) -> None:
+    await commit(store, WriteTx(messages=[message_row("c_1", 1)]))
+    before = store.batches
+    async with backend.hold_writer(store):
+        ok_admit = store.write(WriteTx(admit=record("r_ok"), messages=[message_row("c_2", 1)]))
+        bad = store.write(
+            WriteTx(
+                admit=record("r_bad"),
+                runs=[run_row("run_bad", "r_bad")],
+                events=[stored("c_1", 7)],
+                messages=[message_row("c_1", 1)],  # duplicate primary key
+            )
+        )
+        ok_events = store.write(WriteTx(events=[stored("c_3", 1)]))
+        ok_conv = store.write(WriteTx(conversations=[conversation("c_3")]))
+    results = await asyncio.gather(ok_admit, bad, ok_events, ok_conv, return_exceptions=True)
+    assert store.batches - before == 2  # one held batch, then all four together
+    assert isinstance(results[1], StoreError)
+    assert all(isinstance(r, TxOutcome) and r.committed for i, r in enumerate(results) if i != 1)
+    # The failing transaction left nothing behind; the others are all there.
+    assert await store.get_request("p_1", "r_bad") is None
+    assert await store.run_for_request("c_1", "r_bad") is None
+    assert await store.head_seq("c_1") == 0
+    assert isinstance(await store.get_request("p_1", "r_ok"), RequestRecord)
+    assert await store.head_seq("c_3") == 1
+    assert await store.get_conversation("c_3") is not None
+
+
+async def test_a_failing_event_append_fails_only_its_own_future(
+    store: Any, backend: Backend
+) -> None:
+    await commit(store, WriteTx(events=[stored("c_1", 1)]))
+    async with backend.hold_writer(store):
+        bad = store.write(WriteTx(events=[stored("c_1", 1)]))  # duplicate seq
+        ok_admit = store.write(WriteTx(admit=record("r_ok")))
+        ok_events = store.write(WriteTx(events=[stored("c_2", 1)]))
+    results = await asyncio.gather(bad, ok_admit, ok_events, return_exceptions=True)
+    assert isinstance(results[0], StoreError)
+    assert isinstance(results[1], TxOutcome) and results[1].committed
+    assert isinstance(results[2], TxOutcome) and results[2].committed
+
+
+async def test_close_commits_what_is_queued(backend: Backend) -> None:
+    first = backend.make()
+    await first.open()
+    pending = [first.write(WriteTx(events=[stored("c_1", seq)])) for seq in range(1, 21)]
+    await first.close()
+    assert all(o.committed for o in await asyncio.gather(*pending))
+    second = backend.make()
+    await second.open()
+    try:
+        assert await second.head_seq("c_1") == 20
+    finally:
+        await second.close()
+
+
+async def test_write_after_close_raises(backend: Backend) -> None:
+    s = backend.make()
+    await s.open()
+    await s.close()
+    with pytest.raises(StoreError):
+        s.write(WriteTx(events=[stored("c_1", 1)]))
+
+
+# -- events -----------------------------------------------------------------------------
+
+
+async def test_events_round_trip_in_seq_order(store: Any) -> None:
+    written = [stored("c_1", seq, ts=100.0 + seq) for seq in range(1, 11)]
+    await commit(store, WriteTx(events=written[5:]))
+    await commit(store, WriteTx(events=written[:5]))
+    await commit(store, WriteTx(events=[stored("c_2", 1)]))
+    assert await store.events("c_1", 0, 100) == written
+    assert await store.events("c_1", 3, 4) == written[3:7]
+    assert await store.events("c_1", 10, 100) == []
+    assert await store.head_seq("c_1") == 10
+    assert await store.head_seq("c_2") == 1
+    assert await store.head_seq("c_unknown") == 0
+
+
+async def test_event_data_bytes_survive_unchanged(store: Any) -> None:
+    data = '{"text":"h\\u00e9llo \u263a","nested":{"a":[1,2.5,null]}}'.encode()
+    await commit(store, WriteTx(events=[StoredEvent("c_1", 1, "chat.message", data, 1.5)]))
+    [event] = await store.events("c_1", 0, 1)
+    assert event.data == data
+    assert event.ts == 1.5
+
+
+# -- messages ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def messages_store(store: Any) -> Any:
+    rows = [message_row("c_1", seq) for seq in range(2, 21, 2)]  # seqs 2, 4, …, 20
+    await commit(store, WriteTx(messages=rows))
+    await commit(store, WriteTx(messages=[message_row("c_2", 3)]))
+    return store
+
+
+async def _page(store: Any, **kwargs: Any) -> tuple[list[int], bool]:
+    kwargs.setdefault("before_seq", None)
+    kwargs.setdefault("max_seq", None)
+    page = await store.messages("c_1", **kwargs)
+    return [m.seq for m in page.messages], page.has_more_older
+
+
+async def test_messages_round_trip(messages_store: Any) -> None:
+    page = await messages_store.messages("c_2", limit=10, before_seq=None, max_seq=None)
+    assert page.messages == [message_row("c_2", 3)]
+    assert not page.has_more_older
+    assert page.messages[0].to_wire() == {
+        "seq": 3,
+        "role": "user",
+        "content": "m3",
+        "request_id": None,
+        "status": None,
+        "ts": 103.0,
+    }
+
+
+async def test_messages_latest_page_is_oldest_first(messages_store: Any) -> None:
+    assert await _page(messages_store, limit=3) == ([16, 18, 20], True)
+
+
+async def test_messages_paging_with_before_seq(messages_store: Any) -> None:
+    assert await _page(messages_store, limit=3, before_seq=16) == ([10, 12, 14], True)
+    assert await _page(messages_store, limit=3, before_seq=9) == ([4, 6, 8], True)
+    assert await _page(messages_store, limit=3, before_seq=8) == ([2, 4, 6], False)
+    assert await _page(messages_store, limit=3, before_seq=4) == ([2], False)
+    assert await _page(messages_store, limit=3, before_seq=2) == ([], False)
+
+
+async def test_messages_limit_exactly_the_rest_has_no_more(messages_store: Any) -> None:
+    assert await _page(messages_store, limit=10) == (list(range(2, 21, 2)), False)
+    assert await _page(messages_store, limit=9) == (list(range(4, 21, 2)), True)
+
+
+async def test_messages_max_seq_is_inclusive(messages_store: Any) -> None:
+    assert await _page(messages_store, limit=3, max_seq=14) == ([10, 12, 14], True)
+    assert await _page(messages_store, limit=3, max_seq=15) == ([10, 12, 14], True)
+    assert await _page(messages_store, limit=3, max_seq=1) == ([], False)
+    assert await _page(messages_store, limit=3, max_seq=0) == ([], False)
+
+
+async def test_messages_before_seq_and_max_seq_take_the_tighter(messages_store: Any) -> None:
+    assert await _page(messages_store, limit=3, before_seq=12, max_seq=15) == ([6, 8, 10], True)
+    assert await _page(messages_store, limit=3, before_seq=18, max_seq=9) == ([4, 6, 8], True)
+
+
+async def test_messages_of_an_unknown_conversation(store: Any) -> None:
+    page = await store.messages("c_none", limit=5, before_seq=None, max_seq=None)
+    assert (page.messages, page.has_more_older) == ([], False)
+
+
+# -- runs and requests ------------------------------------------------------------------
+
+
+async def test_run_round_trip_and_upsert(store: Any) -> None:
+    run = run_row("run_1")
+    await commit(store, WriteTx(runs=[run]))
+    assert await store.run_for_request("c_1", "r_1") == run
+    done = RunRow("run_1", "c_1", "r_1", "p_1", "succeeded", 100.0, 150.0, "hello", None)
+    await commit(store, WriteTx(runs=[done]))
+    assert await store.run_for_request("c_1", "r_1") == done
+    assert await store.open_runs() == []
+
+
+async def test_run_for_request_is_the_newest_of_any_principal(store: Any) -> None:
+    await commit(store, WriteTx(runs=[run_row("run_a", started=100.0, principal="p_1")]))
+    await commit(store, WriteTx(runs=[run_row("run_c", started=50.0, principal="p_1")]))
+    await commit(store, WriteTx(runs=[run_row("run_b", started=200.0, principal="p_2")]))
+    await commit(store, WriteTx(runs=[run_row("run_x", "r_1", conv="c_other", started=900.0)]))
+    assert (await store.run_for_request("c_1", "r_1")).run_id == "run_b"
+    assert await store.run_for_request("c_1", "r_404") is None
+
+
+async def test_open_runs_are_the_unfinished_ones_oldest_first(store: Any) -> None:
+    await commit(
+        store,
+        WriteTx(
+            runs=[
+                run_row("run_3", "r_3", started=300.0),
+                run_row("run_1", "r_1", started=100.0),
+                RunRow("run_2", "c_1", "r_2", "p_1", "failed", 200.0, 250.0, None, "agent_failed"),
+            ]
+        ),
+    )
+    assert [r.run_id for r in await store.open_runs()] == ["run_1", "run_3"]
+
+
+async def test_open_requests_are_the_accepted_ones(store: Any) -> None:
+    for i in range(3):
+        await commit(store, WriteTx(admit=record(f"r_{i}")))
+    await commit(store, WriteTx(finished=[finished("r_1", 200.0)]))
+    assert sorted(r.request_id for r in await store.open_requests()) == ["r_0", "r_2"]
+
+
+async def test_finished_request_moves_the_record_to_terminal(store: Any) -> None:
+    await commit(store, WriteTx(admit=record()))
+    result = {"request_id": "r_1", "status": "succeeded", "content": "hi"}
+    await commit(
+        store, WriteTx(finished=[FinishedRequest("p_1", "r_1", "succeeded", result, 150.0)])
+    )
+    rec = await store.get_request("p_1", "r_1")
+    assert isinstance(rec, RequestRecord)
+    assert rec.terminal
+    assert (rec.status, rec.result, rec.finished_at) == ("succeeded", result, 150.0)
+    assert replay_frames(rec) == [("face.result", result)]
+
+
+async def test_I10_a_second_finish_does_not_overwrite_the_first(store: Any) -> None:
+    await commit(store, WriteTx(admit=record()))
+    await commit(store, WriteTx(finished=[finished("r_1", 150.0, status="succeeded")]))
+    await commit(store, WriteTx(finished=[finished("r_1", 160.0, status="cancelled")]))
+    rec = await store.get_request("p_1", "r_1")
+    assert isinstance(rec, RequestRecord)
+    assert (rec.status, rec.finished_at) == ("succeeded", 150.0)
+    assert rec.result == {"request_id": "r_1", "status": "succeeded"}
+
+
+async def test_get_request_of_an_unknown_key_is_none(store: Any) -> None:
+    assert await store.get_request("p_1", "r_404") is None
+
+
+# -- retention (DESIGN §5) ------------------------------------------------------------------
+
+RETENTION = RequestRetention(min_seconds=600.0, max_per_principal=2, tombstone_seconds=86_400.0)
+
+
+async def _terminal(store: Any, request_id: str, at: float, principal: str = "p_1") -> None:
+    await commit(
+        store,
+        WriteTx(
+            admit=record(request_id, f"d_{request_id}", principal=principal, created_at=at - 1)
+        ),
+    )
+    await commit(store, WriteTx(finished=[finished(request_id, at, principal=principal)]))
+
+
+async def test_prune_turns_old_terminal_records_into_tombstones(store: Any) -> None:
+    for i, at in enumerate([100.0, 200.0, 300.0, 400.0]):
+        await _terminal(store, f"r_{i}", at)
+    await commit(store, WriteTx(admit=record("r_open", created_at=0.0)))
+    now = 2_000.0
+    assert await store.prune_requests(now, RETENTION) == 2
+    for request_id in ("r_0", "r_1"):
+        tomb = await store.get_request("p_1", request_id)
+        assert isinstance(tomb, Tombstone)
+        assert tomb.digest == f"d_{request_id}"
+        assert tomb.result == {"request_id": request_id, "status": "succeeded"}
+        assert tomb.expires_at == now + RETENTION.tombstone_seconds
+        assert replay_frames(tomb) == [("face.result", tomb.result)]
+    for request_id in ("r_2", "r_3", "r_open"):
+        assert isinstance(await store.get_request("p_1", request_id), RequestRecord)
+    assert await store.prune_requests(now, RETENTION) == 0
+
+
+async def test_prune_keeps_records_younger_than_min_seconds(store: Any) -> None:
+    for i in range(5):
+        await _terminal(store, f"r_{i}", 1_000.0 + i)
+    assert await store.prune_requests(1_599.5, RETENTION) == 0
+    assert await store.prune_requests(1_600.5, RETENTION) == 1
+    assert isinstance(await store.get_request("p_1", "r_0"), Tombstone)
+    assert isinstance(await store.get_request("p_1", "r_1"), RequestRecord)
+    assert await store.prune_requests(1_602.5, RETENTION) == 2
+    # r_3 and r_4 are old too, but they are the newest max_per_principal.
+    assert await store.prune_requests(9_999.0, RETENTION) == 0
+    kinds = [type(await store.get_request("p_1", f"r_{i}")) for i in range(5)]
+    assert kinds == [Tombstone, Tombstone, Tombstone, RequestRecord, RequestRecord]
+
+
+async def test_prune_counts_per_principal(store: Any) -> None:
+    for i in range(2):
+        await _terminal(store, f"r_{i}", 100.0, principal="p_a")
+    for i in range(3):
+        await _terminal(store, f"r_{i}", 100.0 + i, principal="p_b")
+    assert await store.prune_requests(5_000.0, RETENTION) == 1
+    assert isinstance(await store.get_request("p_b", "r_0"), Tombstone)
+    assert isinstance(await store.get_request("p_a", "r_0"), RequestRecord)
+
+
+async def test_prune_never_touches_accepted_records(store: Any) -> None:
+    for i in range(5):
+        await commit(store, WriteTx(admit=record(f"r_{i}", created_at=0.0)))
+    assert await store.prune_requests(1e9, RETENTION) == 0
+    assert len(await store.open_requests()) == 5
+
+
+async def test_tombstones_expire(store: Any) -> None:
+    retention = RequestRetention(min_seconds=10.0, max_per_principal=0, tombstone_seconds=100.0)
+    await _terminal(store, "r_1", 0.0)
+    assert await store.prune_requests(50.0, retention) == 1
+    assert isinstance(await store.get_request("p_1", "r_1"), Tombstone)
+    await store.prune_requests(150.0, retention)  # expires_at 150: not yet past
+    assert isinstance(await store.get_request("p_1", "r_1"), Tombstone)
+    await store.prune_requests(150.5, retention)
+    assert await store.get_request("p_1", "r_1") is None
+
+
+# -- conversations -----------------------------------------------------------------------------
+
+
+async def test_conversations_round_trip_and_page_by_id(store: Any) -> None:
+    rows = [conversation(f"c_{i:03d}", created_at=float(i)) for i in range(5)]
+    await commit(store, WriteTx(conversations=rows))
+    assert await store.get_conversation("c_002") == rows[2]
+    assert await store.get_conversation("c_404") is None
+    assert await store.list_conversations(2, None) == [rows[4], rows[3]]
+    assert await store.list_conversations(2, "c_003") == [rows[2], rows[1]]
+    assert await store.list_conversations(10, "c_001") == [rows[0]]
+
+
+async def test_a_duplicate_conversation_fails_its_tx(store: Any) -> None:
+    await commit(store, WriteTx(conversations=[conversation("c_1")]))
+    with pytest.raises(StoreError):
+        await commit(store, WriteTx(admit=record(), conversations=[conversation("c_1")]))
+    assert await store.get_request("p_1", "r_1") is None
+
+
+# -- credentials ------------------------------------------------------------------------------
+
+
+def face_credential(
+    label: str, principal: str, *, created_at: float = 1.0, token_hash: str | None = None
+) -> Credential:
+    return Credential(
+        principal_id=principal,
+        label=label,
+        kind="face",
+        profile="operator",
+        scopes=frozenset({"face:chat", "face:sessions:read"}),
+        token_hash=token_hash or f"hash_{principal}",
+        created_at=created_at,
+    )
+
+
+async def test_credentials_add_list_and_version(store: Any) -> None:
+    assert await store.credentials() == []
+    v0 = await store.credentials_version()
+    a = face_credential("laptop", "p_a", created_at=1.0)
+    b = face_credential("phone", "p_b", created_at=2.0)
+    await store.add_credential(a)
+    assert await store.credentials_version() == v0 + 1
+    await store.add_credential(b)
+    assert await store.credentials_version() == v0 + 2
+    assert await store.credentials() == [a, b]
+    assert all(c.live for c in await store.credentials())
+
+
+async def test_a_live_label_is_unique_per_kind(store: Any) -> None:
+    await store.add_credential(face_credential("laptop", "p_a"))
+    version = await store.credentials_version()
+    with pytest.raises(StoreError):
+        await store.add_credential(face_credential("laptop", "p_b"))
+    assert await store.credentials_version() == version
+    hand = Credential("p_h", "laptop", "hand", "hand", frozenset(), "hash_h", 2.0)
+    await store.add_credential(hand)
+    assert {c.kind for c in await store.credentials()} == {"face", "hand"}
+
+
+async def test_revocation_bumps_the_version_and_frees_the_label(
+    store: Any, sqlite_conn: sqlite3.Connection
+) -> None:
+    await store.add_credential(face_credential("laptop", "p_old"))
+    version = await store.credentials_version()
+    assert sqlite_store.revoke_credential(sqlite_conn, "face", "laptop", 50.0) == 1
+    assert await store.credentials_version() == version + 1
+    [old] = await store.credentials()
+    assert (old.revoked_at, old.live) == (50.0, False)
+    # Revoking again changes nothing.
+    assert sqlite_store.revoke_credential(sqlite_conn, "face", "laptop", 60.0) == 0
+    assert sqlite_store.revoke_credential(sqlite_conn, "hand", "laptop", 60.0) == 0
+    assert await store.credentials_version() == version + 1
+    # The label is free again, under a new principal.
+    await store.add_credential(face_credential("laptop", "p_new", created_at=70.0))
+    creds = await store.credentials()
+    assert [(c.principal_id, c.live) for c in creds] == [("p_old", False), ("p_new", True)]
+
+
+async def test_I8_cli_credentials_get_fresh_principals(
+    store: Any, sqlite_conn: sqlite3.Connection
+) -> None:
+    added = auth.add_credential(sqlite_conn, "face", "laptop", "operator", 10.0, approve=True)
+    assert added.token.startswith("hpf_")
+    assert added.credential.token_hash == auth.hash_token(added.token)
+    assert "face:approve" in added.credential.scopes
+    with pytest.raises(ValueError, match="already exists"):
+        auth.add_credential(sqlite_conn, "face", "laptop", "observer", 11.0)
+    assert sqlite_store.revoke_credential(sqlite_conn, "face", "laptop", 12.0) == 1
+    again = auth.add_credential(sqlite_conn, "face", "laptop", "observer", 13.0)
+    assert again.credential.principal_id != added.credential.principal_id
+    assert again.token != added.token
+    stored_creds = {c.principal_id: c for c in await store.credentials()}
+    assert stored_creds[added.credential.principal_id].revoked_at == 12.0
+    assert stored_creds[again.credential.principal_id] == again.credential
+    assert await store.credentials_version() == sqlite_store.read_credentials_version(sqlite_conn)
+
+
+async def test_I8_credential_cache_follows_the_store(
+    store: Any, sqlite_conn: sqlite3.Connection
+) -> None:
+    face = auth.add_credential(sqlite_conn, "face", "laptop", "operator", 10.0)
+    hand = auth.add_credential(sqlite_conn, "hand", "box", "hand", 10.0)
+    cache = auth.CredentialCache()
+    assert cache.load(await store.credentials(), await store.credentials_version()) == set()
+    assert cache.authenticate(face.token, "face") == face.credential
+    assert cache.authenticate(face.token, "hand") is None  # a Face token is not a Hand token
+    assert cache.authenticate(hand.token, "hand") == hand.credential
+    assert cache.authenticate("hpf_wrong", "face") is None
+    assert cache.has_face()
+
+    sqlite_store.revoke_credential(sqlite_conn, "face", "laptop", 20.0)
+    gone = cache.load(await store.credentials(), await store.credentials_version())
+    assert gone == {face.credential.principal_id}
+    assert cache.authenticate(face.token, "face") is None
+    assert cache.get(face.credential.principal_id) is None
+    assert cache.get(hand.credential.principal_id) == hand.credential

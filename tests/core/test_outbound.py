@@ -7,7 +7,6 @@ from collections import defaultdict
 from typing import Any
 
 import msgspec
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

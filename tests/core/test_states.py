@@ -10,18 +10,21 @@ import pytest
 
 from halfpi.core import states
 from halfpi.core.states import (
+    APPROVAL,
     CHAT,
     CHAT_EVENT_FOR_STATUS,
     CHAT_TERMINAL,
     CONNECTION,
     MACHINES,
     REQUEST,
+    RUN,
     Machine,
     render_docs,
 )
 from halfpi.errors import HalfpiError, IllegalTransition
 
 TERMINAL = {"succeeded", "failed", "cancelled", "timed_out", "interrupted"}
+RUN_END = {"succeeded", "failed", "cancelled", "timed_out", "lost"}
 
 EXPECTED: dict[str, tuple[str, dict[str, set[str]]]] = {
     "chat": (
@@ -33,6 +36,14 @@ EXPECTED: dict[str, tuple[str, dict[str, set[str]]]] = {
         "awaiting_hello",
         {"awaiting_hello": {"open", "closing"}, "open": {"closing"}, "closing": {"closed"}},
     ),
+    "run": (
+        "queued",
+        {
+            "queued": {"running", *RUN_END},
+            "running": set(RUN_END),
+        },
+    ),
+    "approval": ("pending", {"pending": {"allowed", "denied", "expired", "cancelled"}}),
 }
 
 
@@ -41,8 +52,8 @@ def _allowed(machine: Machine) -> set[tuple[str, str]]:
 
 
 def test_every_machine_is_listed_once() -> None:
-    assert [m.name for m in MACHINES] == ["chat", "request", "connection"]
-    assert (CHAT, REQUEST, CONNECTION) == MACHINES
+    assert [m.name for m in MACHINES] == ["chat", "request", "connection", "run", "approval"]
+    assert (CHAT, REQUEST, CONNECTION, RUN, APPROVAL) == MACHINES
 
 
 @pytest.mark.parametrize("machine", MACHINES, ids=lambda m: m.name)

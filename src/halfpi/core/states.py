@@ -98,6 +98,26 @@ CONNECTION = Machine(
     ),
 )
 
+RUN_TERMINAL = frozenset({"succeeded", "failed", "cancelled", "timed_out", "lost"})
+
+# A tool run on a Hand (DESIGN §8). ``lost``: the Hand went away beyond its
+# grace period or restarted, so the outcome is unknown — never re-run (I11).
+RUN = Machine(
+    "run",
+    "queued",
+    _table(
+        {
+            "queued": {"running", *RUN_TERMINAL},
+            "running": set(RUN_TERMINAL),
+        }
+    ),
+)
+
+APPROVAL_TERMINAL = frozenset({"allowed", "denied", "expired", "cancelled"})
+
+# An approval (DESIGN §7): the first valid decision wins (I10).
+APPROVAL = Machine("approval", "pending", _table({"pending": set(APPROVAL_TERMINAL)}))
+
 # The event a chat's terminal status publishes to every subscriber.
 CHAT_EVENT_FOR_STATUS: Mapping[str, str] = {
     "succeeded": "chat.completed",
@@ -107,7 +127,7 @@ CHAT_EVENT_FOR_STATUS: Mapping[str, str] = {
     "interrupted": "chat.interrupted",
 }
 
-MACHINES = (CHAT, REQUEST, CONNECTION)
+MACHINES = (CHAT, REQUEST, CONNECTION, RUN, APPROVAL)
 
 
 def render_docs() -> str:

@@ -28,6 +28,7 @@ def cmd_mind(args: argparse.Namespace) -> int:
         port=args.port,
         scripted_delta_ms=env_delta_ms() if args.delta_ms is None else args.delta_ms,
         allowed_origins=tuple(args.allow_origin or ()),
+        local_hand=not args.no_local_hand,
     )
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
@@ -72,10 +73,10 @@ def cmd_face_add(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_face_list(args: argparse.Namespace) -> int:
+def _list_credentials(args: argparse.Namespace, kind: str) -> int:
     from halfpi.store.sqlite import select_credentials
 
-    rows = [c for c in select_credentials(_db(args)) if c.kind == "face"]
+    rows = [c for c in select_credentials(_db(args)) if c.kind == kind]
     print(f"{'LABEL':<20} {'PROFILE':<9} {'STATE':<8} {'PRINCIPAL':<34} SCOPES")
     for c in rows:
         state = "live" if c.live else "revoked"
@@ -86,13 +87,13 @@ def cmd_face_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_face_revoke(args: argparse.Namespace) -> int:
+def _revoke(args: argparse.Namespace, kind: str) -> int:
     from halfpi.store.sqlite import revoke_credential
 
-    if revoke_credential(_db(args), "face", args.label, time.time()):
+    if revoke_credential(_db(args), kind, args.label, time.time()):
         print(f"revoked {args.label}; its live connections close within a second", file=sys.stderr)
         return 0
-    print(f"halfpi: no live face credential labelled {args.label!r}", file=sys.stderr)
+    print(f"halfpi: no live {kind} credential labelled {args.label!r}", file=sys.stderr)
     return 1
 
 
@@ -167,6 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         help="an extra browser Origin allowed to connect (repeatable)",
     )
+    mind.add_argument(
+        "--no-local-hand",
+        action="store_true",
+        help="do not start the in-process Hand named 'local'",
+    )
     mind.add_argument("--log-level", default="info")
     mind.set_defaults(func=cmd_mind)
 
@@ -206,12 +212,66 @@ def build_parser() -> argparse.ArgumentParser:
     add.set_defaults(func=cmd_face_add)
     lst = face_sub.add_parser("list", help="list Face credentials (never their tokens)")
     lst.add_argument("--home")
-    lst.set_defaults(func=cmd_face_list)
+    lst.set_defaults(func=lambda a: _list_credentials(a, "face"))
     rev = face_sub.add_parser("revoke", help="revoke a credential; closes its connections")
     rev.add_argument("label")
     rev.add_argument("--home")
-    rev.set_defaults(func=cmd_face_revoke)
+    rev.set_defaults(func=lambda a: _revoke(a, "face"))
+    hand = sub.add_parser("hand", help="run a Hand, or manage Hand credentials")
+    hand.add_argument("--mind", help=f"the Mind (default ws://127.0.0.1:{DEFAULT_PORT}/v1/hand)")
+    hand.add_argument("--token", help="Hand token (default $HALFPI_HAND_TOKEN)")
+    hand.add_argument("--id", help="this Hand's name (its credential's label)")
+    hand.add_argument("--home")
+    hand.set_defaults(func=cmd_hand)
+    hand_sub = hand.add_subparsers(dest="hand_command")
+    hadd = hand_sub.add_parser("add", help="create a Hand credential; prints its token once")
+    hadd.add_argument("label")
+    hadd.add_argument("--home")
+    hadd.set_defaults(func=cmd_hand_add)
+    hlist = hand_sub.add_parser("list", help="list Hand credentials")
+    hlist.add_argument("--home")
+    hlist.set_defaults(func=lambda a: _list_credentials(a, "hand"))
+    hrev = hand_sub.add_parser("revoke", help="revoke a Hand credential")
+    hrev.add_argument("label")
+    hrev.add_argument("--home")
+    hrev.set_defaults(func=lambda a: _revoke(a, "hand"))
     return parser
+
+
+def cmd_hand(args: argparse.Namespace) -> int:
+    from halfpi.hand.node import run_hand
+
+    token = args.token or os.environ.get("HALFPI_HAND_TOKEN")
+    if not token or not args.id:
+        print(
+            "halfpi: a Hand needs --id NAME and --token (from `halfpi hand add NAME`)",
+            file=sys.stderr,
+        )
+        return 2
+    url = args.mind or f"ws://127.0.0.1:{DEFAULT_PORT}/v1/hand"
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run_hand(url, token, args.id))
+    return 0
+
+
+def cmd_hand_add(args: argparse.Namespace) -> int:
+    from halfpi.mind.auth import add_credential
+
+    try:
+        added = add_credential(_db(args), "hand", args.label, "hand", time.time())
+    except ValueError as exc:
+        print(f"halfpi: {exc}", file=sys.stderr)
+        return 2
+    print(f"hand:         {added.credential.label}", file=sys.stderr)
+    print(f"principal_id: {added.credential.principal_id}", file=sys.stderr)
+    print("token (shown once, store it now):", file=sys.stderr)
+    print(added.token)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

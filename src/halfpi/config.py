@@ -70,6 +70,14 @@ class Config:
     # made by another process closes live connections within a second.
     credential_poll_s: float = 0.25
     snapshot_messages: int = 50
+    approval_ttl_s: float = 120.0
+    # A Hand away longer than this loses its runs (they become ``lost``).
+    hand_grace_s: float = 10.0
+    # Start an in-process Hand named "local" so the embedded set-up can run tools.
+    local_hand: bool = True
+    # Tools that need a human's approval unless the Hand says otherwise.
+    approval_required: tuple[str, ...] = ("exec_command",)
+    tool_history: int = 50
 
     @property
     def db_path(self) -> Path:
@@ -78,6 +86,10 @@ class Config:
     @property
     def face_token_path(self) -> Path:
         return self.home / "face.token"
+
+    @property
+    def hand_token_path(self) -> Path:
+        return self.home / "hand.token"
 
     def origins(self) -> tuple[str, ...]:
         """Allowed browser Origins: the configured ones plus the Mind's own."""

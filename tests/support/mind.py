@@ -98,6 +98,8 @@ async def local_mind(home: Path, **overrides: Any) -> AsyncIterator[LocalMind]:
     await mind.start()
     server = FaceServer(mind)
     await server.start()
+    if config.local_hand:
+        mind.start_local_hand(f"ws://127.0.0.1:{server.port}/v1/hand")
     token = config.face_token_path.read_text().strip()
     try:
         yield LocalMind(mind, server, f"ws://127.0.0.1:{server.port}/v1/face", token, config)

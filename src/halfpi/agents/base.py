@@ -8,9 +8,9 @@ cancelled (the chat ends ``cancelled`` or ``interrupted``).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,11 +24,27 @@ class AgentFailed(Exception):
         self.code = code
 
 
+ToolCaller = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+async def _no_tools(tool: str, args: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "tool": tool,
+        "status": "failed",
+        "success": False,
+        "error_category": "no_tools",
+        "error": "tools are not available here",
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class ChatInput:
     conversation_id: str
     request_id: str
     content: str
+    # Runs a tool through the Mind (visibility, approval, a Hand) and returns
+    # its full result: {tool, status, success, exit_code, stdout, stderr, …}.
+    call_tool: ToolCaller = _no_tools
 
 
 class Agent(Protocol):

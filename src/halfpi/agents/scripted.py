@@ -11,6 +11,7 @@ anything else                 the message echoed, one delta per word
 ``/fail``                     ends ``failed`` with ``error_code: agent_failed``
 ``/pace MS TEXT``             TEXT echoed word by word, MS ms between deltas
 ``/stamp N``                  N deltas, each the wall clock in ns (benchmarks)
+``/tool NAME JSON``           calls tool NAME with JSON args, then reports the result
 ============================  ============================================
 
 The pace between deltas is ``delta_ms`` (``HALFPI_SCRIPTED_DELTA_MS``,
@@ -20,6 +21,7 @@ default 20 ms; 0 yields to the loop between deltas without waiting).
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from collections.abc import AsyncIterator
@@ -29,6 +31,7 @@ from halfpi.agents.base import AgentFailed, ChatInput, Delta
 _WORDS = re.compile(r"\s*\S+\s*$|\s*\S+")
 MAX_REPEAT = 1_000_000
 MAX_SLEEP_S = 3600.0
+MAX_TOOL_ECHO = 4096
 
 
 def words(text: str) -> list[str]:
@@ -65,10 +68,38 @@ class ScriptedAgent:
                 yield Delta(("" if index == 0 else " ") + str(time.time_ns()))
                 await _pause(pace)
             return
+        if command == "/tool":
+            async for delta in _tool(chat, rest, pace):
+                yield delta
+            return
         if command == "/pace":
             pace_text, _, content = rest.partition(" ")
             pace = _number(pace_text, 0.0, 60_000.0)
         for part in words(content):
+            yield Delta(part)
+            await _pause(pace)
+
+
+async def _tool(chat: ChatInput, rest: str, pace: float) -> AsyncIterator[Delta]:
+    name, _, raw = rest.strip().partition(" ")
+    try:
+        args = json.loads(raw) if raw.strip() else {}
+    except json.JSONDecodeError as exc:
+        raise AgentFailed(f"tool arguments are not JSON: {exc}", "agent_bad_input") from None
+    if not name or not isinstance(args, dict):
+        raise AgentFailed("usage: /tool NAME {json object}", "agent_bad_input")
+    result = await chat.call_tool(name, args)
+    status = result.get("status", "failed")
+    summary = f"{name} {status}"
+    if result.get("exit_code") is not None:
+        summary += f" (exit {result['exit_code']})"
+    if result.get("error_category") and status != "succeeded":
+        summary += f": {result.get('error') or result['error_category']}"
+    yield Delta(summary)
+    output = str(result.get("stdout") or "")
+    if output:
+        yield Delta("\n")
+        for part in words(output[:MAX_TOOL_ECHO]):
             yield Delta(part)
             await _pause(pace)
 

@@ -55,6 +55,7 @@ class Message:
         "seq",
         "size",
         "stream",
+        "summary",
         "text",
         "type",
     )
@@ -86,6 +87,17 @@ class Message:
         # Progress is dropped per stream (tool call); deltas merge per reply.
         self.stream = stream
         self.size = len(body) if body is not None else len(text or "") + 160
+        # What a summary-mode viewer gets instead (I9); None: the same message.
+        self.summary: Message | None = None
+
+    def for_mode(self, detail_mode: str) -> Message | None:
+        """This message as a viewer in ``detail_mode`` may see it (DESIGN §6):
+        summary viewers get the downgraded variant and never see progress."""
+        if detail_mode == "transparent":
+            return self
+        if self.kind == PROGRESS:
+            return None
+        return self.summary or self
 
     def encoded_body(self) -> bytes:
         if self.body is None:

@@ -62,9 +62,7 @@ class Projection:
     truncated: bool
 
 
-def project_args(
-    args: Mapping[str, Any], rules: Mapping[str, str] | None = None
-) -> Projection:
+def project_args(args: Mapping[str, Any], rules: Mapping[str, str] | None = None) -> Projection:
     """Project a tool call's arguments for display and storage."""
     rules = rules or {}
     warnings: list[str] = []
@@ -82,8 +80,9 @@ def project_args(
         projected[key] = shown
     truncated = False
     if len(_encode.encode(projected)) > MAX_PROJECTED_BYTES:
-        projected = {"_truncated": _preview(_encode.encode(projected).decode(),
-                                            MAX_PROJECTED_BYTES // 2)}
+        projected = {
+            "_truncated": _preview(_encode.encode(projected).decode(), MAX_PROJECTED_BYTES // 2)
+        }
         truncated = True
     return Projection(projected, canonical_digest(dict(args)), tuple(warnings), truncated)
 

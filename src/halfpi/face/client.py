@@ -240,6 +240,7 @@ class FaceClient:
         # subscribe request_id -> cid, for subscriptions that asked for a snapshot
         self._awaiting_snapshot: dict[str, str] = {}
         self._replayed = 0
+        self._resume_pending: set[str] = set()
         self._supervisor: asyncio.Task[None] | None = None
         self._live = asyncio.Event()
         self._changed = asyncio.Event()
@@ -370,7 +371,10 @@ class FaceClient:
                 }
             )
         )
-        frame = json.loads(await asyncio.wait_for(transport.recv(), self.dead_after_s))
+        try:
+            frame = json.loads(await asyncio.wait_for(transport.recv(), self.dead_after_s))
+        except TimeoutError:
+            raise ConnectionLost(None, "no welcome in time") from None
         if frame.get("type") != "face.welcome":
             raise ConnectionLost(None, f"expected face.welcome, got {frame.get('type')}")
         self.welcome = frame["payload"]
@@ -402,6 +406,8 @@ class FaceClient:
         resumed = False
         self._awaiting_snapshot.clear()
         self._catching_up.clear()
+        self._replayed = 0
+        self._resume_pending = {cid for cid in self._wanted if self.views[cid].ready}
         outstanding = list(self._pending.values())  # before this connection adds its own
         for cid in sorted(self._wanted):
             view = self.views[cid]
@@ -458,14 +464,16 @@ class FaceClient:
         payload = frame.get("payload") or {}
         event_seq = payload.get("event_seq")
         if isinstance(event_seq, int):
-            if event_seq != self._expected_event_seq:
-                log.warning(
-                    "event_seq jumped %s → %s: resubscribing", self._expected_event_seq, event_seq
-                )
-                self._expected_event_seq = event_seq + 1
+            jumped = event_seq != self._expected_event_seq
+            self._expected_event_seq = event_seq + 1
+            if jumped:
+                # Something was lost inside this connection: resubscribe from the
+                # last good cursors *before* folding anything newer, so the
+                # replay starts right after what we hold (dedupe drops overlap).
+                log.warning("event_seq jumped to %s: resubscribing", event_seq)
                 self._resubscribe_all(gen)
-            else:
-                self._expected_event_seq = event_seq + 1
+                if type_ in ("face.event", "face.chat.delta"):
+                    return  # the replay brings it again, in order
         if self._route(gen, type_, payload) and self.on_message is not None:
             self.on_message(str(type_), payload)
 
@@ -521,13 +529,13 @@ class FaceClient:
             return first
         heads = payload.get("heads") or {}
         for cid, mode in (payload.get("conversations") or {}).items():
-            if mode == "exact" and cid in heads:
+            self._resume_pending.discard(cid)
+            view = self.views.get(cid)
+            if view is not None and mode == "exact" and cid in heads:
                 head = int(str(heads[cid]).rpartition(".")[2])
-                if head > self.views[cid].seq:
+                if head > view.seq:
                     self._catching_up[cid] = head
-                    self._replayed = 0
-                else:
-                    self._set_status(Status("resumed", replayed=0))
+        self._maybe_resumed()
         if not pending.internal:
             self._finish(pending, payload)
         else:
@@ -553,10 +561,15 @@ class FaceClient:
                 self._replayed += 1
                 if view.seq >= head:
                     del self._catching_up[cid]
-                    self._set_status(Status("resumed", replayed=self._replayed))
+                    self._maybe_resumed()
             self._notify(type_, cid)
             return True
         return False
+
+    def _maybe_resumed(self) -> None:
+        """'resumed: k events replayed' only once every conversation has caught up."""
+        if self.status.state == "resuming" and not self._resume_pending and not self._catching_up:
+            self._set_status(Status("resumed", replayed=self._replayed))
 
     def _rebuild(self, cid: str, snapshot: dict[str, Any], *, quiet: bool = False) -> None:
         view = self.views.get(cid)
@@ -566,6 +579,7 @@ class FaceClient:
             del self._awaiting_snapshot[request_id]
         view.apply_snapshot(snapshot)
         self._catching_up.pop(cid, None)
+        self._resume_pending.discard(cid)
         if not quiet:
             self._set_status(Status("resynced"))
         self._notify("snapshot", cid)

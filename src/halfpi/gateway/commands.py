@@ -14,12 +14,13 @@ from halfpi.core import wire
 from halfpi.core.cursor import parse_cursor
 from halfpi.core.replay import Exact, plan_resume
 from halfpi.core.requests import RequestRecord, Tombstone
+from halfpi.core.scopes import default_detail_mode
 from halfpi.errors import ErrorCode, InvalidRequest, NotFound, TooLarge
 from halfpi.store.base import FinishedRequest, WriteTx
 
 if TYPE_CHECKING:
     from halfpi.gateway.session import FaceSession
-    from halfpi.mind.actor import ChatRun, ConversationActor
+    from halfpi.mind.actor import ConversationActor
 
 Handler = Callable[["FaceSession", Any], Awaitable[None]]
 
@@ -165,7 +166,11 @@ async def chat(s: FaceSession, p: wire.Chat) -> None:
         s.mind.attach((record.principal_id, record.request_id), s)
         s.send_reliable("face.accepted", record.accepted)
 
-    await s.mutation("face.chat", p, lambda record: actor.admit_chat(record, p.content, accepted))
+    # I9: the detail mode of the admitting connection is frozen into the chat.
+    mode = s.detail_mode or default_detail_mode(s.profile)
+    await s.mutation(
+        "face.chat", p, lambda record: actor.admit_chat(record, p.content, accepted, mode)
+    )
 
 
 async def chat_cancel(s: FaceSession, p: wire.ChatCancel) -> None:
@@ -203,15 +208,27 @@ async def chat_cancel(s: FaceSession, p: wire.ChatCancel) -> None:
         assert run is not None
         mind.attach((record.principal_id, record.request_id), s)
         actor.stop(run, "cancelled")
-        mind.spawn(_settle_cancel(s, record, run, p.target_request_id), name="settle cancel")
+        target = p.target_request_id
+        mind.spawn(
+            _settle_cancel(
+                s, record, run.done, lambda st: _cancel_result(record.request_id, target, st)
+            ),
+            name="settle cancel",
+        )
         return record
 
     await s.mutation("face.chat.cancel", p, admit)
 
 
-async def _settle_cancel(s: FaceSession, record: RequestRecord, run: ChatRun, target: str) -> None:
-    status = await run.done
-    result = _cancel_result(record.request_id, target, status)
+async def _settle_cancel(
+    s: FaceSession,
+    record: RequestRecord,
+    terminal: Awaitable[Any],
+    result_for: Callable[[str], dict[str, Any]],
+) -> None:
+    """Record and deliver a cancel's result once its target is terminal."""
+    outcome = await terminal
+    result = result_for(outcome if isinstance(outcome, str) else outcome["status"])
     mind = s.mind
     await mind.store.write(
         WriteTx(
@@ -237,17 +254,72 @@ def _cancel_result(request_id: str, target: str, target_status: str) -> dict[str
     }
 
 
-# -- commands whose targets arrive with Hands and approvals ----------------------
-# Until a Hand or an approval exists, the truthful answer is "not found" /
-# "empty"; these handlers are replaced when Hands land.
+# -- approvals, tool runs and Hands -------------------------------------------------
 
 
 async def approval_resolve(s: FaceSession, p: wire.ApprovalResolve) -> None:
-    raise NotFound(ErrorCode.APPROVAL_NOT_FOUND, "no such approval", field="approval_id")
+    """DESIGN §7: first valid decision wins; later deciders converge (I10)."""
+    mind = s.mind
+    assert s.principal_id is not None
+    principal = s.principal_id
+
+    async def admit(record: RequestRecord) -> RequestRecord | Tombstone:
+        stored = None
+        if p.approval_id not in mind.approvals.live:
+            stored = await mind.store.get_approval(p.approval_id)
+        data = await mind.approvals.resolve(principal, p.approval_id, p.decision, p.reason, stored)
+        record.accepted = {
+            "request_id": record.request_id,
+            "operation": "approval.resolve",
+            "approval_id": p.approval_id,
+        }
+        record.result = {"request_id": record.request_id, "status": "succeeded", "data": data}
+        record.status, record.finished_at = "succeeded", mind.now()
+        outcome = await mind.store.write(WriteTx(admit=record))
+        if outcome.existing is not None:
+            return outcome.existing
+        s.send_reliable("face.accepted", record.accepted)
+        s.send_result(record.result)
+        return record
+
+    await s.mutation("face.approval.resolve", p, admit)
 
 
 async def run_cancel(s: FaceSession, p: wire.RunCancel) -> None:
-    raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run", field="run_id")
+    """Cancel a tool run; the result comes once the run is terminal (first wins)."""
+    mind = s.mind
+    run = mind.hands.runs.get(p.run_id)
+    if run is None:
+        raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such active run", field="run_id")
+
+    async def admit(record: RequestRecord) -> RequestRecord | Tombstone:
+        record.accepted = {
+            "request_id": record.request_id,
+            "operation": "run.cancel",
+            "run_id": p.run_id,
+        }
+        outcome = await mind.store.write(WriteTx(admit=record))
+        if outcome.existing is not None:
+            return outcome.existing
+        s.send_reliable("face.accepted", record.accepted)
+        mind.attach((record.principal_id, record.request_id), s)
+        mind.hands.cancel(run)
+
+        def result_for(status: str) -> dict[str, Any]:
+            return {
+                "request_id": record.request_id,
+                "status": "succeeded",
+                "data": {
+                    "outcome": "cancelled" if status == "cancelled" else "already_finished",
+                    "run_id": p.run_id,
+                    "target_status": status,
+                },
+            }
+
+        mind.spawn(_settle_cancel(s, record, run.done, result_for), name="settle run cancel")
+        return record
+
+    await s.mutation("face.run.cancel", p, admit)
 
 
 async def task_cancel(s: FaceSession, p: wire.TaskCancel) -> None:
@@ -263,7 +335,8 @@ async def task_list(s: FaceSession, p: wire.TaskList) -> None:
 
 
 async def hand_list(s: FaceSession, p: wire.HandList) -> None:
-    s.send_result({"request_id": p.request_id, "status": "succeeded", "data": {"hands": []}})
+    hands = [h.to_wire() for h in sorted(s.mind.hands.hands.values(), key=lambda h: h.hand_id)]
+    s.send_result({"request_id": p.request_id, "status": "succeeded", "data": {"hands": hands}})
 
 
 HANDLERS: dict[str, Handler] = {

@@ -22,6 +22,7 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.typing import Origin
 
+from halfpi.gateway.hand_session import HandSession
 from halfpi.gateway.session import FaceSession
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ _ws_log = logging.getLogger("halfpi.gateway.ws")
 _ws_log.setLevel(logging.WARNING)
 
 FACE_PATH = "/v1/face"
+HAND_PATH = "/v1/hand"
 HIGH_WATER = 128 * 1024
 LOW_WATER = 32 * 1024
 CLOSE_TIMEOUT_S = 10.0
@@ -87,7 +89,7 @@ class WebSocketConnection(asyncio.Protocol):
         self.server = server
         self.ws = ServerProtocol(origins=server.origins, max_size=server.hard_limit, logger=_ws_log)
         self.transport: asyncio.Transport | None = None
-        self.session: FaceSession | None = None
+        self.session: FaceSession | HandSession | None = None
         self._fragments: list[bytes] | None = None
         self._timer: asyncio.TimerHandle | None = None
 
@@ -160,7 +162,7 @@ class WebSocketConnection(asyncio.Protocol):
         if path == "/healthz":
             ws.send_response(ws.reject(200, "ok\n"))
             return
-        if path != FACE_PATH:
+        if path not in (FACE_PATH, HAND_PATH):
             ws.send_response(ws.reject(404, "not found\n"))
             return
         if self.server.mind.draining:
@@ -169,7 +171,10 @@ class WebSocketConnection(asyncio.Protocol):
         response = ws.accept(request)  # checks Upgrade headers and the Origin allowlist
         ws.send_response(response)
         if response.status_code == 101:
-            self.session = FaceSession(self.server.mind, self)
+            if path == FACE_PATH:
+                self.session = FaceSession(self.server.mind, self)
+            else:
+                self.session = HandSession(self.server.mind, self)
 
     # -- the session's Transport ----------------------------------------------------
 

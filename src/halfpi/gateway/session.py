@@ -150,8 +150,9 @@ class FaceSession:
                     break
                 for m in batch:
                     sub.pos = m.seq
-                    if m.kind == RELIABLE or sub.wants(m):
-                        frame = self.queue.emit_now(m)
+                    shown = m.for_mode(sub.detail_mode)
+                    if shown is not None and (m.kind == RELIABLE or sub.wants(m)):
+                        frame = self.queue.emit_now(shown)
                         budget -= len(frame)
                         frames.append(frame)
             if budget <= 0:

@@ -15,18 +15,22 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
 from halfpi.agents.base import Agent, AgentFailed, ChatInput
+from halfpi.config import Config
 from halfpi.core.cursor import encode_cursor
 from halfpi.core.ids import new_run_id
 from halfpi.core.outbound import DELTA, RELIABLE, Message
+from halfpi.core.projection import summary_data, summary_record
 from halfpi.core.requests import RequestRecord, Tombstone
 from halfpi.core.states import CHAT, CHAT_EVENT_FOR_STATUS
 from halfpi.errors import Busy, StoreError
 from halfpi.journal.base import Journal
+from halfpi.mind.tools import call_tool, progress_message
 from halfpi.store.base import (
     ConversationRow,
     FinishedRequest,
@@ -39,6 +43,8 @@ from halfpi.store.base import (
 )
 
 if TYPE_CHECKING:
+    from halfpi.mind.approvals import Approval, Approvals
+    from halfpi.mind.hands import HandRegistry, ToolRun
     from halfpi.mind.subscriptions import Subscription
 
 log = logging.getLogger("halfpi.actor")
@@ -52,6 +58,9 @@ class ActorHost(Protocol):
     store: Store
     journal: Journal
     agent: Agent
+    config: Config
+    hands: HandRegistry
+    approvals: Approvals
 
     def now(self) -> float: ...
 
@@ -65,6 +74,7 @@ class ChatRun:
 
     __slots__ = (
         "content",
+        "detail_mode",
         "done",
         "error_code",
         "principal_id",
@@ -75,11 +85,18 @@ class ChatRun:
         "stop_reason",
         "task",
         "text",
+        "tool_runs",
         "visible_text",
     )
 
     def __init__(
-        self, run_id: str, request_id: str, principal_id: str, content: str, started_at: float
+        self,
+        run_id: str,
+        request_id: str,
+        principal_id: str,
+        content: str,
+        started_at: float,
+        detail_mode: str = "transparent",
     ) -> None:
         self.run_id = run_id
         self.request_id = request_id
@@ -90,6 +107,9 @@ class ChatRun:
         self.text: list[str] = []  # every delta produced so far
         self.visible_text: list[str] = []  # deltas published so far (snapshot)
         self.task: asyncio.Task[None] | None = None
+        # Frozen at admission (I9): every tool call of this chat inherits it.
+        self.detail_mode = detail_mode
+        self.tool_runs: dict[str, ToolRun] = {}
         self.stop_reason: str | None = None
         self.error_code: str | None = None
         # Resolves with the terminal status once it is committed.
@@ -120,6 +140,8 @@ class ConversationActor:
         self._outbox: deque[tuple[Message, asyncio.Future[TxOutcome] | None, _OnPublish]] = deque()
         self.run: ChatRun | None = None  # the admitted, not yet finished chat
         self.visible_runs: dict[str, ChatRun] = {}  # started and not yet ended, as published
+        self.visible_approvals: dict[str, Approval] = {}  # requested, not yet resolved
+        self.visible_tool_runs: dict[str, dict[str, Any]] = {}  # queued or running
 
     # -- staging and publication (I3) ------------------------------------------
 
@@ -131,22 +153,36 @@ class ConversationActor:
         self.next_seq = seq + 1
         return seq
 
-    def _event(self, type_: str, data: dict[str, Any], now: float) -> tuple[Message, StoredEvent]:
+    def _event(
+        self,
+        type_: str,
+        data: dict[str, Any],
+        now: float,
+        summary: dict[str, Any] | None = None,
+    ) -> tuple[Message, StoredEvent]:
+        """Stage one event. ``data`` is already a display projection (never raw
+        tool arguments); ``summary`` is its downgrade for summary viewers (I9)."""
         seq = self._take_seq()
-        data_json = _encode(data)
         cursor = self.cursor(seq)
+        message = self._event_message(type_, data, now, seq, cursor)
+        if summary is not None:
+            message.summary = self._event_message(type_, summary, now, seq, cursor)
+        return message, StoredEvent(self.id, seq, type_, _encode(data), now)
+
+    def _event_message(
+        self, type_: str, data: dict[str, Any], now: float, seq: int, cursor: str
+    ) -> Message:
         body = _encode(
             {
                 "conversation_id": self.id,
                 "seq": seq,
                 "cursor": cursor,
                 "type": type_,
-                "data": msgspec.Raw(data_json),
+                "data": data,
                 "ts": now,
             }
         )
-        message = Message("face.event", body, conversation_id=self.id, seq=seq, cursor=cursor)
-        return message, StoredEvent(self.id, seq, type_, data_json, now)
+        return Message("face.event", body, conversation_id=self.id, seq=seq, cursor=cursor)
 
     def _commit(
         self, tx: WriteTx, staged: list[tuple[Message, _OnPublish]]
@@ -184,7 +220,9 @@ class ConversationActor:
                 run.visible_text.append(message.text or "")
         for sub in self.subscribers.values():
             if sub.live and (message.kind == RELIABLE or sub.wants(message)):
-                sub.session.send(message)
+                shown = message.for_mode(sub.detail_mode)
+                if shown is not None:
+                    sub.session.send(shown)
 
     # -- chat ------------------------------------------------------------------
 
@@ -193,6 +231,7 @@ class ConversationActor:
         record: RequestRecord,
         content: str,
         on_accepted: Callable[[RequestRecord], None],
+        detail_mode: str = "transparent",
     ) -> RequestRecord | Tombstone:
         """Admit one chat: request record, user message, run and events in one
         transaction (DESIGN §5). Returns the record that stands: ours, or an
@@ -200,7 +239,9 @@ class ConversationActor:
         if self.run is not None:
             raise Busy("a chat is already running in this conversation")
         now = self.host.now()
-        run = ChatRun(new_run_id(now), record.request_id, record.principal_id, content, now)
+        run = ChatRun(
+            new_run_id(now), record.request_id, record.principal_id, content, now, detail_mode
+        )
         self.run = run  # reserve the slot before awaiting: one active chat
         try:
             m_message, e_message = self._event(
@@ -268,11 +309,23 @@ class ConversationActor:
         else:
             self._publish(message)
 
+    def emit_progress(
+        self, run: ChatRun, tool_call_id: str, kind: str, text: str, gap: bool, call_seq: int
+    ) -> None:
+        """Tool output as it happens: transient and droppable (DESIGN §6)."""
+        message = progress_message(
+            self, run.request_id, tool_call_id, kind, text, gap, call_seq, self._take_seq()
+        )
+        if self._outbox:
+            self._outbox.append((message, None, None))
+        else:
+            self._publish(message)
+
     async def _drive(self, run: ChatRun) -> None:
         status, error_code = "succeeded", None
         try:
             async for delta in self.host.agent.reply(
-                ChatInput(self.id, run.request_id, run.content)
+                ChatInput(self.id, run.request_id, run.content, partial(call_tool, self, run))
             ):
                 if delta.text:
                     self.emit_delta(run, delta.text)
@@ -387,9 +440,18 @@ class ConversationActor:
         a subscription from ``cursor`` continues it with no gap or overlap."""
         position = self.published
         pending = [run.pending_view() for run in self.visible_runs.values()]
+        approvals = [a.requested_data() for a in self.visible_approvals.values()]
+        tool_runs = list(self.visible_tool_runs.values())
         page = await self.host.store.messages(
             self.id, limit=messages_limit, before_seq=None, max_seq=position
         )
+        calls = await self.host.store.tool_history(
+            self.id, max_seq=position, limit=self.host.config.tool_history
+        )
+        history = [c.to_wire(position) for c in calls]
+        if detail_mode != "transparent":
+            approvals = [summary_data("approval.requested", a) for a in approvals]
+            history = [summary_record(r) for r in history]
         return {
             "conversation": self.meta(),
             "cursor": self.cursor(position),
@@ -397,10 +459,10 @@ class ConversationActor:
             "messages": [m.to_wire() for m in page.messages],
             "has_more_older": page.has_more_older,
             "pending_chats": pending,
-            "pending_approvals": [],
-            "active_runs": [],
+            "pending_approvals": approvals,
+            "active_runs": tool_runs,
             "tasks": [],
-            "tool_history": [],
+            "tool_history": history,
             "detail_mode": detail_mode,
         }
 

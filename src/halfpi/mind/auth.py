@@ -82,6 +82,11 @@ class CredentialCache:
     def has_face(self) -> bool:
         return any(c.kind == "face" for c in self._by_principal.values())
 
+    def has_kind_label(self, kind: str, label: str) -> bool:
+        return any(
+            c.kind == kind and c.label == label and c.live for c in self._by_principal.values()
+        )
+
 
 @dataclass(frozen=True)
 class AddedCredential:

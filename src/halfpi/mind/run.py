@@ -36,6 +36,8 @@ async def serve(config: Config) -> None:
     await mind.start()
     server = FaceServer(mind)
     await server.start()
+    if config.local_hand:
+        mind.start_local_hand(f"ws://127.0.0.1:{server.port}/v1/hand")
     ready = {
         "event": "listening",
         "url": f"ws://{config.host}:{server.port}/v1/face",

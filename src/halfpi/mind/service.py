@@ -19,9 +19,13 @@ from halfpi.core.ids import new_conversation_id, new_node_id
 from halfpi.core.requests import RequestRecord, Tombstone
 from halfpi.core.scopes import scopes_for
 from halfpi.errors import CloseCode, ErrorCode, NotFound
+from halfpi.hand.node import HandNode
 from halfpi.journal.base import Journal
 from halfpi.mind.actor import ConversationActor
+from halfpi.mind.approvals import Approvals
 from halfpi.mind.auth import CredentialCache, make_credential, write_token_file
+from halfpi.mind.hands import HandRegistry
+from halfpi.mind.recovery import recover_tools
 from halfpi.store.base import (
     ConversationRow,
     Credential,
@@ -64,6 +68,10 @@ class Mind:
         self.clock = clock
         self.node_id = new_node_id(clock())
         self.auth = CredentialCache()
+        self.hands = HandRegistry(clock, config.hand_grace_s)
+        self.approvals = Approvals(config.approval_ttl_s)
+        self.local_hand: HandNode | None = None
+        self._local_hand_task: asyncio.Task[None] | None = None
         self.sessions: set[Session] = set()
         self.draining = False
         self._actors: dict[str, ConversationActor] = {}
@@ -83,6 +91,8 @@ class Mind:
         await self.refresh_credentials()
         if not self.auth.has_face():
             await self._create_local_face()
+        if self.config.local_hand and not self.auth.has_kind_label("hand", "local"):
+            await self._create_local_hand_credential()
         await self._recover()
         self._maintenance = asyncio.create_task(self._maintain(), name="mind maintenance")
 
@@ -96,9 +106,30 @@ class Mind:
         await self.refresh_credentials()
         log.info("created the local operator credential; token in %s", self.config.face_token_path)
 
+    async def _create_local_hand_credential(self) -> None:
+        credential, token = make_credential("hand", "local", "hand", frozenset(), self.now())
+        await self.store.add_credential(credential)
+        write_token_file(self.config.hand_token_path, token)
+        await self.refresh_credentials()
+
+    def start_local_hand(self, url: str) -> None:
+        """The embedded set-up's Hand: in this process, through the same
+        ``/v1/hand`` path as any other, so there is one code path to trust."""
+        token = self.config.hand_token_path.read_text().strip()
+        self.local_hand = HandNode(
+            url,
+            token,
+            "local",
+            approval_defaults=dict.fromkeys(self.config.approval_required, True),
+        )
+        self._local_hand_task = asyncio.create_task(
+            self.local_hand.run_forever(), name="local hand"
+        )
+
     async def _recover(self) -> None:
         """After a crash: open runs become ``interrupted`` (I11), open requests
         get a terminal result, and ``seq`` continues from the store."""
+        await recover_tools(self)
         for row in await self.store.open_runs():
             actor = await self.actor(row.conversation_id)
             await actor.interrupt_recovered(row)
@@ -135,6 +166,12 @@ class Mind:
                 stopping.append(run.done)
         if stopping:
             await asyncio.wait(stopping, timeout=self.config.shutdown_grace_s)
+        if self.local_hand is not None:
+            await self.local_hand.stop()
+        if self._local_hand_task is not None:
+            self._local_hand_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._local_hand_task
         if self._maintenance is not None:
             self._maintenance.cancel()
             with contextlib.suppress(asyncio.CancelledError):

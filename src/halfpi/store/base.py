@@ -85,6 +85,103 @@ class RunRow:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCallRow:
+    """The persisted display record of one tool call (DESIGN §6), written in
+    two steps: at the call (args projection) and at completion (result
+    projection). A summary admission stores ``args``/``result`` as None."""
+
+    tool_call_id: str
+    conversation_id: str
+    chat_run_id: str
+    request_id: str
+    tool: str
+    detail_mode: str
+    args_digest: str
+    args: Any
+    scan_warnings: tuple[str, ...]
+    called_seq: int
+    status: str
+    created_at: float
+    hand_id: str | None = None
+    run_id: str | None = None
+    success: bool | None = None
+    output_bytes: int | None = None
+    digest: str | None = None
+    truncated: bool | None = None
+    error_category: str | None = None
+    result: Any = None
+    completed_seq: int | None = None
+    finished_at: float | None = None
+
+    def to_wire(self, position: int | None = None) -> dict[str, Any]:
+        """As a Face sees it at log position ``position`` (completion hidden
+        if it happened after), before detail-mode projection."""
+        done = self.completed_seq is not None and (
+            position is None or self.completed_seq <= position
+        )
+        record: dict[str, Any] = {
+            "tool_call_id": self.tool_call_id,
+            "request_id": self.request_id,
+            "tool": self.tool,
+            "detail_mode": self.detail_mode,
+            "args_digest": self.args_digest,
+            "scan_warnings": list(self.scan_warnings),
+            "hand": self.hand_id,
+            "run_id": self.run_id,
+            "status": self.status if done else "running",
+            "seq": self.called_seq,
+        }
+        if self.args is not None:
+            record["args"] = self.args
+        if done:
+            record.update(
+                success=self.success,
+                output_bytes=self.output_bytes,
+                digest=self.digest,
+                truncated=self.truncated,
+                error_category=self.error_category,
+            )
+            if self.result is not None:
+                record["result"] = self.result
+        return record
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRow:
+    approval_id: str
+    conversation_id: str
+    request_id: str
+    tool_call_id: str
+    tool: str
+    reason: str
+    args_digest: str
+    args: Any
+    detail_mode: str
+    status: str
+    created_at: float
+    expires_at: float
+    decision: str | None = None
+    decided_by: str | None = None
+    decision_reason: str | None = None
+    decided_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRunRow:
+    run_id: str
+    tool_call_id: str
+    conversation_id: str
+    hand_id: str
+    tool: str
+    status: str
+    created_at: float
+    finished_at: float | None = None
+    exit_code: int | None = None
+    output_bytes: int | None = None
+    digest: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class FinishedRequest:
     """Moves an accepted request record to its terminal result."""
 
@@ -107,10 +204,22 @@ class WriteTx:
     messages: list[MessageRow] = field(default_factory=list)
     runs: list[RunRow] = field(default_factory=list)
     finished: list[FinishedRequest] = field(default_factory=list)
+    tool_calls: list[ToolCallRow] = field(default_factory=list)
+    approvals: list[ApprovalRow] = field(default_factory=list)
+    tool_runs: list[ToolRunRow] = field(default_factory=list)
 
     @property
     def only_events(self) -> bool:
-        return not (self.admit or self.conversations or self.messages or self.runs or self.finished)
+        return not (
+            self.admit
+            or self.conversations
+            or self.messages
+            or self.runs
+            or self.finished
+            or self.tool_calls
+            or self.approvals
+            or self.tool_runs
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +278,20 @@ class Store(Protocol):
     async def run_for_request(self, conversation_id: str, request_id: str) -> RunRow | None:
         """The newest run of ``request_id`` in the conversation (any principal)."""
         ...
+
+    async def tool_history(
+        self, conversation_id: str, *, max_seq: int, limit: int
+    ) -> list[ToolCallRow]:
+        """The newest tool-call records called at or before ``max_seq``, oldest first."""
+        ...
+
+    async def get_approval(self, approval_id: str) -> ApprovalRow | None: ...
+
+    async def open_approvals(self) -> Sequence[ApprovalRow]: ...
+
+    async def open_tool_calls(self) -> Sequence[ToolCallRow]: ...
+
+    async def open_tool_runs(self) -> Sequence[ToolRunRow]: ...
 
     async def open_runs(self) -> Sequence[RunRow]:
         """Runs that were not terminal when the Mind stopped (for recovery)."""

@@ -31,12 +31,15 @@ from halfpi.core.requests import Finished, RequestRecord, Tombstone, prunable
 from halfpi.errors import StoreError
 from halfpi.store.base import (
     COMMITTED,
+    ApprovalRow,
     ConversationRow,
     Credential,
     MessagePage,
     MessageRow,
     RunRow,
     StoredEvent,
+    ToolCallRow,
+    ToolRunRow,
     TxOutcome,
     WriteTx,
 )
@@ -121,6 +124,65 @@ CREATE TABLE IF NOT EXISTS tombstones (
     expires_at REAL NOT NULL,
     PRIMARY KEY (principal_id, request_id)
 );
+CREATE TABLE IF NOT EXISTS tool_calls (
+    tool_call_id TEXT PRIMARY KEY,
+    conversation_id TEXT NOT NULL,
+    chat_run_id TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    detail_mode TEXT NOT NULL,
+    args_digest TEXT NOT NULL,
+    args TEXT,
+    scan_warnings TEXT NOT NULL,
+    called_seq INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    hand_id TEXT,
+    run_id TEXT,
+    success INTEGER,
+    output_bytes INTEGER,
+    digest TEXT,
+    truncated INTEGER,
+    error_category TEXT,
+    result TEXT,
+    completed_seq INTEGER,
+    finished_at REAL
+);
+CREATE INDEX IF NOT EXISTS tool_calls_by_conversation ON tool_calls (conversation_id, called_seq);
+CREATE INDEX IF NOT EXISTS tool_calls_open ON tool_calls (status) WHERE finished_at IS NULL;
+CREATE TABLE IF NOT EXISTS approvals (
+    approval_id TEXT PRIMARY KEY,
+    conversation_id TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    tool_call_id TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    args_digest TEXT NOT NULL,
+    args TEXT,
+    detail_mode TEXT NOT NULL,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    expires_at REAL NOT NULL,
+    decision TEXT,
+    decided_by TEXT,
+    decision_reason TEXT,
+    decided_at REAL
+);
+CREATE INDEX IF NOT EXISTS approvals_open ON approvals (status) WHERE decided_at IS NULL;
+CREATE TABLE IF NOT EXISTS tool_runs (
+    run_id TEXT PRIMARY KEY,
+    tool_call_id TEXT NOT NULL,
+    conversation_id TEXT NOT NULL,
+    hand_id TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    finished_at REAL,
+    exit_code INTEGER,
+    output_bytes INTEGER,
+    digest TEXT
+);
+CREATE INDEX IF NOT EXISTS tool_runs_open ON tool_runs (status) WHERE finished_at IS NULL;
 INSERT OR IGNORE INTO meta (key, value) VALUES ('credentials_version', '0');
 """
 
@@ -182,6 +244,98 @@ def _request_params(r: RequestRecord) -> tuple[Any, ...]:
         r.created_at,
         r.finished_at,
     )
+
+
+_TOOL_CALL_FIELDS = (
+    "tool_call_id",
+    "conversation_id",
+    "chat_run_id",
+    "request_id",
+    "tool",
+    "detail_mode",
+    "args_digest",
+    "args",
+    "scan_warnings",
+    "called_seq",
+    "status",
+    "created_at",
+    "hand_id",
+    "run_id",
+    "success",
+    "output_bytes",
+    "digest",
+    "truncated",
+    "error_category",
+    "result",
+    "completed_seq",
+    "finished_at",
+)
+_APPROVAL_FIELDS = (
+    "approval_id",
+    "conversation_id",
+    "request_id",
+    "tool_call_id",
+    "tool",
+    "reason",
+    "args_digest",
+    "args",
+    "detail_mode",
+    "status",
+    "created_at",
+    "expires_at",
+    "decision",
+    "decided_by",
+    "decision_reason",
+    "decided_at",
+)
+_TOOL_RUN_FIELDS = (
+    "run_id",
+    "tool_call_id",
+    "conversation_id",
+    "hand_id",
+    "tool",
+    "status",
+    "created_at",
+    "finished_at",
+    "exit_code",
+    "output_bytes",
+    "digest",
+)
+_JSON_FIELDS = frozenset({"args", "result", "scan_warnings"})
+
+
+def _upsert_sql(table: str, fields: tuple[str, ...]) -> str:
+    """Portable upsert: insert, or overwrite every column of the existing row."""
+    columns = ", ".join(fields)
+    marks = ", ".join("?" for _ in fields)
+    updates = ", ".join(f"{f} = excluded.{f}" for f in fields[1:])
+    return (
+        f"INSERT INTO {table} ({columns}) VALUES ({marks})"
+        f" ON CONFLICT ({fields[0]}) DO UPDATE SET {updates}"
+    )
+
+
+def _params(row: Any, fields: tuple[str, ...]) -> tuple[Any, ...]:
+    values = []
+    for name in fields:
+        value = getattr(row, name)
+        if name in _JSON_FIELDS:
+            value = None if value is None else _encode(value).decode()
+        values.append(value)
+    return tuple(values)
+
+
+def _from_row(cls: Any, fields: tuple[str, ...], row: Sequence[Any]) -> Any:
+    values = {}
+    for name, value in zip(fields, row, strict=True):
+        if name in _JSON_FIELDS and value is not None:
+            value = _decode(value)
+            if name == "scan_warnings":
+                value = tuple(value)
+        elif name in ("success", "truncated") and value is not None:
+            value = bool(value)
+        values[name] = value
+    return cls(**values)
 
 
 def _credential_from_row(row: Sequence[Any]) -> Credential:
@@ -284,6 +438,13 @@ def apply_tx(conn: sqlite3.Connection, tx: WriteTx) -> TxOutcome:
                 for m in tx.messages
             ],
         )
+    for table, fields, rows in (
+        ("tool_calls", _TOOL_CALL_FIELDS, tx.tool_calls),
+        ("approvals", _APPROVAL_FIELDS, tx.approvals),
+        ("tool_runs", _TOOL_RUN_FIELDS, tx.tool_runs),
+    ):
+        if rows:
+            conn.executemany(_upsert_sql(table, fields), [_params(r, fields) for r in rows])
     if tx.events:
         insert_events(conn, tx.events)
     return COMMITTED
@@ -632,6 +793,48 @@ class SQLiteStore:
             return RunRow(*row) if row else None
 
         return await self._read(run)
+
+    async def tool_history(
+        self, conversation_id: str, *, max_seq: int, limit: int
+    ) -> list[ToolCallRow]:
+        def run(conn: sqlite3.Connection) -> list[ToolCallRow]:
+            rows = conn.execute(
+                f"SELECT {', '.join(_TOOL_CALL_FIELDS)} FROM tool_calls"
+                " WHERE conversation_id = ? AND called_seq <= ?"
+                " ORDER BY called_seq DESC LIMIT ?",
+                (conversation_id, max_seq, limit),
+            ).fetchall()
+            return [_from_row(ToolCallRow, _TOOL_CALL_FIELDS, r) for r in reversed(rows)]
+
+        return await self._read(run)
+
+    async def get_approval(self, approval_id: str) -> ApprovalRow | None:
+        def run(conn: sqlite3.Connection) -> ApprovalRow | None:
+            row = conn.execute(
+                f"SELECT {', '.join(_APPROVAL_FIELDS)} FROM approvals WHERE approval_id = ?",
+                (approval_id,),
+            ).fetchone()
+            return _from_row(ApprovalRow, _APPROVAL_FIELDS, row) if row else None
+
+        return await self._read(run)
+
+    async def _open(self, cls: Any, table: str, fields: tuple[str, ...], done: str) -> list[Any]:
+        def run(conn: sqlite3.Connection) -> list[Any]:
+            rows = conn.execute(
+                f"SELECT {', '.join(fields)} FROM {table} WHERE {done} IS NULL"
+            ).fetchall()
+            return [_from_row(cls, fields, r) for r in rows]
+
+        return await self._read(run)
+
+    async def open_approvals(self) -> list[ApprovalRow]:
+        return await self._open(ApprovalRow, "approvals", _APPROVAL_FIELDS, "decided_at")
+
+    async def open_tool_calls(self) -> list[ToolCallRow]:
+        return await self._open(ToolCallRow, "tool_calls", _TOOL_CALL_FIELDS, "finished_at")
+
+    async def open_tool_runs(self) -> list[ToolRunRow]:
+        return await self._open(ToolRunRow, "tool_runs", _TOOL_RUN_FIELDS, "finished_at")
 
     async def open_runs(self) -> list[RunRow]:
         def run(conn: sqlite3.Connection) -> list[RunRow]:

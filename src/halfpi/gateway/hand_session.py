@@ -1,0 +1,131 @@
+"""One Hand connection on ``/v1/hand``: authenticate, then relay run messages.
+
+A Hand's credential is its own type: a Face token is refused here (4001),
+as a Hand token is refused on ``/v1/face``. Revocation closes the
+connection (4003) like for Faces.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from halfpi.core.hand_wire import (
+    HAND_PROTOCOL,
+    HandHello,
+    HandProgress,
+    HandResult,
+    HandStarted,
+    decode_hand_message,
+    encode_hand_message,
+)
+from halfpi.errors import CloseCode, InvalidRequest
+
+if TYPE_CHECKING:
+    from halfpi.gateway.session import Transport
+    from halfpi.mind.service import Mind
+
+log = logging.getLogger("halfpi.gateway.hand")
+
+
+class HandSession:
+    def __init__(self, mind: Mind, transport: Transport) -> None:
+        self.mind = mind
+        self.transport = transport
+        now = mind.now()
+        self.connected_at = now
+        self.last_inbound = now
+        self.principal_id: str | None = None
+        self.hand_id: str | None = None
+        self.closed = False
+        self.invalid = 0
+        mind.sessions.add(self)
+
+    # transport callbacks -------------------------------------------------------
+
+    def on_frame(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self.last_inbound = self.mind.now()
+        try:
+            type_, message = decode_hand_message(data)
+        except InvalidRequest as exc:
+            self.invalid += 1
+            log.warning("invalid frame from Hand %s: %s", self.hand_id, exc.message)
+            if self.invalid >= self.mind.config.invalid_frames_before_close:
+                self.close(CloseCode.PROTOCOL_VIOLATION, "too many invalid frames")
+            return
+        self.invalid = 0
+        hands = self.mind.hands
+        if self.hand_id is None:
+            if not isinstance(message, HandHello):
+                self.close(CloseCode.UNAUTHORIZED, "hand.hello required")
+                return
+            self._hello(message)
+        elif isinstance(message, HandResult):
+            hands.on_result(self, message)
+        elif isinstance(message, HandProgress):
+            hands.on_progress(self, message)
+        elif isinstance(message, HandStarted):
+            hands.on_started(self, message)
+        elif type_ == "hand.ping":
+            self.send("hand.pong", {})
+
+    def _hello(self, hello: HandHello) -> None:
+        if hello.protocol != HAND_PROTOCOL:
+            self.close(CloseCode.PROTOCOL_VIOLATION, f"hand protocol {HAND_PROTOCOL} only")
+            return
+        credential = self.mind.auth.authenticate(hello.token, "hand")
+        if credential is None or credential.label != hello.hand_id:
+            self.close(CloseCode.UNAUTHORIZED, "unauthorized")
+            return
+        self.principal_id = credential.principal_id
+        self.hand_id = hello.hand_id
+        welcome = self.mind.hands.connect(self, hello, credential.principal_id)
+        self.send("hand.welcome", welcome)
+        log.info("Hand %s connected (generation %s)", hello.hand_id, welcome["generation"])
+
+    def on_binary(self) -> None:
+        self.on_frame(b"\x00")
+
+    def on_traffic(self) -> None:
+        self.last_inbound = self.mind.now()
+
+    def pause_writing(self) -> None:
+        """Hand traffic is a few small orders; the transport buffer suffices."""
+
+    def resume_writing(self) -> None:
+        pass
+
+    def on_closed(self) -> None:
+        if not self.closed:
+            self.closed = True
+        self._cleanup()
+
+    # session API ------------------------------------------------------------------
+
+    def send(self, type_: str, payload: dict[str, Any]) -> None:
+        if not self.closed:
+            self.transport.write_frames([encode_hand_message(type_, payload)])
+
+    def send_result(self, payload: dict[str, Any]) -> None:
+        """Hands receive no Face results (the Session protocol asks for it)."""
+
+    def close(self, code: int, reason: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.transport.close(code, reason)
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        self.mind.sessions.discard(self)
+        if self.hand_id is not None:
+            self.mind.hands.disconnect(self)
+
+    def tick(self, now: float) -> None:
+        config = self.mind.config
+        if self.hand_id is None and now - self.connected_at >= config.hello_timeout_s:
+            self.close(CloseCode.HELLO_TIMEOUT, "no hello in time")
+        elif now - self.last_inbound >= config.dead_after_s:
+            self.close(CloseCode.GOING_AWAY, "no traffic: connection presumed dead")

@@ -1,0 +1,1 @@
+"""The Hand: an executor process on a device (DESIGN §8)."""

@@ -1,0 +1,245 @@
+"""The built-in tools a Hand runs: ``exec_command`` and ``read_file`` (DESIGN §8).
+
+``exec_command`` starts the process in its own process group, so cancel and
+timeout kill everything it started (SIGTERM, then SIGKILL after a grace).
+Output is read in chunks of at most 4 KiB and reported as progress within
+the per-run bounds (1 MiB and 256 events; beyond them progress is dropped
+while execution continues, and the next progress says ``gap``). Lengths and
+sha256 digests always cover the full output; what is kept for display is
+bounded (1 MiB per stream).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CHUNK = 4096
+PROGRESS_BYTES = 1024 * 1024
+PROGRESS_EVENTS = 256
+DISPLAY_BYTES = 1024 * 1024
+KILL_GRACE_S = 2.0
+DEFAULT_TIMEOUT_S = 300.0
+MAX_TIMEOUT_S = 24 * 3600.0
+
+Progress = Callable[[str, str, bool], None]  # (kind, text, gap)
+
+
+class ToolError(Exception):
+    """A tool could not run at all (bad arguments, missing file…)."""
+
+    def __init__(self, category: str, message: str) -> None:
+        super().__init__(message)
+        self.category = category
+
+
+@dataclass
+class Outcome:
+    status: str  # succeeded | failed | cancelled | timed_out
+    exit_code: int | None = None
+    stdout: bytes = b""
+    stderr: bytes = b""
+    output_bytes: int = 0
+    digest: str = ""
+    truncated: bool = False
+    error_category: str | None = None
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "exit_code": self.exit_code,
+            "stdout": self.stdout.decode("utf-8", errors="replace"),
+            "stderr": self.stderr.decode("utf-8", errors="replace"),
+            "output_bytes": self.output_bytes,
+            "digest": self.digest,
+            "truncated": self.truncated,
+            "error_category": self.error_category,
+            "error": self.error,
+            **self.extra,
+        }
+
+
+class ProgressGate:
+    """Applies the per-run progress bounds; remembers a gap to report."""
+
+    def __init__(self, sink: Progress) -> None:
+        self.sink = sink
+        self.bytes = 0
+        self.events = 0
+        self.gap = False
+
+    def __call__(self, kind: str, data: bytes) -> None:
+        if self.events >= PROGRESS_EVENTS or self.bytes + len(data) > PROGRESS_BYTES:
+            self.gap = True
+            return
+        self.events += 1
+        self.bytes += len(data)
+        gap, self.gap = self.gap, False
+        self.sink(kind, data.decode("utf-8", errors="replace"), gap)
+
+
+class _Stream:
+    def __init__(self) -> None:
+        self.kept = bytearray()
+        self.size = 0
+
+    def add(self, data: bytes) -> None:
+        self.size += len(data)
+        room = DISPLAY_BYTES - len(self.kept)
+        if room > 0:
+            self.kept += data[:room]
+
+
+async def exec_command(
+    args: dict[str, Any], progress: Progress, cancelled: asyncio.Event
+) -> Outcome:
+    command, argv = args.get("command"), args.get("argv")
+    if (command is None) == (argv is None):
+        raise ToolError("bad_arguments", "give exactly one of command (str) or argv (list)")
+    if command is not None and not isinstance(command, str):
+        raise ToolError("bad_arguments", "command must be a string")
+    if argv is not None and (
+        not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv)
+    ):
+        raise ToolError("bad_arguments", "argv must be a non-empty list of strings")
+    argv_list: list[str] = list(argv or [])
+    cwd = args.get("cwd")
+    if cwd is not None and not (isinstance(cwd, str) and Path(cwd).is_dir()):
+        raise ToolError("bad_arguments", f"cwd is not a directory: {cwd!r}")
+    timeout = float(args.get("timeout_s") or DEFAULT_TIMEOUT_S)
+    if not 0 < timeout <= MAX_TIMEOUT_S:
+        raise ToolError("bad_arguments", f"timeout_s must be in (0, {MAX_TIMEOUT_S}]")
+    try:
+        if command is not None:
+            proc = await asyncio.create_subprocess_shell(
+                command,
+                cwd=cwd,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )
+        else:
+            proc = await asyncio.create_subprocess_exec(
+                *argv_list,
+                cwd=cwd,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )
+    except OSError as exc:
+        raise ToolError("spawn_failed", str(exc)) from None
+    gate = ProgressGate(progress)
+    digest = hashlib.sha256()
+    streams = {"stdout": _Stream(), "stderr": _Stream()}
+
+    async def pump(kind: str, reader: asyncio.StreamReader) -> None:
+        while chunk := await reader.read(CHUNK):
+            streams[kind].add(chunk)
+            digest.update(chunk)
+            gate(kind, chunk)
+
+    assert proc.stdout is not None and proc.stderr is not None
+    pumps: asyncio.Future[Any] = asyncio.gather(
+        pump("stdout", proc.stdout), pump("stderr", proc.stderr)
+    )
+    waiter: asyncio.Future[Any] = asyncio.ensure_future(cancelled.wait())
+    status = "succeeded"
+    try:
+        done, _ = await asyncio.wait(
+            {pumps, waiter}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+        if pumps not in done:
+            status = "cancelled" if waiter in done else "timed_out"
+            await _kill_group(proc)
+        try:
+            # A grandchild that left the group may hold the pipes open: bounded.
+            await asyncio.wait_for(asyncio.shield(pumps), KILL_GRACE_S)
+        except TimeoutError:
+            pumps.cancel()
+        await proc.wait()
+    finally:
+        waiter.cancel()
+        if proc.returncode is None:
+            await _kill_group(proc)
+    exit_code = proc.returncode
+    if status == "succeeded" and exit_code != 0:
+        status = "failed"
+    out, err = streams["stdout"], streams["stderr"]
+    return Outcome(
+        status=status,
+        exit_code=exit_code,
+        stdout=bytes(out.kept),
+        stderr=bytes(err.kept),
+        output_bytes=out.size + err.size,
+        digest="sha256:" + digest.hexdigest(),
+        truncated=out.size > len(out.kept) or err.size > len(err.kept),
+        error_category={
+            "failed": "nonzero_exit",
+            "timed_out": "timeout",
+            "cancelled": "cancelled",
+        }.get(status),
+    )
+
+
+async def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    """TERM the whole process group, then KILL it if it does not go."""
+    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            await asyncio.wait_for(proc.wait(), wait)
+            return
+        except TimeoutError:
+            continue
+
+
+async def read_file(args: dict[str, Any], progress: Progress, cancelled: asyncio.Event) -> Outcome:
+    path = args.get("path")
+    if not isinstance(path, str) or not path:
+        raise ToolError("bad_arguments", "path must be a non-empty string")
+    limit = int(args.get("max_bytes") or DISPLAY_BYTES)
+    if not 0 < limit <= 64 * DISPLAY_BYTES:
+        raise ToolError("bad_arguments", "max_bytes out of range")
+
+    def read() -> tuple[bytes, int, str]:
+        digest = hashlib.sha256()
+        kept = bytearray()
+        size = 0
+        with open(path, "rb") as handle:
+            while chunk := handle.read(65536):
+                size += len(chunk)
+                digest.update(chunk)
+                if len(kept) < limit:
+                    kept += chunk[: limit - len(kept)]
+        return bytes(kept), size, "sha256:" + digest.hexdigest()
+
+    try:
+        kept, size, digest = await asyncio.to_thread(read)
+    except FileNotFoundError:
+        raise ToolError("not_found", f"no such file: {path}") from None
+    except IsADirectoryError:
+        raise ToolError("bad_arguments", f"is a directory: {path}") from None
+    except PermissionError:
+        raise ToolError("permission_denied", f"permission denied: {path}") from None
+    return Outcome(
+        "succeeded",
+        stdout=kept,
+        output_bytes=size,
+        digest=digest,
+        truncated=size > len(kept),
+        extra={"size": size},
+    )
+
+
+TOOLS = {"exec_command": exec_command, "read_file": read_file}

@@ -1,0 +1,253 @@
+"""A Hand: connects out to the Mind's ``/v1/hand``, runs tools, survives drops.
+
+Runs belong to the Hand process, not to a connection: when the link drops,
+running tools keep running; the Hand reconnects with backoff, lists its
+in-flight runs in ``hand.hello``, and the Mind either *adopts* them (new
+connection generation; their results are then accepted) or tells it to
+*abandon* them (they are killed — their outcome was already declared
+``lost``; nothing runs twice). A result is kept until the Mind acknowledges
+it (``hand.ack``), so one produced or lost in flight during a drop is sent
+again once the run is adopted; the Mind takes only the first. Progress produced while disconnected is
+dropped and the next progress says ``gap``.
+
+A Hand process that restarts has a new ``instance_id``: the Mind marks every
+run of the previous instance ``lost`` (I11).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import platform
+import socket
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from halfpi import __version__
+from halfpi.core.backoff import backoff
+from halfpi.core.hand_wire import HAND_PROTOCOL
+from halfpi.face.client import ConnectionLost, Connector, Transport, websocket_connector
+from halfpi.hand.executor import TOOLS, Outcome, ToolError
+
+log = logging.getLogger("halfpi.hand")
+
+AUTH_CLOSE_CODES = frozenset({4001, 4003})
+
+ToolFn = Callable[
+    [dict[str, Any], Callable[[str, str, bool], None], asyncio.Event], Awaitable[Outcome]
+]
+
+
+@dataclass
+class HandRun:
+    run_id: str
+    tool: str
+    generation: int
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    result: dict[str, Any] | None = None  # kept until delivered
+    progress_gap: bool = False
+    sends: list[asyncio.Future[bool]] = field(default_factory=list)
+
+
+class HandNode:
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        hand_id: str,
+        *,
+        tools: dict[str, ToolFn] | None = None,
+        connector: Connector = websocket_connector,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        delays: Callable[[], Iterator[float]] | None = None,
+        approval_defaults: dict[str, bool] | None = None,
+    ) -> None:
+        self.url = url
+        self.token = token
+        self.hand_id = hand_id
+        self.instance_id = os.urandom(8).hex()
+        self.tools: dict[str, ToolFn] = dict(tools or TOOLS)
+        self.connector = connector
+        self.sleep = sleep
+        self.delays = delays or (lambda: backoff())
+        self.approval_defaults = approval_defaults or {}
+        self.runs: dict[str, HandRun] = {}
+        self.generation = 0
+        self.connected = asyncio.Event()
+        self._transport: Transport | None = None
+        self._stopping = False
+
+    # -- connection loop -------------------------------------------------------
+
+    async def run_forever(self) -> None:
+        delays = self.delays()
+        while not self._stopping:
+            try:
+                transport = await self.connector(self.url)
+            except ConnectionLost:
+                await self.sleep(next(delays))
+                continue
+            try:
+                await self._session(transport)
+                delays = self.delays()
+            except ConnectionLost as exc:
+                if exc.code in AUTH_CLOSE_CODES:
+                    log.error("the Mind refused this Hand (%s): %s", exc.code, exc.reason)
+                    return
+            finally:
+                self._transport = None
+                self.connected.clear()
+                await transport.close()
+            if not self._stopping:
+                await self.sleep(next(delays))
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for run in self.runs.values():
+            run.cancelled.set()
+        if self._transport is not None:
+            await self._transport.close()
+
+    async def _session(self, transport: Transport) -> None:
+        await transport.send(json.dumps({"type": "hand.hello", "payload": self._hello()}))
+        welcome = json.loads(await asyncio.wait_for(transport.recv(), 30))
+        if welcome.get("type") != "hand.welcome":
+            raise ConnectionLost(None, f"expected hand.welcome, got {welcome.get('type')}")
+        payload = welcome["payload"]
+        self.generation = int(payload["generation"])
+        for run_id in payload.get("abandon", []):
+            run = self.runs.pop(run_id, None)
+            if run is not None:
+                log.warning("abandoning run %s (the Mind declared it lost)", run_id)
+                run.cancelled.set()
+        for run_id in payload.get("adopted", []):
+            run = self.runs.get(run_id)
+            if run is not None:
+                run.generation = self.generation
+        self._transport = transport
+        self.connected.set()
+        for run in list(self.runs.values()):
+            if run.result is not None:
+                await self._deliver(run)
+        while True:
+            try:
+                text = await asyncio.wait_for(transport.recv(), 15.0)
+            except TimeoutError:
+                await self._send("hand.ping", {})
+                continue
+            message = json.loads(text)
+            kind, body = message.get("type"), message.get("payload") or {}
+            if kind == "hand.run":
+                self._start(body)
+            elif kind == "hand.cancel":
+                run = self.runs.get(body.get("run_id", ""))
+                if run is not None:
+                    run.cancelled.set()
+            elif kind == "hand.ack":
+                # The Mind has the result durably: only now may it be forgotten.
+                for run_id in body.get("run_ids", []):
+                    done = self.runs.get(run_id)
+                    if done is not None and done.result is not None:
+                        self.runs.pop(run_id, None)
+
+    def _hello(self) -> dict[str, Any]:
+        return {
+            "token": self.token,
+            "hand_id": self.hand_id,
+            "instance_id": self.instance_id,
+            "info": {
+                "hostname": socket.gethostname()[:200],
+                "os": platform.system()[:200],
+                "arch": platform.machine()[:200],
+                "version": __version__,
+            },
+            "tools": [
+                {"name": name, "needs_approval": self.approval_defaults.get(name)}
+                for name in sorted(self.tools)
+            ],
+            "protocol": HAND_PROTOCOL,
+            "runs": [{"run_id": r.run_id, "generation": r.generation} for r in self.runs.values()],
+        }
+
+    async def _send(self, type_: str, payload: dict[str, Any]) -> bool:
+        transport = self._transport
+        if transport is None:
+            return False
+        try:
+            await transport.send(json.dumps({"type": type_, "payload": payload}))
+        except ConnectionLost:
+            return False
+        return True
+
+    # -- runs ------------------------------------------------------------------------
+
+    def _start(self, body: dict[str, Any]) -> None:
+        run_id = str(body["run_id"])
+        if run_id in self.runs:
+            return  # a duplicate order for a run already here: never run twice
+        run = HandRun(run_id, str(body["tool"]), int(body["generation"]))
+        self.runs[run_id] = run
+        run.task = asyncio.create_task(
+            self._execute(run, dict(body.get("args") or {}), body.get("timeout_s"))
+        )
+
+    async def _execute(self, run: HandRun, args: dict[str, Any], timeout_s: Any) -> None:
+        await self._send("hand.started", {"run_id": run.run_id, "generation": run.generation})
+        tool = self.tools.get(run.tool)
+        if timeout_s is not None and "timeout_s" not in args:
+            args["timeout_s"] = timeout_s
+
+        def progress(kind: str, text: str, gap: bool) -> None:
+            if self._transport is None:
+                run.progress_gap = True
+                return
+            gap, run.progress_gap = gap or run.progress_gap, False
+            run.sends = [f for f in run.sends if not f.done()]
+            run.sends.append(
+                asyncio.ensure_future(
+                    self._send(
+                        "hand.progress",
+                        {
+                            "run_id": run.run_id,
+                            "generation": run.generation,
+                            "kind": kind,
+                            "data": text,
+                            "gap": gap,
+                        },
+                    )
+                )
+            )
+
+        try:
+            if tool is None:
+                raise ToolError("unknown_tool", f"this Hand has no tool {run.tool!r}")
+            outcome = await tool(args, progress, run.cancelled)
+            result = outcome.to_wire()
+        except ToolError as exc:
+            result = Outcome("failed", error_category=exc.category, error=str(exc)).to_wire()
+        except Exception as exc:  # a tool bug must still end the run
+            log.exception("tool %s crashed", run.tool)
+            result = Outcome("failed", error_category="tool_crashed", error=str(exc)).to_wire()
+        run.result = result
+        await asyncio.gather(*run.sends, return_exceptions=True)  # progress before result
+        if run.run_id in self.runs:
+            await self._deliver(run)
+
+    async def _deliver(self, run: HandRun) -> None:
+        assert run.result is not None
+        body = {"run_id": run.run_id, "generation": run.generation, **run.result}
+        body = {k: v for k, v in body.items() if v is not None or k == "exit_code"}
+        await self._send("hand.result", body)  # kept until hand.ack, re-sent after a drop
+
+
+async def run_hand(url: str, token: str, hand_id: str) -> None:
+    node = HandNode(
+        url, token, hand_id, approval_defaults={"exec_command": True, "read_file": False}
+    )
+    with contextlib.suppress(asyncio.CancelledError):
+        await node.run_forever()

@@ -1,0 +1,212 @@
+"""Approvals (DESIGN §7): a human allows or denies one tool call; first valid decision wins.
+
+The state lives in one place per approval and moves by the ``APPROVAL``
+table. A decision is applied synchronously (so two racing decisions cannot
+both win), then its audit row and the ``approval.resolved`` event are
+committed, and only then is the waiting tool woken (I10: audit before
+execution). Every later decider waits for that same commit and is told the
+decision that stands (``already_resolved``) — never that it won.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from halfpi.core.ids import new_id
+from halfpi.core.projection import summary_data
+from halfpi.core.states import APPROVAL
+from halfpi.errors import ApprovalExpired, ErrorCode, NotFound, StoreError
+from halfpi.store.base import ApprovalRow, WriteTx
+
+if TYPE_CHECKING:
+    from halfpi.mind.actor import ConversationActor
+
+DECISION_STATE = {"allow_once": "allowed", "deny_once": "denied"}
+
+
+@dataclass
+class Approval:
+    row: ApprovalRow
+    actor: ConversationActor
+    state: str = APPROVAL.initial
+    # Resolves with the terminal state once its audit row is committed.
+    decided: asyncio.Future[str] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+    timer: asyncio.TimerHandle | None = None
+
+    @property
+    def approval_id(self) -> str:
+        return self.row.approval_id
+
+    def resolution(self) -> dict[str, Any]:
+        row = self.row
+        return {
+            "approval_id": row.approval_id,
+            "status": row.status,
+            "decision": row.decision,
+            "decided_by": row.decided_by,
+            "decided_at": row.decided_at,
+        }
+
+    def requested_data(self) -> dict[str, Any]:
+        row = self.row
+        data = {
+            "approval_id": row.approval_id,
+            "request_id": row.request_id,
+            "tool_call_id": row.tool_call_id,
+            "tool": row.tool,
+            "reason": row.reason,
+            "args_digest": row.args_digest,
+            "expires_at": row.expires_at,
+        }
+        if row.args is not None:
+            data["args"] = row.args
+        return data
+
+
+class Approvals:
+    """All approvals of this Mind that are still pending or settling."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self.live: dict[str, Approval] = {}
+
+    async def request(
+        self,
+        actor: ConversationActor,
+        *,
+        request_id: str,
+        tool_call_id: str,
+        tool: str,
+        args_digest: str,
+        args: Any,
+        detail_mode: str,
+        reason: str,
+    ) -> Approval:
+        now = actor.host.now()
+        row = ApprovalRow(
+            new_id("a", now),
+            actor.id,
+            request_id,
+            tool_call_id,
+            tool,
+            reason,
+            args_digest,
+            args,
+            detail_mode,
+            "pending",
+            now,
+            now + self.ttl_s,
+        )
+        approval = Approval(row, actor)
+        data = approval.requested_data()
+        message, event = actor._event(
+            "approval.requested", data, now, summary_data("approval.requested", data)
+        )
+        self.live[row.approval_id] = approval
+
+        def shown() -> None:
+            actor.visible_approvals[row.approval_id] = approval
+
+        await actor._commit(WriteTx(events=[event], approvals=[row]), [(message, shown)])
+        loop = asyncio.get_running_loop()
+        approval.timer = loop.call_later(
+            self.ttl_s, self.settle, approval, "expired", None, None, None
+        )
+        return approval
+
+    def settle(
+        self,
+        approval: Approval,
+        state: str,
+        decided_by: str | None,
+        decision: str | None,
+        reason: str | None,
+    ) -> bool:
+        """Apply a terminal state if none applied yet; True if this one won."""
+        if not APPROVAL.first_terminal_wins(approval.state, state):
+            return False
+        approval.state = state
+        if approval.timer is not None:
+            approval.timer.cancel()
+        actor = approval.actor
+        now = actor.host.now()
+        approval.row = dataclasses.replace(
+            approval.row,
+            status=state,
+            decision=decision,
+            decided_by=decided_by,
+            decision_reason=reason,
+            decided_at=now,
+        )
+        data = {
+            "approval_id": approval.approval_id,
+            "status": state,
+            "decision": decision,
+            "decided_by": decided_by,
+            "tool_call_id": approval.row.tool_call_id,
+        }
+        message, event = actor._event("approval.resolved", data, now)
+
+        def resolved() -> None:
+            actor.visible_approvals.pop(approval.approval_id, None)
+            self.live.pop(approval.approval_id, None)
+            if not approval.decided.done():
+                approval.decided.set_result(state)  # wake the tool only now (I10)
+
+        committed = actor._commit(
+            WriteTx(events=[event], approvals=[approval.row]), [(message, resolved)]
+        )
+
+        def failed(future: asyncio.Future[Any]) -> None:
+            # No durable audit: the tool must not run. Waiters learn it failed.
+            if future.exception() is not None and not approval.decided.done():
+                approval.decided.set_exception(StoreError("the decision could not be recorded"))
+
+        committed.add_done_callback(failed)
+        return True
+
+    async def resolve(
+        self,
+        principal_id: str,
+        approval_id: str,
+        decision: str,
+        reason: str | None,
+        stored: ApprovalRow | None,
+    ) -> dict[str, Any]:
+        """A Face's decision. Returns the ``face.result`` data: ``applied`` for
+        the winner, ``already_resolved`` (with the standing resolution) for
+        everyone else."""
+        approval = self.live.get(approval_id)
+        if approval is None:
+            if stored is None:
+                raise NotFound(
+                    ErrorCode.APPROVAL_NOT_FOUND, "no such approval", field="approval_id"
+                )
+            return self._standing(stored)
+        if approval.state == "pending" and approval.actor.host.now() >= approval.row.expires_at:
+            self.settle(approval, "expired", None, None, None)
+        applied = self.settle(approval, DECISION_STATE[decision], principal_id, decision, reason)
+        await asyncio.shield(approval.decided)  # the audit row is durable before we answer
+        if applied:
+            return {"outcome": "applied", "resolution": approval.resolution()}
+        return self._standing(approval.row)
+
+    @staticmethod
+    def _standing(row: ApprovalRow) -> dict[str, Any]:
+        if row.status == "expired":
+            raise ApprovalExpired("the approval expired before this decision", field="approval_id")
+        return {
+            "outcome": "already_resolved",
+            "resolution": {
+                "approval_id": row.approval_id,
+                "status": row.status,
+                "decision": row.decision,
+                "decided_by": row.decided_by,
+                "decided_at": row.decided_at,
+            },
+        }

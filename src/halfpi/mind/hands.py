@@ -1,0 +1,296 @@
+"""The Mind's view of its Hands and of the tool runs they execute (DESIGN §8).
+
+A run is an RPC with a deadline, a cancel, bounded progress and exactly one
+terminal state — the first one that arrives wins (I10). Each Hand connection
+has a *generation*; a run is bound to the generation that started or adopted
+it, and a message stamped with another generation is refused. A Hand that
+stays away longer than the grace period, or comes back as a new process
+(new ``instance_id``), loses its runs: they become ``lost`` and are never
+re-run (I11).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from halfpi.core.hand_wire import HandHello, HandProgress, HandResult, HandStarted
+from halfpi.core.states import RUN
+
+log = logging.getLogger("halfpi.hands")
+
+
+class HandLink(Protocol):
+    hand_id: str | None
+
+    def send(self, type_: str, payload: dict[str, Any]) -> None: ...
+
+    def close(self, code: int, reason: str) -> None: ...
+
+
+@dataclass
+class HandState:
+    hand_id: str
+    principal_id: str
+    instance_id: str
+    info: dict[str, Any]
+    tools: dict[str, bool | None]
+    link: HandLink | None = None
+    generation: int = 0
+    connected_at: float = 0.0
+    disconnected_at: float | None = None
+    grace: asyncio.TimerHandle | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "hand_id": self.hand_id,
+            "connected": self.link is not None,
+            "info": self.info,
+            "tools": sorted(self.tools),
+            "generation": self.generation,
+            "connected_at": self.connected_at,
+            "disconnected_at": self.disconnected_at,
+        }
+
+
+@dataclass
+class ToolRun:
+    run_id: str
+    hand_id: str
+    tool: str
+    args: dict[str, Any]
+    timeout_s: float
+    conversation_id: str
+    tool_call_id: str
+    on_progress: Callable[[str, str, bool], None] | None = None
+    on_state: Callable[[str], None] | None = None
+    generation: int = 0
+    state: str = RUN.initial
+    done: asyncio.Future[dict[str, Any]] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+    deadline: asyncio.TimerHandle | None = None
+
+
+class HandRegistry:
+    def __init__(self, clock: Callable[[], float], grace_s: float) -> None:
+        self.clock = clock
+        self.grace_s = grace_s
+        self.hands: dict[str, HandState] = {}
+        self.runs: dict[str, ToolRun] = {}
+
+    # -- connections -------------------------------------------------------------
+
+    def connect(self, link: HandLink, hello: HandHello, principal_id: str) -> dict[str, Any]:
+        """A Hand said hello: (re)bind it, adopt or abandon its runs."""
+        hand = self.hands.get(hello.hand_id)
+        if hand is not None and hand.link is not None and hand.link is not link:
+            hand.link.close(4000, "superseded by a newer connection of this Hand")
+        if hand is not None and hand.instance_id != hello.instance_id:
+            self._lose_runs(hand.hand_id, "the Hand restarted")
+        generation = (hand.generation if hand is not None else 0) + 1
+        if hand is not None and hand.grace is not None:
+            hand.grace.cancel()
+        hand = HandState(
+            hello.hand_id,
+            principal_id,
+            hello.instance_id,
+            {
+                "hostname": hello.info.hostname,
+                "os": hello.info.os,
+                "arch": hello.info.arch,
+                "version": hello.info.version,
+            },
+            {t.name: t.needs_approval for t in hello.tools},
+            link,
+            generation,
+            self.clock(),
+        )
+        self.hands[hand.hand_id] = hand
+        reported = {r.run_id for r in hello.runs}
+        adopted = [rid for rid in sorted(reported) if self._alive(rid, hand.hand_id)]
+        for run_id in adopted:
+            self.runs[run_id].generation = generation
+        # Runs the Mind still waits for but the Hand does not have: it never
+        # received them, or lost them. Either way: lost, never silently re-sent.
+        for run in list(self.runs.values()):
+            if (
+                run.hand_id == hand.hand_id
+                and not RUN.is_terminal(run.state)
+                and run.run_id not in reported
+            ):
+                self.finish(
+                    run,
+                    "lost",
+                    {"error_category": "lost", "error": "the Hand no longer has this run"},
+                )
+        return {
+            "hand_id": hand.hand_id,
+            "generation": generation,
+            "adopted": adopted,
+            "abandon": sorted(reported - set(adopted)),
+        }
+
+    def _alive(self, run_id: str, hand_id: str) -> bool:
+        run = self.runs.get(run_id)
+        return run is not None and run.hand_id == hand_id and not RUN.is_terminal(run.state)
+
+    def disconnect(self, link: HandLink) -> None:
+        hand = self.hands.get(link.hand_id or "")
+        if hand is None or hand.link is not link:
+            return
+        hand.link = None
+        hand.disconnected_at = self.clock()
+        loop = asyncio.get_running_loop()
+        hand.grace = loop.call_later(
+            self.grace_s, self._lose_runs, hand.hand_id, "the Hand stayed away too long"
+        )
+
+    def _lose_runs(self, hand_id: str, why: str) -> None:
+        for run in list(self.runs.values()):
+            if run.hand_id == hand_id and not RUN.is_terminal(run.state):
+                self.finish(run, "lost", {"error_category": "lost", "error": why})
+
+    def connected(self, hand_id: str) -> bool:
+        hand = self.hands.get(hand_id)
+        return hand is not None and hand.link is not None
+
+    def default_hand(self) -> str | None:
+        connected = sorted(h for h, s in self.hands.items() if s.link is not None)
+        if "local" in connected:
+            return "local"
+        return connected[0] if connected else None
+
+    def needs_approval(self, hand_id: str | None, tool: str) -> bool | None:
+        hand = self.hands.get(hand_id or "")
+        return None if hand is None else hand.tools.get(tool)
+
+    # -- runs ------------------------------------------------------------------------
+
+    def start(self, run: ToolRun) -> None:
+        self.runs[run.run_id] = run
+        hand = self.hands.get(run.hand_id)
+        if hand is None or hand.link is None:
+            self.finish(
+                run,
+                "failed",
+                {
+                    "error_category": "hand_unavailable",
+                    "error": f"Hand {run.hand_id!r} is not connected",
+                },
+            )
+            return
+        run.generation = hand.generation
+        loop = asyncio.get_running_loop()
+        # The Mind's own deadline: a little after the Hand's, so the Hand's
+        # timed_out (with its output) normally wins; if the Hand is silent,
+        # this one does.
+        run.deadline = loop.call_later(run.timeout_s + 5.0, self._expire, run)
+        hand.link.send(
+            "hand.run",
+            {
+                "run_id": run.run_id,
+                "generation": run.generation,
+                "tool": run.tool,
+                "args": run.args,
+                "timeout_s": run.timeout_s,
+            },
+        )
+
+    def _expire(self, run: ToolRun) -> None:
+        if not RUN.is_terminal(run.state):
+            self.cancel(run)
+            self.finish(
+                run,
+                "timed_out",
+                {"error_category": "timeout", "error": "no result before the deadline"},
+            )
+
+    def cancel(self, run: ToolRun) -> None:
+        """Propagate a cancel; the Hand's answer (or the first terminal) stands."""
+        if RUN.is_terminal(run.state):
+            return
+        hand = self.hands.get(run.hand_id)
+        if hand is not None and hand.link is not None:
+            hand.link.send("hand.cancel", {"run_id": run.run_id})
+        else:
+            # Unreachable: it is cancelled from here; if the Hand comes back
+            # still running it, it is told to abandon it.
+            self.finish(run, "cancelled", {"error_category": "cancelled"})
+
+    def _check(self, link: HandLink, run_id: str, generation: int) -> ToolRun | None:
+        run = self.runs.get(run_id)
+        if run is None or run.hand_id != link.hand_id:
+            log.warning("refused a message for unknown run %s", run_id)
+            return None
+        if generation != run.generation:
+            log.warning(
+                "refused a message of run %s from generation %s (current %s)",
+                run_id,
+                generation,
+                run.generation,
+            )
+            return None
+        return run
+
+    def on_started(self, link: HandLink, msg: HandStarted) -> None:
+        run = self._check(link, msg.run_id, msg.generation)
+        if run is not None and run.state == "queued":
+            run.state = RUN.check(run.state, "running")
+            if run.on_state is not None:
+                run.on_state("running")
+
+    def on_progress(self, link: HandLink, msg: HandProgress) -> None:
+        run = self._check(link, msg.run_id, msg.generation)
+        if run is not None and not RUN.is_terminal(run.state) and run.on_progress is not None:
+            run.on_progress(msg.kind, msg.data, msg.gap)
+
+    def on_result(self, link: HandLink, msg: HandResult) -> None:
+        run = self.runs.get(msg.run_id)
+        stale = (
+            run is not None
+            and not RUN.is_terminal(run.state)
+            and (msg.generation != run.generation or run.hand_id != link.hand_id)
+        )
+        if stale:
+            log.warning(
+                "refused a result of run %s from generation %s (current %s)",
+                msg.run_id,
+                msg.generation,
+                run.generation if run else None,
+            )
+            return  # not acked: the Hand re-sends it once the run is adopted
+        if run is not None and run.hand_id == link.hand_id:
+            result = {
+                k: getattr(msg, k)
+                for k in (
+                    "exit_code",
+                    "stdout",
+                    "stderr",
+                    "output_bytes",
+                    "digest",
+                    "truncated",
+                    "error_category",
+                    "error",
+                    "size",
+                )
+            }
+            self.finish(run, msg.status, result)
+        link.send("hand.ack", {"run_ids": [msg.run_id]})
+
+    def finish(self, run: ToolRun, status: str, result: dict[str, Any]) -> bool:
+        """First terminal state wins (I10); True if this one applied."""
+        if not RUN.first_terminal_wins(run.state, status):
+            return False
+        run.state = status
+        if run.deadline is not None:
+            run.deadline.cancel()
+        if run.on_state is not None:
+            run.on_state(status)
+        if not run.done.done():
+            run.done.set_result({"status": status, **result})
+        self.runs.pop(run.run_id, None)
+        return True

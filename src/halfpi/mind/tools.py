@@ -1,0 +1,292 @@
+"""One tool call of a chat, from the agent's request to its recorded result.
+
+1. Project the arguments (DESIGN §6) and record the call — ``chat.tool_called``
+   and the first step of its display record — in the chat's detail mode,
+   frozen when the chat was admitted (I9).
+2. If the tool needs approval, ask and wait (DESIGN §7).
+3. Run it on a Hand (DESIGN §8), relaying bounded progress to transparent
+   viewers of a transparent admission only.
+4. Record the result — ``chat.tool_completed`` and the second step of the
+   record — and hand the full result back to the agent.
+
+A chat cancel reaches every step: a pending approval becomes ``cancelled``
+(its waiter woken at once), a running tool gets the cancel propagated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from halfpi.core.ids import new_id
+from halfpi.core.outbound import PROGRESS, Message
+from halfpi.core.projection import project_args, summary_data, truncate_output
+from halfpi.mind.hands import ToolRun
+from halfpi.store.base import ToolCallRow, ToolRunRow, WriteTx
+
+if TYPE_CHECKING:
+    from halfpi.mind.actor import ChatRun, ConversationActor
+
+# Per-tool display rules for argument fields (DESIGN §6); secrets are masked
+# centrally whatever these say.
+TOOL_RULES: dict[str, dict[str, str]] = {
+    "exec_command": {
+        "command": "show",
+        "argv": "show",
+        "cwd": "show",
+        "env": "mask",
+        "stdin": "preview",
+    },
+    "read_file": {"path": "show"},
+}
+CANCEL_SETTLE_S = 10.0
+
+
+async def call_tool(
+    actor: ConversationActor, run: ChatRun, tool: str, args: dict[str, Any]
+) -> dict[str, Any]:
+    host = actor.host
+    now = host.now()
+    args = dict(args)
+    hand_id = args.pop("hand", None) or host.hands.default_hand()
+    projection = project_args(args, TOOL_RULES.get(tool))
+    transparent = run.detail_mode == "transparent"
+    call = ToolCallRow(
+        tool_call_id=new_id("t", now),
+        conversation_id=actor.id,
+        chat_run_id=run.run_id,
+        request_id=run.request_id,
+        tool=tool,
+        detail_mode=run.detail_mode,
+        args_digest=projection.digest,
+        args=projection.args if transparent else None,
+        scan_warnings=projection.warnings,
+        called_seq=0,
+        status="called",
+        created_at=now,
+        hand_id=hand_id,
+    )
+    summary = {
+        "request_id": run.request_id,
+        "tool_call_id": call.tool_call_id,
+        "tool": tool,
+        "args_digest": projection.digest,
+        "scan_warnings": list(projection.warnings),
+        "detail_mode": run.detail_mode,
+        "hand": hand_id,
+    }
+    data = {**summary, "args": projection.args} if transparent else summary
+    message, event = actor._event(
+        "chat.tool_called", data, now, summary_data("chat.tool_called", data)
+    )
+    call = dataclasses.replace(call, called_seq=message.seq)
+    await actor._commit(WriteTx(events=[event], tool_calls=[call]), [(message, None)])
+
+    needs = host.hands.needs_approval(hand_id, tool)
+    if needs is None:
+        needs = tool in host.config.approval_required
+    if needs:
+        approval = await host.approvals.request(
+            actor,
+            request_id=run.request_id,
+            tool_call_id=call.tool_call_id,
+            tool=tool,
+            args_digest=projection.digest,
+            args=call.args,
+            detail_mode=run.detail_mode,
+            reason=f"the agent wants to run {tool}",
+        )
+        try:
+            state = await asyncio.shield(approval.decided)
+        except asyncio.CancelledError:
+            host.approvals.settle(approval, "cancelled", None, None, "the chat was cancelled")
+            await _complete(actor, run, call, None, "cancelled", {"error_category": "cancelled"})
+            raise
+        if state != "allowed":
+            return await _complete(actor, run, call, None, state, {"error_category": state})
+    if hand_id is None or not host.hands.connected(hand_id):
+        return await _complete(
+            actor,
+            run,
+            call,
+            None,
+            "failed",
+            {
+                "error_category": "hand_unavailable",
+                "error": f"no connected Hand {hand_id!r}" if hand_id else "no Hand is connected",
+            },
+        )
+    return await _run_on_hand(actor, run, call, hand_id, tool, args)
+
+
+async def _run_on_hand(
+    actor: ConversationActor,
+    run: ChatRun,
+    call: ToolCallRow,
+    hand_id: str,
+    tool: str,
+    args: dict[str, Any],
+) -> dict[str, Any]:
+    host = actor.host
+    now = host.now()
+    record = ToolRunRow(new_id("x", now), call.tool_call_id, actor.id, hand_id, tool, "queued", now)
+    transparent = call.detail_mode == "transparent"
+    progress_seq = 0
+
+    def on_progress(kind: str, text: str, gap: bool) -> None:
+        nonlocal progress_seq
+        if transparent:  # summary admissions get no progress at all (DESIGN §6)
+            progress_seq += 1
+            actor.emit_progress(run, call.tool_call_id, kind, text, gap, progress_seq)
+
+    def on_state(status: str) -> None:
+        nonlocal record
+        record = dataclasses.replace(
+            record, status=status, finished_at=host.now() if status != "running" else None
+        )
+        _run_changed(actor, record)
+
+    tool_run = ToolRun(
+        record.run_id,
+        hand_id,
+        tool,
+        args,
+        float(args.get("timeout_s") or 300.0),
+        actor.id,
+        call.tool_call_id,
+        on_progress=on_progress,
+        on_state=on_state,
+    )
+    _run_changed(actor, record)
+    run.tool_runs[record.run_id] = tool_run
+    host.hands.start(tool_run)
+    try:
+        result = await asyncio.shield(tool_run.done)
+    except asyncio.CancelledError:
+        host.hands.cancel(tool_run)
+        try:
+            result = await asyncio.wait_for(asyncio.shield(tool_run.done), CANCEL_SETTLE_S)
+        except TimeoutError:
+            host.hands.finish(tool_run, "lost", {"error_category": "lost"})
+            result = tool_run.done.result()
+        await _complete(actor, run, call, record.run_id, result["status"], result)
+        raise
+    finally:
+        run.tool_runs.pop(record.run_id, None)
+    return await _complete(actor, run, call, record.run_id, result["status"], result)
+
+
+def _run_changed(actor: ConversationActor, record: ToolRunRow) -> None:
+    data = {
+        "run_id": record.run_id,
+        "tool_call_id": record.tool_call_id,
+        "hand": record.hand_id,
+        "tool": record.tool,
+        "status": record.status,
+    }
+    message, event = actor._event("run.changed", data, actor.host.now())
+
+    def shown() -> None:
+        if record.status in ("queued", "running"):
+            actor.visible_tool_runs[record.run_id] = data
+        else:
+            actor.visible_tool_runs.pop(record.run_id, None)
+
+    actor._commit(WriteTx(events=[event], tool_runs=[record]), [(message, shown)])
+
+
+async def _complete(
+    actor: ConversationActor,
+    run: ChatRun,
+    call: ToolCallRow,
+    run_id: str | None,
+    status: str,
+    result: dict[str, Any],
+) -> dict[str, Any]:
+    """Second step of the display record, and the agent's view of the outcome."""
+    now = actor.host.now()
+    success = status == "succeeded"
+    stdout, stderr = str(result.get("stdout") or ""), str(result.get("stderr") or "")
+    shown_out, cut_out = truncate_output(stdout.encode(), 768 * 1024)
+    shown_err, cut_err = truncate_output(stderr.encode(), 256 * 1024)
+    display = {"stdout": shown_out, "stderr": shown_err, "exit_code": result.get("exit_code")}
+    base: dict[str, Any] = {
+        "request_id": run.request_id,
+        "tool_call_id": call.tool_call_id,
+        "run_id": run_id,
+        "tool": call.tool,
+        "status": status,
+        "success": success,
+        "output_bytes": int(result.get("output_bytes") or 0),
+        "digest": result.get("digest") or "",
+        "truncated": bool(result.get("truncated")) or cut_out or cut_err,
+        "error_category": result.get("error_category"),
+    }
+    transparent = call.detail_mode == "transparent"
+    data = {**base, "result": display} if transparent else base
+    message, event = actor._event(
+        "chat.tool_completed", data, now, summary_data("chat.tool_completed", data)
+    )
+    done = dataclasses.replace(
+        call,
+        status=status,
+        run_id=run_id,
+        success=success,
+        output_bytes=base["output_bytes"],
+        digest=base["digest"],
+        truncated=base["truncated"],
+        error_category=base["error_category"],
+        result=display if transparent else None,
+        completed_seq=message.seq,
+        finished_at=now,
+    )
+    await asyncio.shield(
+        actor._commit(WriteTx(events=[event], tool_calls=[done]), [(message, None)])
+    )
+    return {
+        "tool": call.tool,
+        "status": status,
+        "success": success,
+        "exit_code": result.get("exit_code"),
+        "stdout": stdout,
+        "stderr": stderr,
+        "error_category": base["error_category"],
+        "error": result.get("error"),
+    }
+
+
+def progress_message(
+    actor: ConversationActor,
+    request_id: str,
+    tool_call_id: str,
+    kind: str,
+    text: str,
+    gap: bool,
+    call_seq: int,
+    seq: int,
+) -> Message:
+    import msgspec
+
+    body = msgspec.json.encode(
+        {
+            "conversation_id": actor.id,
+            "seq": seq,
+            "cursor": actor.cursor(seq),
+            "request_id": request_id,
+            "tool_call_id": tool_call_id,
+            "call_seq": call_seq,
+            "kind": kind,
+            "data": text,
+            "gap": gap,
+        }
+    )
+    return Message(
+        "face.chat.tool.progress",
+        body,
+        kind=PROGRESS,
+        conversation_id=actor.id,
+        seq=seq,
+        cursor=actor.cursor(seq),
+        stream=tool_call_id,
+    )

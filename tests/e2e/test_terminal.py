@@ -83,7 +83,7 @@ async def test_terminal_face_streams_and_resumes_after_a_cut(tmp_path: Path) -> 
         proxy.server = await asyncio.start_server(proxy._accept, "127.0.0.1", proxy.port)
         # The reply completes: the user's line and the agent's box both end in "romeo".
         await tmux.wait_for(lambda s: s.count("romeo") >= 2 and "▌" not in s, timeout=30)
-        await tmux.wait_for(lambda s: s.splitlines()[-1].startswith(("resumed:", "live")))
+        await tmux.wait_for(lambda s: s.rstrip().splitlines()[-1].startswith(("resumed:", "live")))
         final = tmux.screen()
         # Exactly once: no duplicated reply, no duplicated text inside it.
         assert final.count("romeo") == 2, final
@@ -92,4 +92,29 @@ async def test_terminal_face_streams_and_resumes_after_a_cut(tmp_path: Path) -> 
     finally:
         tmux.kill()
         await proxy.stop()
+        mind.kill()
+
+
+async def test_terminal_face_approval_prompt_defaults_to_deny(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    mind = MindProcess(home).start()
+    tmux = Tmux(f"halfpi-approval-{os.getpid()}")
+    marker = tmp_path / "ran"
+    command = (f"env HALFPI_HOME={home} TERM=xterm-256color {sys.executable} -m halfpi.cli face "
+               f"--url {mind.url}")
+    try:
+        tmux.start(command)
+        await tmux.wait_for(lambda s: s.rstrip().endswith("live"))
+        tmux.keys("C-n")
+        await tmux.wait_for(lambda s: "new conversation" in s)
+        tmux.keys(f'/tool exec_command {{"argv": ["touch", "{marker}"], "api_key": "k-42"}}',
+                  "Enter")
+        prompt = await tmux.wait_for(lambda s: "Deny once" in s and "Allow once" in s)
+        assert '"api_key": "***"' in prompt  # masked in the prompt too
+        tmux.keys("Enter")  # the focused default: deny once
+        await tmux.wait_for(lambda s: "exec_command denied" in s)
+        assert not marker.exists()
+    finally:
+        tmux.kill()
         mind.kill()

@@ -13,13 +13,15 @@ model or a tool passes :func:`escape_controls` before it is drawn.
 from __future__ import annotations
 
 import contextlib
+import json
 from typing import Any
 
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import Input, Label, ListItem, ListView, Markdown, Static
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, ListItem, ListView, Markdown, Static
 
 from halfpi.face.client import FaceClient, Status
 from halfpi.face.errors import FaceError
@@ -45,6 +47,45 @@ class MessageBox(Vertical):
             Markdown(escape_controls(message.content)),
             classes=f"message {message.role}",
         )
+
+
+class ApprovalScreen(ModalScreen[str]):
+    """One approval prompt. The focused default is *deny once*: pressing Enter
+    or Escape never runs anything."""
+
+    BINDINGS = [Binding("escape", "deny", "Deny once")]
+    DEFAULT_CSS = """
+    ApprovalScreen { align: center middle; }
+    #prompt { width: 80%; height: auto; border: thick $warning; padding: 1 2;
+              background: $panel; }
+    #buttons { height: auto; margin-top: 1; }
+    """
+
+    def __init__(self, approval: dict[str, Any]) -> None:
+        super().__init__()
+        self.approval = approval
+
+    def compose(self) -> ComposeResult:
+        a = self.approval
+        lines = [f"Approve tool {a.get('tool', '?')}?", str(a.get("reason", ""))]
+        if "args" in a:
+            lines.append(json.dumps(a["args"], ensure_ascii=False, indent=1)[:2000])
+        else:
+            lines.append(f"arguments hidden (summary view); digest {a.get('args_digest', '')}")
+        with Vertical(id="prompt"):
+            yield Static(Text(escape_controls("\n".join(lines))))
+            with Horizontal(id="buttons"):
+                yield Button("Deny once", id="deny", variant="error")
+                yield Button("Allow once", id="allow", variant="success")
+
+    def on_mount(self) -> None:
+        self.query_one("#deny", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss("allow_once" if event.button.id == "allow" else "deny_once")
+
+    def action_deny(self) -> None:
+        self.dismiss("deny_once")
 
 
 class TerminalFace(App[int]):
@@ -77,6 +118,7 @@ class TerminalFace(App[int]):
         self.current: str | None = None
         self.rendered: list[int] = []  # seqs of mounted MessageBoxes
         self.last_request: str | None = None
+        self.prompted: set[str] = set()
 
     def compose(self) -> ComposeResult:
         with Horizontal():
@@ -168,11 +210,12 @@ class TerminalFace(App[int]):
     async def action_deny(self) -> None:
         await self._decide("deny_once")
 
-    async def _decide(self, decision: str) -> None:
+    async def _decide(self, decision: str, approval_id: str | None = None) -> None:
         view = self._view()
-        if view is None or not view.pending_approvals:
-            return
-        approval_id = next(iter(view.pending_approvals))
+        if approval_id is None:
+            if view is None or not view.pending_approvals:
+                return
+            approval_id = next(iter(view.pending_approvals))
         try:
             await self.client.request(
                 "face.approval.resolve", approval_id=approval_id, decision=decision
@@ -222,6 +265,14 @@ class TerminalFace(App[int]):
                 f"[approval] {tool} {reason} — ctrl+a allow once, ctrl+d deny once (default: deny)"
             )
         self.query_one("#cards", Static).update(Text("\n".join(cards)))
+        for approval_id, approval in view.pending_approvals.items():
+            if approval_id not in self.prompted:
+                self.prompted.add(approval_id)
+
+                def decided(decision: str | None, approval_id: str = approval_id) -> None:
+                    self.run_worker(self._decide(decision or "deny_once", approval_id))
+
+                self.push_screen(ApprovalScreen(approval), decided)
         if fresh:
             log.scroll_end(animate=False)
 

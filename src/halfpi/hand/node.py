@@ -7,8 +7,8 @@ connection generation; their results are then accepted) or tells it to
 *abandon* them (they are killed — their outcome was already declared
 ``lost``; nothing runs twice). A result is kept until the Mind acknowledges
 it (``hand.ack``), so one produced or lost in flight during a drop is sent
-again once the run is adopted; the Mind takes only the first. Progress produced while disconnected is
-dropped and the next progress says ``gap``.
+again once the run is adopted; the Mind takes only the first. Progress
+produced while disconnected is dropped and the next progress says ``gap``.
 
 A Hand process that restarts has a new ``instance_id``: the Mind marks every
 run of the previous instance ``lost`` (I11).

@@ -241,6 +241,7 @@ class FaceClient:
         self._awaiting_snapshot: dict[str, str] = {}
         self._replayed = 0
         self._resume_pending: set[str] = set()
+        self._resubscribing: dict[str, str] = {}  # cid -> subscribe request_id after a gap
         self._supervisor: asyncio.Task[None] | None = None
         self._live = asyncio.Event()
         self._changed = asyncio.Event()
@@ -399,13 +400,19 @@ class FaceClient:
                 await self._send_raw(gen, "face.ping", {})
                 continue
             last_rx = loop.time()
-            self._dispatch(gen, json.loads(text))
+            try:
+                frame = json.loads(text)
+                self._dispatch(gen, frame if isinstance(frame, dict) else {})
+            except (ValueError, KeyError, TypeError) as exc:
+                # A malformed frame is the Mind's bug, not a reason to stop.
+                log.warning("ignored a malformed frame: %s", exc)
 
     async def _after_connect(self, gen: int) -> bool:
         """Resubscribe from cursors, then settle the outstanding table (I6)."""
         resumed = False
         self._awaiting_snapshot.clear()
         self._catching_up.clear()
+        self._resubscribing.clear()
         self._replayed = 0
         self._resume_pending = {cid for cid in self._wanted if self.views[cid].ready}
         outstanding = list(self._pending.values())  # before this connection adds its own
@@ -431,9 +438,12 @@ class FaceClient:
                 )
         return resumed
 
-    async def _subscribe_now(self, gen: int, cid: str) -> None:
+    async def _subscribe_now(self, gen: int, cid: str, request_id: str | None = None) -> None:
         view = self.views[cid]
-        payload: dict[str, Any] = {"request_id": new_request_id("sub"), "conversation_ids": [cid]}
+        payload: dict[str, Any] = {
+            "request_id": request_id or new_request_id("sub"),
+            "conversation_ids": [cid],
+        }
         if view.ready and view.cursor is not None:
             payload["since"] = {cid: view.cursor}
         else:
@@ -504,7 +514,14 @@ class FaceClient:
             return pending is not None
         if type_ == "face.error":
             pending = self._pending.pop(request_id, None)
-            if pending is not None:
+            if pending is not None and pending.internal:
+                for cid in pending.payload.get("conversation_ids", ()):
+                    self._resume_pending.discard(cid)
+                    if self._resubscribing.get(cid) == request_id:
+                        del self._resubscribing[cid]
+                log.warning("resubscribe refused: %s", payload)
+                self._maybe_resumed()
+            elif pending is not None:
                 pending.fail(command_error(payload))
             else:
                 log.warning("face.error: %s", payload)
@@ -529,7 +546,10 @@ class FaceClient:
             return first
         heads = payload.get("heads") or {}
         for cid, mode in (payload.get("conversations") or {}).items():
-            self._resume_pending.discard(cid)
+            if self._resubscribing.get(cid) == pending.request_id:
+                del self._resubscribing[cid]
+            if mode != "reset":  # a reset ends in 'resynced', never in 'resumed'
+                self._resume_pending.discard(cid)
             view = self.views.get(cid)
             if view is not None and mode == "exact" and cid in heads:
                 head = int(str(heads[cid]).rpartition(".")[2])
@@ -545,7 +565,7 @@ class FaceClient:
     def _conversation_message(self, gen: int, type_: str, payload: dict[str, Any]) -> bool:
         cid = payload["conversation_id"]
         view = self.views.get(cid)
-        if view is None:
+        if view is None or cid in self._resubscribing:
             return False
         outcome = view.apply(type_, payload)
         if outcome is RESYNC:
@@ -585,8 +605,13 @@ class FaceClient:
         self._notify("snapshot", cid)
 
     def _resubscribe_all(self, gen: int) -> None:
+        """After a loss inside this connection: resubscribe from the cursors we
+        hold, and fold nothing of those conversations until the Mind accepts —
+        everything after our cursors comes again in the replay, in order."""
         for cid in sorted(self._wanted):
-            self._spawn(self._subscribe_now(gen, cid))
+            request_id = new_request_id("sub")
+            self._resubscribing[cid] = request_id
+            self._spawn(self._subscribe_now(gen, cid, request_id))
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)

@@ -254,9 +254,11 @@ def cmd_hand(args: argparse.Namespace) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    state_dir = _home(args.home) / "hands"
+    served = True
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run_hand(url, token, args.id))
-    return 0
+        served = asyncio.run(run_hand(url, token, args.id, state_dir))
+    return 0 if served else 3  # 3: refused by the Mind (bad or revoked token)
 
 
 def cmd_hand_add(args: argparse.Namespace) -> int:

@@ -63,7 +63,10 @@ class HandProcess:
 
     def __init__(self, url: str, token: str, hand_id: str, log_path: Path) -> None:
         self.log_path = log_path
-        env = dict(os.environ, HALFPI_HAND_TOKEN=token, PYTHONUNBUFFERED="1")
+        # One Hand home per test: a restarted Hand finds what its previous
+        # instance left running there.
+        env = dict(os.environ, HALFPI_HAND_TOKEN=token, PYTHONUNBUFFERED="1",
+                   HALFPI_HOME=str(log_path.parent / "hand-home"))
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "halfpi.cli", "hand", "--mind", url, "--id", hand_id],
@@ -483,8 +486,6 @@ async def test_I11_hand_restarted_mid_run_run_is_lost_and_never_rerun(world: Wor
     assert snap["active_runs"] == [] and snap["pending_chats"] == []
 
 
-@pytest.mark.xfail(strict=True, reason="bug: the commands of a Hand killed with -9 keep "
-                   "running after the Mind declared their runs lost")
 async def test_I11_restarted_hand_leaves_no_command_of_its_previous_instance(
     world: World,
 ) -> None:
@@ -623,8 +624,6 @@ async def test_hand_started_before_mind_retries_with_backoff_then_connects(
     assert hand.alive(), hand.log()
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a Hand's reconnect backoff never starts over "
-                   "after a successful connection")
 async def test_hand_backoff_starts_over_after_a_successful_connection(world: World) -> None:
     """After a session that was welcomed, the next reconnect waits the
     first backoff step again — not the step after the failures that preceded

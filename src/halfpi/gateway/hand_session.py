@@ -61,7 +61,8 @@ class HandSession:
             if not isinstance(message, HandHello):
                 self.close(CloseCode.UNAUTHORIZED, "hand.hello required")
                 return
-            self._hello(message)
+            self.hand_id = ""  # hello received; authentication in progress
+            self.mind.spawn(self._hello(message), name="hand hello")
         elif isinstance(message, HandResult):
             hands.on_result(self, message)
         elif isinstance(message, HandProgress):
@@ -71,12 +72,15 @@ class HandSession:
         elif type_ == "hand.ping":
             self.send("hand.pong", {})
 
-    def _hello(self, hello: HandHello) -> None:
+    async def _hello(self, hello: HandHello) -> None:
         if hello.protocol != HAND_PROTOCOL:
             self.close(CloseCode.PROTOCOL_VIOLATION, f"hand protocol {HAND_PROTOCOL} only")
             return
-        credential = self.mind.auth.authenticate(hello.token, "hand")
+        credential = await self.mind.authenticate(hello.token, "hand")
+        if self.closed:
+            return
         if credential is None or credential.label != hello.hand_id:
+            self.hand_id = None
             self.close(CloseCode.UNAUTHORIZED, "unauthorized")
             return
         self.principal_id = credential.principal_id
@@ -120,7 +124,7 @@ class HandSession:
 
     def _cleanup(self) -> None:
         self.mind.sessions.discard(self)
-        if self.hand_id is not None:
+        if self.hand_id:
             self.mind.hands.disconnect(self)
 
     def tick(self, now: float) -> None:

@@ -273,7 +273,7 @@ class FaceSession:
                 )
                 self.close(CloseCode.UNAUTHORIZED, "hello required")
                 return
-            self._hello(payload)
+            await self._hello(payload)
             return
         request_id = getattr(payload, "request_id", None)
         if type_ == "face.hello":
@@ -303,7 +303,7 @@ class FaceSession:
         if self.invalid_streak >= self.mind.config.invalid_frames_before_close:
             self.close(CloseCode.PROTOCOL_VIOLATION, "too many invalid frames")
 
-    def _hello(self, hello: wire.Hello) -> None:
+    async def _hello(self, hello: wire.Hello) -> None:
         if hello.protocol != PROTOCOL_VERSION:
             self.send_error(
                 InvalidRequest(
@@ -315,7 +315,7 @@ class FaceSession:
             )
             self.close(CloseCode.PROTOCOL_VIOLATION, "unsupported protocol")
             return
-        credential = self.mind.auth.authenticate(hello.token, "face")
+        credential = await self.mind.authenticate(hello.token, "face")
         if credential is None:
             self.close(CloseCode.UNAUTHORIZED, "unauthorized")
             return

@@ -100,7 +100,10 @@ class _Stream:
 
 
 async def exec_command(
-    args: dict[str, Any], progress: Progress, cancelled: asyncio.Event
+    args: dict[str, Any],
+    progress: Progress,
+    cancelled: asyncio.Event,
+    spawned: Callable[[int], None] | None = None,
 ) -> Outcome:
     command, argv = args.get("command"), args.get("argv")
     if (command is None) == (argv is None):
@@ -139,6 +142,8 @@ async def exec_command(
             )
     except OSError as exc:
         raise ToolError("spawn_failed", str(exc)) from None
+    if spawned is not None:
+        spawned(proc.pid)  # its own group: recorded so a restarted Hand can kill it
     gate = ProgressGate(progress)
     digest = hashlib.sha256()
     streams = {"stdout": _Stream(), "stderr": _Stream()}
@@ -204,7 +209,12 @@ async def _kill_group(proc: asyncio.subprocess.Process) -> None:
             continue
 
 
-async def read_file(args: dict[str, Any], progress: Progress, cancelled: asyncio.Event) -> Outcome:
+async def read_file(
+    args: dict[str, Any],
+    progress: Progress,
+    cancelled: asyncio.Event,
+    spawned: Callable[[int], None] | None = None,
+) -> Outcome:
     path = args.get("path")
     if not isinstance(path, str) or not path:
         raise ToolError("bad_arguments", "path must be a non-empty string")

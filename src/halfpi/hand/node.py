@@ -17,7 +17,6 @@ run of the previous instance ``lost`` (I11).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -25,6 +24,8 @@ import platform
 import socket
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 from halfpi import __version__
@@ -32,13 +33,15 @@ from halfpi.core.backoff import backoff
 from halfpi.core.hand_wire import HAND_PROTOCOL
 from halfpi.face.client import ConnectionLost, Connector, Transport, websocket_connector
 from halfpi.hand.executor import TOOLS, Outcome, ToolError
+from halfpi.hand.leftovers import Leftovers
 
 log = logging.getLogger("halfpi.hand")
 
 AUTH_CLOSE_CODES = frozenset({4001, 4003})
 
 ToolFn = Callable[
-    [dict[str, Any], Callable[[str, str, bool], None], asyncio.Event], Awaitable[Outcome]
+    [dict[str, Any], Callable[[str, str, bool], None], asyncio.Event, Callable[[int], None]],
+    Awaitable[Outcome],
 ]
 
 
@@ -66,6 +69,7 @@ class HandNode:
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
         delays: Callable[[], Iterator[float]] | None = None,
         approval_defaults: dict[str, bool] | None = None,
+        state_dir: Path | None = None,
     ) -> None:
         self.url = url
         self.token = token
@@ -77,6 +81,7 @@ class HandNode:
         self.delays = delays or (lambda: backoff())
         self.approval_defaults = approval_defaults or {}
         self.runs: dict[str, HandRun] = {}
+        self.leftovers = Leftovers(state_dir / f"{hand_id}.runs.json" if state_dir else None)
         self.generation = 0
         self.connected = asyncio.Event()
         self._transport: Transport | None = None
@@ -84,7 +89,9 @@ class HandNode:
 
     # -- connection loop -------------------------------------------------------
 
-    async def run_forever(self) -> None:
+    async def run_forever(self) -> bool:
+        """Serve until stopped (True) or refused by the Mind (False)."""
+        self.leftovers.kill_all()  # commands of a previous instance of this Hand
         delays = self.delays()
         while not self._stopping:
             try:
@@ -94,17 +101,19 @@ class HandNode:
                 continue
             try:
                 await self._session(transport)
-                delays = self.delays()
             except ConnectionLost as exc:
                 if exc.code in AUTH_CLOSE_CODES:
                     log.error("the Mind refused this Hand (%s): %s", exc.code, exc.reason)
-                    return
+                    return False
             finally:
+                if self.connected.is_set():
+                    delays = self.delays()  # a welcomed session starts the backoff over
                 self._transport = None
                 self.connected.clear()
                 await transport.close()
             if not self._stopping:
                 await self.sleep(next(delays))
+        return True
 
     async def stop(self) -> None:
         self._stopping = True
@@ -115,7 +124,10 @@ class HandNode:
 
     async def _session(self, transport: Transport) -> None:
         await transport.send(json.dumps({"type": "hand.hello", "payload": self._hello()}))
-        welcome = json.loads(await asyncio.wait_for(transport.recv(), 30))
+        try:
+            welcome = json.loads(await asyncio.wait_for(transport.recv(), 30))
+        except TimeoutError:
+            raise ConnectionLost(None, "no hand.welcome in time") from None
         if welcome.get("type") != "hand.welcome":
             raise ConnectionLost(None, f"expected hand.welcome, got {welcome.get('type')}")
         payload = welcome["payload"]
@@ -226,7 +238,9 @@ class HandNode:
         try:
             if tool is None:
                 raise ToolError("unknown_tool", f"this Hand has no tool {run.tool!r}")
-            outcome = await tool(args, progress, run.cancelled)
+            outcome = await tool(
+                args, progress, run.cancelled, partial(self.leftovers.spawned, run.run_id)
+            )
             result = outcome.to_wire()
         except ToolError as exc:
             result = Outcome("failed", error_category=exc.category, error=str(exc)).to_wire()
@@ -234,6 +248,7 @@ class HandNode:
             log.exception("tool %s crashed", run.tool)
             result = Outcome("failed", error_category="tool_crashed", error=str(exc)).to_wire()
         run.result = result
+        self.leftovers.ended(run.run_id)
         await asyncio.gather(*run.sends, return_exceptions=True)  # progress before result
         if run.run_id in self.runs:
             await self._deliver(run)
@@ -245,9 +260,15 @@ class HandNode:
         await self._send("hand.result", body)  # kept until hand.ack, re-sent after a drop
 
 
-async def run_hand(url: str, token: str, hand_id: str) -> None:
+async def run_hand(url: str, token: str, hand_id: str, state_dir: Path) -> bool:
     node = HandNode(
-        url, token, hand_id, approval_defaults={"exec_command": True, "read_file": False}
+        url,
+        token,
+        hand_id,
+        state_dir=state_dir,
+        approval_defaults={"exec_command": True, "read_file": False},
     )
-    with contextlib.suppress(asyncio.CancelledError):
-        await node.run_forever()
+    try:
+        return await node.run_forever()
+    except asyncio.CancelledError:
+        return True

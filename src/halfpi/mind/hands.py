@@ -81,6 +81,14 @@ class HandRegistry:
         self.grace_s = grace_s
         self.hands: dict[str, HandState] = {}
         self.runs: dict[str, ToolRun] = {}
+        # Called with (hand_id, connected, conversation ids with runs on it).
+        self.on_presence: Callable[[str, bool, set[str]], None] | None = None
+
+    def _presence(self, hand_id: str, connected: bool) -> None:
+        if self.on_presence is not None:
+            conversations = {r.conversation_id for r in self.runs.values() if r.hand_id == hand_id}
+            if conversations:
+                self.on_presence(hand_id, connected, conversations)
 
     # -- connections -------------------------------------------------------------
 
@@ -127,6 +135,7 @@ class HandRegistry:
                     "lost",
                     {"error_category": "lost", "error": "the Hand no longer has this run"},
                 )
+        self._presence(hand.hand_id, True)
         return {
             "hand_id": hand.hand_id,
             "generation": generation,
@@ -144,6 +153,7 @@ class HandRegistry:
             return
         hand.link = None
         hand.disconnected_at = self.clock()
+        self._presence(hand.hand_id, False)
         loop = asyncio.get_running_loop()
         hand.grace = loop.call_later(
             self.grace_s, self._lose_runs, hand.hand_id, "the Hand stayed away too long"

@@ -69,9 +69,10 @@ class Mind:
         self.node_id = new_node_id(clock())
         self.auth = CredentialCache()
         self.hands = HandRegistry(clock, config.hand_grace_s)
+        self.hands.on_presence = self._hand_presence
         self.approvals = Approvals(config.approval_ttl_s)
         self.local_hand: HandNode | None = None
-        self._local_hand_task: asyncio.Task[None] | None = None
+        self._local_hand_task: asyncio.Task[bool] | None = None
         self.sessions: set[Session] = set()
         self.draining = False
         self._actors: dict[str, ConversationActor] = {}
@@ -121,10 +122,24 @@ class Mind:
             token,
             "local",
             approval_defaults=dict.fromkeys(self.config.approval_required, True),
+            state_dir=self.config.home / "hands",
         )
         self._local_hand_task = asyncio.create_task(
             self.local_hand.run_forever(), name="local hand"
         )
+
+    def _hand_presence(self, hand_id: str, connected: bool, conversations: set[str]) -> None:
+        """``hand.connected`` / ``hand.disconnected`` in every conversation that
+        has a run on that Hand: where a person is waiting on it."""
+        hand = self.hands.hands.get(hand_id)
+        data = {"hand_id": hand_id, "generation": hand.generation if hand else None}
+        for conversation_id in sorted(conversations):
+            actor = self._actors.get(conversation_id)
+            if actor is not None:
+                message, event = actor._event(
+                    "hand.connected" if connected else "hand.disconnected", data, self.now()
+                )
+                actor._commit(WriteTx(events=[event]), [(message, None)])
 
     async def _recover(self) -> None:
         """After a crash: open runs become ``interrupted`` (I11), open requests
@@ -295,6 +310,15 @@ class Mind:
             for session in list(self.sessions):
                 if session.principal_id in revoked:
                     session.close(CloseCode.REVOKED, "credential revoked")
+
+    async def authenticate(self, token: str, kind: str) -> Credential | None:
+        """Check a token; an unknown one triggers one re-read of the credential
+        table first, so a credential created a moment ago works at once."""
+        credential = self.auth.authenticate(token, kind)
+        if credential is None:
+            await self.refresh_credentials()
+            credential = self.auth.authenticate(token, kind)
+        return credential
 
     def credential(self, principal_id: str) -> Credential | None:
         return self.auth.get(principal_id)

@@ -61,7 +61,7 @@ async def conversation_list(s: FaceSession, p: wire.ConversationList) -> None:
 
 async def conversation_snapshot(s: FaceSession, p: wire.ConversationSnapshot) -> None:
     actor = await s.mind.actor(p.conversation_id)
-    mode = s.resolve_detail_mode(p.detail_mode)
+    mode = s.resolve_detail_mode(p.detail_mode, keep=False)
     limit = p.messages_limit or s.mind.config.snapshot_messages
     snap = await actor.snapshot(limit, mode)
     s.send_reliable("face.snapshot", {"request_id": p.request_id, **snap})

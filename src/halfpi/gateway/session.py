@@ -217,12 +217,15 @@ class FaceSession:
         if sub in self._replaying:
             self._replaying.remove(sub)
 
-    def resolve_detail_mode(self, requested: str | None) -> str:
-        """DESIGN §6: per connection; observers may never ask for transparent (I9)."""
+    def resolve_detail_mode(self, requested: str | None, *, keep: bool = True) -> str:
+        """DESIGN §6: per connection, set by ``face.subscribe`` (``keep``); a
+        snapshot may ask for a mode for itself only. Observers may never ask
+        for transparent (I9)."""
         if requested == "transparent" and self.profile != "operator":
             raise Forbidden("observers cannot request transparent detail", field="detail_mode")
         mode = requested or self.detail_mode or default_detail_mode(self.profile)
-        self.detail_mode = mode
+        if keep:
+            self.detail_mode = mode
         return mode
 
     # -- inbound -------------------------------------------------------------------

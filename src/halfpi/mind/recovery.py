@@ -1,8 +1,9 @@
 """Start-up recovery of tool work (I11): unknown outcomes are declared, never re-run.
 
 After a crash nobody knows how a pending approval or a running tool ended:
-pending approvals become ``cancelled``, tool runs become ``lost`` and their
-tool calls complete as ``lost`` — each with its event, so every Face sees it.
+pending approvals become ``cancelled`` (and their tool calls complete as
+``cancelled``), tool runs become ``lost`` and their tool calls complete as
+``lost`` — each with its event, so every Face sees it.
 """
 
 from __future__ import annotations
@@ -48,26 +49,29 @@ async def recover_tools(mind: Mind) -> None:
         await actor._commit(WriteTx(events=[event], tool_runs=[run]), [(message, None)])
     for call in await store.open_tool_calls():
         actor = await mind.actor(call.conversation_id)
+        # A call that never reached a Hand was waiting for its approval, which
+        # the restart cancelled; one that did has an unknown outcome: lost.
+        status = "lost" if call.run_id else "cancelled"
         completed: dict[str, Any] = {
             "request_id": call.request_id,
             "tool_call_id": call.tool_call_id,
             "run_id": call.run_id,
             "tool": call.tool,
-            "status": "lost",
+            "status": status,
             "success": False,
             "output_bytes": 0,
             "digest": "",
             "truncated": False,
-            "error_category": "lost",
+            "error_category": status,
         }
         message, event = actor._event(
             "chat.tool_completed", completed, now, summary_data("chat.tool_completed", completed)
         )
         call = dataclasses.replace(
             call,
-            status="lost",
+            status=status,
             success=False,
-            error_category="lost",
+            error_category=status,
             completed_seq=message.seq,
             finished_at=now,
         )

@@ -158,7 +158,8 @@ async def _run_on_hand(
         on_progress=on_progress,
         on_state=on_state,
     )
-    _run_changed(actor, record)
+    # The display record learns its run as the run is created, in one write.
+    _run_changed(actor, record, dataclasses.replace(call, run_id=record.run_id))
     run.tool_runs[record.run_id] = tool_run
     host.hands.start(tool_run)
     try:
@@ -177,7 +178,9 @@ async def _run_on_hand(
     return await _complete(actor, run, call, record.run_id, result["status"], result)
 
 
-def _run_changed(actor: ConversationActor, record: ToolRunRow) -> None:
+def _run_changed(
+    actor: ConversationActor, record: ToolRunRow, call: ToolCallRow | None = None
+) -> None:
     data = {
         "run_id": record.run_id,
         "tool_call_id": record.tool_call_id,
@@ -193,7 +196,8 @@ def _run_changed(actor: ConversationActor, record: ToolRunRow) -> None:
         else:
             actor.visible_tool_runs.pop(record.run_id, None)
 
-    actor._commit(WriteTx(events=[event], tool_runs=[record]), [(message, shown)])
+    tx = WriteTx(events=[event], tool_runs=[record], tool_calls=[call] if call else [])
+    actor._commit(tx, [(message, shown)])
 
 
 async def _complete(

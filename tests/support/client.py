@@ -130,3 +130,31 @@ class FaceClient:
 
 def seq_of(cursor: str) -> int:
     return int(cursor.rpartition(".")[2])
+
+
+async def connect_new_credential(url: str, token: str, timeout: float = 5.0) -> FaceClient:
+    """Connect with a token that another process has just created.
+
+    A Mind that learns about new credentials only by polling the store may
+    refuse (4001) a hello sent right after ``halfpi face add``; retry on 4001
+    until ``timeout``. Any other outcome is returned or raised at once.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        client = await FaceClient.connect(url, hello=False)
+        await client.send("face.hello", {"token": token, "client": {"name": "test",
+                                                                    "version": "0"},
+                                         "protocol": 3})
+        try:
+            frame = await client.recv(max(0.1, deadline - loop.time()))
+        except websockets.ConnectionClosed as exc:
+            code = exc.rcvd.code if exc.rcvd is not None else None
+            if code == 4001 and loop.time() < deadline:
+                await asyncio.sleep(0.02)  # poll interval, not synchronization
+                continue
+            raise
+        assert frame["type"] == "face.welcome", frame
+        frame["_taken"] = True
+        client.welcome = frame
+        return client

@@ -20,6 +20,7 @@ from halfpi.gateway.native import FaceServer
 from halfpi.mind.run import build_mind
 from halfpi.mind.service import Mind
 
+
 class MindProcess:
     """``halfpi mind`` as a child process on a free port of 127.0.0.1."""
 
@@ -40,11 +41,12 @@ class MindProcess:
     def start(self, timeout: float = 20.0) -> MindProcess:
         env = dict(os.environ, HALFPI_HOME=str(self.home),
                    HALFPI_SCRIPTED_DELTA_MS=str(self.delta_ms), PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "halfpi.cli", "mind", "--port", str(self.port),
-             "--log-level", "warning", *self.extra_args],
-            env=env, stdout=subprocess.PIPE, stderr=open(self.home / "mind.log", "ab"),
-        )
+        with open(self.home / "mind.log", "ab") as log:  # the child keeps its own copy
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "halfpi.cli", "mind", "--port", str(self.port),
+                 "--log-level", "warning", *self.extra_args],
+                env=env, stdout=subprocess.PIPE, stderr=log,
+            )
         assert self.proc.stdout is not None
 
         sel = selectors.DefaultSelector()

@@ -138,3 +138,18 @@ class FaultProxy:
         link.cut()
         if link in self.links:
             self.links.remove(link)
+
+
+def cut_on(marker: bytes) -> Callable[[bytes], bool]:
+    """A ``cut_when`` predicate: cut before forwarding the chunk that completes
+    ``marker`` (the tail of the previous chunk counts, so a marker split
+    across two reads is still caught before its end reaches the client)."""
+    tail = b""
+
+    def predicate(chunk: bytes) -> bool:
+        nonlocal tail
+        hit = marker in tail + chunk
+        tail = chunk[-len(marker):]
+        return hit
+
+    return predicate

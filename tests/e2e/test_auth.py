@@ -1,0 +1,165 @@
+"""Identity is a stable principal (I8), checked on every command.
+
+Credentials are managed the way a user manages them: ``halfpi face add`` /
+``halfpi face revoke`` run as separate processes against the Mind's home
+while the Mind is serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.cli import face_add, face_revoke
+from tests.support.client import FaceClient
+from tests.support.mind import LocalMind, MindProcess, local_mind
+from tests.support.stream import is_terminal_event
+
+Frame = dict[str, Any]
+
+
+async def say_hello(url: str, token: str) -> FaceClient:
+    face = await FaceClient.connect(url, hello=False)
+    await face.send("face.hello", {"token": token, "client": {"name": "t", "version": "0"},
+                                   "protocol": 3})
+    return face
+
+
+@pytest.mark.e2e
+async def test_I8_revocation_closes_live_connection_within_a_second(
+    mind_proc: MindProcess,
+) -> None:
+    added = await face_add(mind_proc.home, "phone")
+    face = await FaceClient.connect(mind_proc.url, added.token)
+    assert face.welcome is not None
+    assert face.welcome["payload"]["principal_id"] == added.principal_id
+    cid = await face.create_conversation()
+    await face.subscribe(cid)
+    owner = await FaceClient.connect(mind_proc.url, mind_proc.token)
+
+    closing = asyncio.create_task(face.closed_with(5))
+    await face_revoke(mind_proc.home, "phone")
+    loop = asyncio.get_running_loop()
+    revoked_at = loop.time()
+    code = await closing
+    elapsed = loop.time() - revoked_at
+    assert code == 4003
+    assert elapsed < 1.5, f"closed {elapsed:.2f} s after the revocation"
+
+    # Only that principal's connections go; everyone else carries on.
+    request_id = await owner.command("face.conversation.list")
+    listed = await owner.reply(request_id)
+    assert listed["payload"]["status"] == "succeeded"
+    assert cid in [c["id"] for c in listed["payload"]["data"]["conversations"]]
+    await owner.close()
+
+
+@pytest.mark.e2e
+async def test_I8_new_credential_with_reused_label_does_not_inherit(
+    mind_proc: MindProcess,
+) -> None:
+    home, url = mind_proc.home, mind_proc.url
+    first = await face_add(home, "tablet")
+    old = await FaceClient.connect(url, first.token)
+    await old.command("face.conversation.create", "shared-id", name="by the first")
+    created = await old.reply("shared-id")
+    assert created["type"] == "face.result", created
+    first_conversation = created["payload"]["data"]["conversation_id"]
+
+    await face_revoke(home, "tablet")
+    assert await old.closed_with(5) == 4003
+
+    second = await face_add(home, "tablet")
+    assert second.principal_id != first.principal_id
+    assert second.token != first.token
+    new = await FaceClient.connect(url, second.token)
+    assert new.welcome is not None
+    welcome = new.welcome["payload"]
+    assert (welcome["label"], welcome["principal_id"]) == ("tablet", second.principal_id)
+
+    # The old token stays dead even though its label lives again.
+    stale = await say_hello(url, first.token)
+    assert await stale.closed_with(5) == 4001
+    assert not [f for f in stale.seen if f["type"] == "face.welcome"]
+
+    # Nothing of the old principal is inherited, not even its request records:
+    # the same request_id is a new request for the new principal.
+    await new.command("face.conversation.create", "shared-id", name="by the second")
+    mine = await new.reply("shared-id")
+    assert mine["type"] == "face.result", mine
+    assert mine["payload"]["data"]["conversation_id"] != first_conversation
+    assert mine["payload"]["data"]["name"] == "by the second"
+    await new.close()
+
+
+OBSERVER_SCOPES = ["face:hands:read", "face:sessions:read", "face:tasks:read"]
+
+
+def observer_commands(cid: str) -> list[tuple[str, dict[str, Any], str]]:
+    """(type, payload, expected answer: a reply type or an error code)."""
+    return [
+        ("face.conversation.create", {"name": "nope"}, "forbidden"),
+        ("face.chat", {"conversation_id": cid, "content": "hi"}, "forbidden"),
+        ("face.chat.cancel", {"conversation_id": cid, "target_request_id": "x"}, "forbidden"),
+        ("face.approval.resolve", {"approval_id": "a_1", "decision": "deny_once"},
+         "forbidden"),
+        ("face.run.cancel", {"run_id": "r_1"}, "forbidden"),
+        ("face.task.cancel", {"task_id": "t_1"}, "forbidden"),
+        ("face.conversation.list", {}, "face.result"),
+        ("face.conversation.snapshot", {"conversation_id": cid}, "face.snapshot"),
+        ("face.conversation.messages", {"conversation_id": cid, "limit": 10}, "face.result"),
+        ("face.subscribe", {"conversation_ids": [cid]}, "face.accepted"),
+        ("face.task.list", {}, "face.result"),
+        ("face.task.get", {"task_id": "t_1"}, "task_not_found"),
+        ("face.task.log", {"task_id": "t_1"}, "task_not_found"),
+        ("face.hand.list", {}, "face.result"),
+        ("face.ping", {}, "face.pong"),
+    ]
+
+
+async def test_I8_observer_scopes_are_enforced_per_command(lmind: LocalMind) -> None:
+    operator = await FaceClient.connect(lmind.url, lmind.token)
+    cid = await operator.create_conversation()
+    added = await face_add(lmind.config.home, "wall", "--profile", "observer")
+    await lmind.mind.refresh_credentials()
+    observer = await FaceClient.connect(lmind.url, added.token)
+    assert observer.welcome is not None
+    welcome = observer.welcome["payload"]
+    assert (welcome["profile"], welcome["scopes"]) == ("observer", OBSERVER_SCOPES)
+
+    for type_, payload, expected in observer_commands(cid):
+        request_id = await observer.command(type_, **payload)
+        answer = await observer.expect(
+            lambda f, r=request_id: f["payload"].get("request_id") == r)
+        if expected.startswith("face."):
+            assert answer["type"] == expected, (type_, answer)
+            if expected == "face.result":
+                assert answer["payload"]["status"] == "succeeded", (type_, answer)
+        else:
+            assert answer["type"] == "face.error", (type_, answer)
+            assert answer["payload"]["code"] == expected, (type_, answer)
+
+    # Read access is real: the observer watches the operator's chat, in summary.
+    result = await operator.chat_to_end(cid, "watched closely", "w-1")
+    assert result["payload"]["status"] == "succeeded"
+    done = await observer.expect(lambda f: is_terminal_event(f, "w-1"))
+    assert done["payload"]["data"]["content"] == "watched closely"
+    request_id = await observer.command("face.conversation.snapshot", conversation_id=cid)
+    snap = await observer.reply(request_id)
+    assert snap["payload"]["detail_mode"] == "summary"
+    assert [m["request_id"] for m in snap["payload"]["messages"]] == ["w-1", "w-1"]
+    await observer.close()
+    await operator.close()
+
+
+async def test_I8_new_credential_is_accepted_right_after_face_add(tmp_path: Path) -> None:
+    # The poll is far away: only a look-up on the unknown token can let it in.
+    async with local_mind(tmp_path / "home", credential_poll_s=30.0) as m:
+        added = await face_add(m.config.home, "script")
+        face = await say_hello(m.url, added.token)
+        welcome = await face.expect(lambda f: f["type"] == "face.welcome", 5)
+        assert welcome["payload"]["principal_id"] == added.principal_id
+        await face.close()

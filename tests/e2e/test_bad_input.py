@@ -193,11 +193,11 @@ async def test_command_before_hello_closes_4001(lmind: LocalMind) -> None:
     assert not [f for f in face.seen if f["type"] == "face.result"]
 
 
-async def test_wrong_protocol_version_closes_4009(lmind: LocalMind) -> None:
+async def test_wrong_protocol_version_closes_4001(lmind: LocalMind) -> None:
     face = await FaceClient.connect(lmind.url, hello=False)
     await face.send("face.hello", {"token": lmind.token,
                                    "client": {"name": "old", "version": "1"}, "protocol": 2})
-    assert await face.closed_with(5) == 4009
+    assert await face.closed_with(5) == 4001
     assert not [f for f in face.seen if f["type"] == "face.welcome"]
 
 
@@ -210,13 +210,10 @@ CLOSING_INPUT = [
     ("wrong_protocol", False,
      [frame("face.hello", {"token": "TOKEN", "client": {"name": "old", "version": "1"},
                            "protocol": 2})],
-     [("invalid_request", "protocol")], 4009),
+     [("invalid_request", "protocol")], 4001),
 ]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: FaceSession.close() marks the session closed before the queued face.error "
-    "is flushed, so the error that explains a 4001/4009 close is never sent"))
 @pytest.mark.parametrize(("case", "hello", "raws", "errors", "code"), CLOSING_INPUT,
                          ids=[c[0] for c in CLOSING_INPUT])
 async def test_the_error_that_explains_a_close_arrives_before_it(

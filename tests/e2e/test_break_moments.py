@@ -394,10 +394,6 @@ async def test_I11_kill_9_mid_chat_interrupts_it_and_keeps_what_was_committed(
     await probe.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: after kill -9 the Mind continues seq after the highest durable seq, so "
-    "chat.interrupted reuses seq numbers already shown to Faces as deltas "
-    "(I2: seq strictly increases within a conversation)"))
 async def test_I2_seq_after_kill_9_is_above_every_seq_shown_before(
     mind_proc: MindProcess,
 ) -> None:

@@ -132,10 +132,6 @@ def fast_mind(tmp_path: Path) -> Iterator[MindProcess]:
 
 
 @pytest.mark.e2e
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: evicting a subscriber from inside ConversationActor._publish removes it from "
-    "actor.subscribers while that dict is being iterated; the RuntimeError ends the chat "
-    "as failed/internal_error for every Face"))
 async def test_I7_slow_consumer_evicted_others_unaffected(fast_mind: MindProcess) -> None:
     count = (stall_bytes() + 2 * MiB) // DELTA_BYTES
     if count * DELTA_BYTES > 7 * MiB:
@@ -272,11 +268,6 @@ async def test_I7_evicted_face_resumes_exactly_from_its_cursors(tmp_path: Path) 
             await face.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: an eviction while ConversationActor._drain publishes a terminal event raises "
-    "RuntimeError (subscribers dict changed during iteration) inside the store future's "
-    "callback; the chat's end hook never runs, so its result is never delivered and the "
-    "conversation stays busy until the Mind restarts"))
 async def test_I7_eviction_on_a_terminal_event_does_not_wedge_the_conversation(
     tmp_path: Path,
 ) -> None:
@@ -309,10 +300,6 @@ async def test_I7_eviction_on_a_terminal_event_does_not_wedge_the_conversation(
         await op.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: FaceSession's worker handles pipelined commands without yielding, so replies to "
-    "more than reliable_messages (256) commands read in one chunk pile up unflushed and a "
-    "Face that reads promptly is evicted (4008) instead of getting rate_limited"))
 async def test_I7_pipelined_commands_beyond_the_inbox_are_rate_limited_not_evicted(
     tmp_path: Path,
 ) -> None:
@@ -334,10 +321,6 @@ async def test_I7_pipelined_commands_beyond_the_inbox_are_rate_limited_not_evict
         face.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: a single reliable message larger than the reliable byte bound never fits any "
-    "queue, so the Face that asked for a long reply is evicted (4008) however fast it "
-    "reads, and every replay of the request evicts it again"))
 async def test_I7_reply_larger_than_the_reliable_bound_reaches_a_fast_requester(
     tmp_path: Path,
 ) -> None:

@@ -258,10 +258,12 @@ class OutboundQueue:
 
     def _fits(self) -> bool:
         limits = self.limits
+        # A single message larger than a byte bound still fits an otherwise
+        # empty queue: it can be written, so evicting for it helps no one.
         return (
             self.reliable_count <= limits.reliable_messages
-            and self.reliable_bytes <= limits.reliable_bytes
-            and not self._transient_over()
+            and (self.reliable_bytes <= limits.reliable_bytes or len(self._items) <= 1)
+            and (not self._transient_over() or len(self._items) <= 1)
         )
 
     def take(self, budget: int) -> list[bytes]:

@@ -252,6 +252,9 @@ class FaceSession:
         try:
             while self._inbox and not self.closed:
                 await self._handle(self._inbox.popleft())
+                # Let the replies flush between commands: a pipelining Face
+                # that reads promptly must never look like a slow one.
+                await asyncio.sleep(0)
         finally:
             self._worker = None
 
@@ -316,7 +319,7 @@ class FaceSession:
                 ),
                 None,
             )
-            self.close(CloseCode.PROTOCOL_VIOLATION, "unsupported protocol")
+            self.close(CloseCode.UNAUTHORIZED, "unsupported protocol")  # a failed hello
             return
         credential = await self.mind.authenticate(hello.token, "face")
         if credential is None:
@@ -419,8 +422,13 @@ class FaceSession:
             self.send_reliable("face.ping", {"ts": now})
 
     def close(self, code: int, reason: str) -> None:
+        """Close after writing what is already queued, so the ``face.error``
+        that explains a close arrives before it. (An eviction empties the
+        queue first: a slow consumer gets only ``face.evicted``.)"""
         if self.closed:
             return
+        if len(self.queue):
+            self.transport.write_frames(self.queue.take(self.mind.config.queue.reliable_bytes))
         self.closed = True
         if self.state != "closing":
             self.state = "closing"

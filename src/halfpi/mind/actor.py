@@ -127,6 +127,8 @@ class ChatRun:
 
 _OnPublish = Callable[[], None] | None
 
+SEQ_BLOCK = 4096
+
 
 class ConversationActor:
     def __init__(self, host: ActorHost, row: ConversationRow, head: int) -> None:
@@ -137,7 +139,10 @@ class ConversationActor:
         self.next_seq = head + 1
         self.published = head
         self.subscribers: dict[object, Subscription] = {}
-        self._outbox: deque[tuple[Message, asyncio.Future[TxOutcome] | None, _OnPublish]] = deque()
+        self.reserved = head  # seqs up to here are durably reserved
+        self._outbox: deque[tuple[Message | None, asyncio.Future[TxOutcome] | None, _OnPublish]] = (
+            deque()
+        )
         self.run: ChatRun | None = None  # the admitted, not yet finished chat
         self.visible_runs: dict[str, ChatRun] = {}  # started and not yet ended, as published
         self.visible_approvals: dict[str, Approval] = {}  # requested, not yet resolved
@@ -151,7 +156,19 @@ class ConversationActor:
     def _take_seq(self) -> int:
         seq = self.next_seq
         self.next_seq = seq + 1
+        if seq > self.reserved:
+            self._reserve(seq)
         return seq
+
+    def _reserve(self, seq: int) -> None:
+        """I2 across restarts: seqs are reserved durably in blocks, and nothing
+        numbered past the reservation is shown before it commits. A restarted
+        Mind continues after the reservation, so no seq a Face ever saw (a
+        delta's included) is reused."""
+        self.reserved = seq + SEQ_BLOCK - 1
+        future = self.host.store.write(WriteTx(seq_reservations=[(self.id, self.reserved)]))
+        self._outbox.append((None, future, None))  # a barrier: later messages wait
+        future.add_done_callback(self._drain)
 
     def _event(
         self,
@@ -207,7 +224,8 @@ class ConversationActor:
                     outbox.popleft()
                     continue
             outbox.popleft()
-            self._publish(message)
+            if message is not None:
+                self._publish(message)
             if hook is not None:
                 hook()
 
@@ -218,7 +236,8 @@ class ConversationActor:
             run = self.visible_runs.get(message.request_id)
             if run is not None:
                 run.visible_text.append(message.text or "")
-        for sub in self.subscribers.values():
+        # A copy: sending may evict a slow subscriber, which unsubscribes it.
+        for sub in list(self.subscribers.values()):
             if sub.live and (message.kind == RELIABLE or sub.wants(message)):
                 shown = message.for_mode(sub.detail_mode)
                 if shown is not None:

@@ -207,11 +207,14 @@ class WriteTx:
     tool_calls: list[ToolCallRow] = field(default_factory=list)
     approvals: list[ApprovalRow] = field(default_factory=list)
     tool_runs: list[ToolRunRow] = field(default_factory=list)
+    # (conversation_id, seq): seqs up to it may be shown (DESIGN I2, across restarts)
+    seq_reservations: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def only_events(self) -> bool:
         return not (
-            self.admit
+            self.seq_reservations
+            or self.admit
             or self.conversations
             or self.messages
             or self.runs
@@ -268,7 +271,8 @@ class Store(Protocol):
     async def list_conversations(self, limit: int, before: str | None) -> list[ConversationRow]: ...
 
     async def head_seq(self, conversation_id: str) -> int:
-        """Highest durable seq of the conversation (0 if none)."""
+        """Highest seq the conversation may have shown: its highest durable
+        event or its seq reservation, whichever is higher (0 if none)."""
         ...
 
     async def messages(

@@ -67,7 +67,8 @@ CREATE TABLE IF NOT EXISTS conversations (
     conversation_id TEXT PRIMARY KEY,
     name TEXT,
     created_at REAL NOT NULL,
-    created_by TEXT
+    created_by TEXT,
+    seq_reserved INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS events (
     conversation_id TEXT NOT NULL,
@@ -398,6 +399,12 @@ def apply_tx(conn: sqlite3.Connection, tx: WriteTx) -> TxOutcome:
             "INSERT INTO conversations (conversation_id, name, created_at, created_by)"
             " VALUES (?,?,?,?)",
             [(c.conversation_id, c.name, c.created_at, c.created_by) for c in tx.conversations],
+        )
+    if tx.seq_reservations:
+        conn.executemany(
+            "UPDATE conversations SET seq_reserved = MAX(seq_reserved, ?)"
+            " WHERE conversation_id = ?",
+            [(upto, conversation_id) for conversation_id, upto in tx.seq_reservations],
         )
     if tx.runs:
         conn.executemany(
@@ -751,7 +758,9 @@ class SQLiteStore:
     async def head_seq(self, conversation_id: str) -> int:
         def run(conn: sqlite3.Connection) -> int:
             row = conn.execute(
-                "SELECT MAX(seq) FROM events WHERE conversation_id = ?", (conversation_id,)
+                "SELECT MAX(COALESCE((SELECT MAX(seq) FROM events WHERE conversation_id = ?), 0),"
+                " COALESCE((SELECT seq_reserved FROM conversations WHERE conversation_id = ?), 0))",
+                (conversation_id, conversation_id),
             ).fetchone()
             return int(row[0] or 0)
 

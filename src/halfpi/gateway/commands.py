@@ -286,11 +286,9 @@ async def approval_resolve(s: FaceSession, p: wire.ApprovalResolve) -> None:
 
 
 async def run_cancel(s: FaceSession, p: wire.RunCancel) -> None:
-    """Cancel a tool run; the result comes once the run is terminal (first wins)."""
+    """Cancel a tool run; the result comes once the run is terminal. A run
+    already finished converges at once on the state that stands (I10)."""
     mind = s.mind
-    run = mind.hands.runs.get(p.run_id)
-    if run is None:
-        raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such active run", field="run_id")
 
     async def admit(record: RequestRecord) -> RequestRecord | Tombstone:
         record.accepted = {
@@ -298,12 +296,6 @@ async def run_cancel(s: FaceSession, p: wire.RunCancel) -> None:
             "operation": "run.cancel",
             "run_id": p.run_id,
         }
-        outcome = await mind.store.write(WriteTx(admit=record))
-        if outcome.existing is not None:
-            return outcome.existing
-        s.send_reliable("face.accepted", record.accepted)
-        mind.attach((record.principal_id, record.request_id), s)
-        mind.hands.cancel(run)
 
         def result_for(status: str) -> dict[str, Any]:
             return {
@@ -316,6 +308,23 @@ async def run_cancel(s: FaceSession, p: wire.RunCancel) -> None:
                 },
             }
 
+        run = mind.hands.runs.get(p.run_id)
+        if run is None:
+            stored = await mind.store.get_tool_run(p.run_id)
+            if stored is None:
+                raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run", field="run_id")
+            record.result = result_for(stored.status)
+            record.status, record.finished_at = "succeeded", mind.now()
+        outcome = await mind.store.write(WriteTx(admit=record))
+        if outcome.existing is not None:
+            return outcome.existing
+        s.send_reliable("face.accepted", record.accepted)
+        if record.result is not None:
+            s.send_result(record.result)
+            return record
+        assert run is not None
+        mind.attach((record.principal_id, record.request_id), s)
+        mind.hands.cancel(run)
         mind.spawn(_settle_cancel(s, record, run.done, result_for), name="settle run cancel")
         return record
 

@@ -447,9 +447,10 @@ class FaceSession:
             self._drop_subscription(conversation_id)
         self.mind.detach(self)
         self.mind.sessions.discard(self)
+        # The command in progress (if any) runs to its end: a chat admitted on
+        # a connection that closes meanwhile must still start (I1). Replies
+        # to a closed session are dropped; a replay re-attaches.
         self._inbox.clear()
-        if self._worker is not None and self._worker is not asyncio.current_task():
-            self._worker.cancel()
 
 
 def _seq_of(snapshot: dict[str, Any]) -> int:

@@ -208,7 +208,9 @@ class ConversationActor:
         for message, hook in staged:
             self._outbox.append((message, future, hook))
         future.add_done_callback(self._drain)
-        return future
+        # Shielded: a cancelled caller (a cancelled chat) must not cancel the
+        # write itself — it commits regardless, and what commits is shown.
+        return asyncio.shield(future)
 
     def _drain(self, _: object = None) -> None:
         outbox = self._outbox

@@ -108,16 +108,21 @@ class Approvals:
             "approval.requested", data, now, summary_data("approval.requested", data)
         )
         self.live[row.approval_id] = approval
-
-        def shown() -> None:
-            actor.visible_approvals[row.approval_id] = approval
-
-        await actor._commit(WriteTx(events=[event], approvals=[row]), [(message, shown)])
         loop = asyncio.get_running_loop()
         approval.timer = loop.call_later(
             self.ttl_s, self.settle, approval, "expired", None, None, None
         )
+
+        def shown() -> None:
+            actor.visible_approvals[row.approval_id] = approval
+
+        # Registered (and timed) before the await: a cancel arriving during
+        # the commit finds it and settles it (see tools.call_tool).
+        await actor._commit(WriteTx(events=[event], approvals=[row]), [(message, shown)])
         return approval
+
+    def for_call(self, tool_call_id: str) -> Approval | None:
+        return next((a for a in self.live.values() if a.row.tool_call_id == tool_call_id), None)
 
     def settle(
         self,

@@ -81,30 +81,19 @@ async def call_tool(
         "chat.tool_called", data, now, summary_data("chat.tool_called", data)
     )
     call = dataclasses.replace(call, called_seq=message.seq)
-    await actor._commit(WriteTx(events=[event], tool_calls=[call]), [(message, None)])
-
-    needs = host.hands.needs_approval(hand_id, tool)
-    if needs is None:
-        needs = tool in host.config.approval_required
-    if needs:
-        approval = await host.approvals.request(
-            actor,
-            request_id=run.request_id,
-            tool_call_id=call.tool_call_id,
-            tool=tool,
-            args_digest=projection.digest,
-            args=call.args,
-            detail_mode=run.detail_mode,
-            reason=f"the agent wants to run {tool}",
-        )
-        try:
-            state = await asyncio.shield(approval.decided)
-        except asyncio.CancelledError:
+    try:
+        await actor._commit(WriteTx(events=[event], tool_calls=[call]), [(message, None)])
+        state = await _approve(actor, run, call, tool, hand_id)
+    except asyncio.CancelledError:
+        # The chat was cancelled while the call was being recorded or waited
+        # for its approval: settle both, so nothing stays open (DESIGN §5).
+        approval = host.approvals.for_call(call.tool_call_id)
+        if approval is not None:
             host.approvals.settle(approval, "cancelled", None, None, "the chat was cancelled")
-            await _complete(actor, run, call, None, "cancelled", {"error_category": "cancelled"})
-            raise
-        if state != "allowed":
-            return await _complete(actor, run, call, None, state, {"error_category": state})
+        await _complete(actor, run, call, None, "cancelled", {"error_category": "cancelled"})
+        raise
+    if state != "allowed":
+        return await _complete(actor, run, call, None, state, {"error_category": state})
     if hand_id is None or not host.hands.connected(hand_id):
         return await _complete(
             actor,
@@ -118,6 +107,30 @@ async def call_tool(
             },
         )
     return await _run_on_hand(actor, run, call, hand_id, tool, args)
+
+
+async def _approve(
+    actor: ConversationActor, run: ChatRun, call: ToolCallRow, tool: str, hand_id: str | None
+) -> str:
+    """``allowed`` without asking if the tool needs no approval; else the
+    decision that stands (DESIGN §7)."""
+    host = actor.host
+    needs = host.hands.needs_approval(hand_id, tool)
+    if needs is None:
+        needs = tool in host.config.approval_required
+    if not needs:
+        return "allowed"
+    approval = await host.approvals.request(
+        actor,
+        request_id=run.request_id,
+        tool_call_id=call.tool_call_id,
+        tool=tool,
+        args_digest=call.args_digest,
+        args=call.args,
+        detail_mode=run.detail_mode,
+        reason=f"the agent wants to run {tool}",
+    )
+    return await asyncio.shield(approval.decided)
 
 
 async def _run_on_hand(

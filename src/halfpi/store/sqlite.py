@@ -827,6 +827,16 @@ class SQLiteStore:
 
         return await self._read(run)
 
+    async def get_tool_run(self, run_id: str) -> ToolRunRow | None:
+        def run(conn: sqlite3.Connection) -> ToolRunRow | None:
+            row = conn.execute(
+                f"SELECT {', '.join(_TOOL_RUN_FIELDS)} FROM tool_runs WHERE run_id = ?",
+                (run_id,),
+            ).fetchone()
+            return _from_row(ToolRunRow, _TOOL_RUN_FIELDS, row) if row else None
+
+        return await self._read(run)
+
     async def _open(self, cls: Any, table: str, fields: tuple[str, ...], done: str) -> list[Any]:
         def run(conn: sqlite3.Connection) -> list[Any]:
             rows = conn.execute(

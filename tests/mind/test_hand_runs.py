@@ -1,0 +1,720 @@
+"""Tool runs on Hands (DESIGN §8): first terminal wins (I10), never re-run (I11).
+
+The registry is tested on its own with a fake link (no sockets, no clock
+but the loop's timers), then end to end: a Hand speaking the raw protocol
+over a real socket, real :class:`HandNode` instances (tasks of this loop)
+that die and come back, and a Mind process killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sqlite3
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import websockets
+
+from halfpi.core.hand_wire import (
+    HAND_PROTOCOL,
+    HandHello,
+    HandInfo,
+    HandProgress,
+    HandResult,
+    HandRunRef,
+    HandStarted,
+    HandTool,
+)
+from halfpi.face.client import ConnectionLost, Transport
+from halfpi.hand.node import HandNode
+from halfpi.mind.hands import HandRegistry, ToolRun
+from tests.support.cli import halfpi_cli
+from tests.support.client import FaceClient
+from tests.support.mind import LocalMind, MindProcess, local_mind
+
+Frame = dict[str, Any]
+
+
+# -- the registry alone ---------------------------------------------------------------------
+
+
+class FakeLink:
+    """A Hand connection as the registry sees it; records what it is sent.
+
+    Like the real session, closing it tells the registry it is gone."""
+
+    def __init__(self, registry: HandRegistry, hand_id: str = "dev") -> None:
+        self.registry = registry
+        self.hand_id: str | None = hand_id
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+        self.closed: list[tuple[int, str]] = []
+
+    def send(self, type_: str, payload: dict[str, Any]) -> None:
+        self.sent.append((type_, dict(payload)))
+
+    def close(self, code: int, reason: str) -> None:
+        self.closed.append((code, reason))
+        self.registry.disconnect(self)
+
+    def of(self, type_: str) -> list[dict[str, Any]]:
+        return [p for t, p in self.sent if t == type_]
+
+    def acked(self) -> list[str]:
+        return [rid for p in self.of("hand.ack") for rid in p["run_ids"]]
+
+
+def hello(instance: str = "inst-1", runs: tuple[tuple[str, int], ...] = ()) -> HandHello:
+    return HandHello(
+        token="t",
+        hand_id="dev",
+        instance_id=instance,
+        info=HandInfo(hostname="h", os="o", arch="a", version="0"),
+        tools=[HandTool(name="exec_command", needs_approval=False)],
+        protocol=HAND_PROTOCOL,
+        runs=[HandRunRef(run_id=r, generation=g) for r, g in runs],
+    )
+
+
+def result(run_id: str, generation: int, status: str = "succeeded") -> HandResult:
+    return HandResult(
+        run_id=run_id, generation=generation, status=status,  # type: ignore[arg-type]
+        exit_code=0 if status == "succeeded" else -15, stdout=f"{status}\n",
+    )
+
+
+@dataclass
+class Watched:
+    """A run plus every state change the registry reported for it."""
+
+    run: ToolRun
+    states: list[str] = field(default_factory=list)
+    progress: list[str] = field(default_factory=list)
+
+    @property
+    def terminal(self) -> list[str]:
+        return [s for s in self.states if s != "running"]
+
+
+def new_run(run_id: str = "x_1") -> Watched:
+    watched: Watched
+
+    def on_state(status: str) -> None:
+        watched.states.append(status)
+
+    def on_progress(kind: str, text: str, gap: bool) -> None:
+        watched.progress.append(text)
+
+    run = ToolRun(run_id, "dev", "exec_command", {"argv": ["true"]}, 60.0, "c_1", "t_1",
+                  on_progress=on_progress, on_state=on_state)
+    watched = Watched(run)
+    return watched
+
+
+def registry(grace_s: float = 60.0) -> HandRegistry:
+    return HandRegistry(lambda: 1000.0, grace_s)
+
+
+def started_run(hands: HandRegistry) -> tuple[FakeLink, Watched]:
+    link = FakeLink(hands)
+    hands.connect(link, hello(), "p_hand")
+    watched = new_run()
+    hands.start(watched.run)
+    (order,) = link.of("hand.run")
+    assert order["run_id"] == watched.run.run_id and order["generation"] == 1
+    hands.on_started(link, HandStarted(run_id=watched.run.run_id, generation=1))
+    assert watched.states == ["running"]
+    return link, watched
+
+
+@pytest.mark.parametrize("order", ["result_then_cancel", "cancel_then_results"])
+async def test_I10_cancel_and_result_race_first_terminal_wins(order: str) -> None:
+    hands = registry()
+    link, watched = started_run(hands)
+    run = watched.run
+    if order == "result_then_cancel":
+        hands.on_result(link, result(run.run_id, 1, "succeeded"))
+        hands.cancel(run)  # back to back, after the result
+        hands.on_result(link, result(run.run_id, 1, "cancelled"))  # the Hand's late answer
+        expected = "succeeded"
+        assert link.of("hand.cancel") == [], "a finished run is not cancelled"
+    else:
+        hands.cancel(run)
+        assert link.of("hand.cancel") == [{"run_id": run.run_id}]
+        assert not run.done.done(), "a cancel is a request; the Hand's answer decides"
+        hands.on_result(link, result(run.run_id, 1, "cancelled"))
+        hands.on_result(link, result(run.run_id, 1, "succeeded"))  # finished meanwhile
+        expected = "cancelled"
+    assert watched.terminal == [expected], "one terminal state, reported once"
+    assert run.state == expected
+    assert run.done.result()["status"] == expected
+    assert run.run_id not in hands.runs
+    # Both results are acknowledged: the Hand may forget them either way.
+    assert link.acked() == [run.run_id, run.run_id]
+
+
+async def test_I10_mind_side_cancel_while_hand_away_wins_over_resent_result() -> None:
+    hands = registry()
+    link, watched = started_run(hands)
+    run = watched.run
+    hands.disconnect(link)
+    hands.cancel(run)  # the Hand cannot be told: the Mind decides, at once
+    assert watched.terminal == ["cancelled"]
+    assert run.done.result()["status"] == "cancelled"
+    back = FakeLink(hands)
+    welcome = hands.connect(back, hello(runs=((run.run_id, 1),)), "p_hand")
+    assert welcome["adopted"] == [] and welcome["abandon"] == [run.run_id]
+    hands.on_result(back, result(run.run_id, welcome["generation"], "succeeded"))
+    assert watched.terminal == ["cancelled"]
+    assert back.of("hand.run") == []
+
+
+async def test_stale_generation_refused_and_adopted_run_accepts_resend() -> None:
+    hands = registry()
+    link, watched = started_run(hands)
+    run = watched.run
+    hands.disconnect(link)
+    back = FakeLink(hands)
+    welcome = hands.connect(back, hello(runs=((run.run_id, 1),)), "p_hand")
+    assert welcome["generation"] == 2
+    assert welcome["adopted"] == [run.run_id] and welcome["abandon"] == []
+    assert run.generation == 2
+
+    # Stamped with the old generation: refused and not acknowledged.
+    hands.on_progress(back, HandProgress(run_id=run.run_id, generation=1, kind="stdout",
+                                         data="old"))
+    hands.on_result(back, result(run.run_id, 1, "succeeded"))
+    assert back.acked() == [] and not run.done.done()
+    assert watched.terminal == [] and watched.progress == []
+    # The old connection's late frames are refused the same way.
+    hands.on_result(link, result(run.run_id, 1, "failed"))
+    assert link.acked() == [] and not run.done.done()
+
+    # The Hand re-sends under the adopting generation: accepted, once.
+    hands.on_progress(back, HandProgress(run_id=run.run_id, generation=2, kind="stdout",
+                                         data="new"))
+    hands.on_result(back, result(run.run_id, 2, "succeeded"))
+    assert back.acked() == [run.run_id]
+    assert watched.progress == ["new"]
+    assert watched.terminal == ["succeeded"]
+    assert back.of("hand.run") == [], "an adopted run is never sent again"
+
+
+async def test_superseding_connection_keeps_runs_and_closes_the_old_one() -> None:
+    hands = registry(grace_s=0.05)
+    link, watched = started_run(hands)
+    newer = FakeLink(hands)
+    welcome = hands.connect(newer, hello(runs=((watched.run.run_id, 1),)), "p_hand")
+    assert link.closed and link.closed[0][0] == 4000
+    assert welcome["adopted"] == [watched.run.run_id]
+    state = hands.hands["dev"]
+    assert state.link is newer and state.grace is None
+    assert hands.connected("dev")
+    hands.on_result(newer, result(watched.run.run_id, 2))
+    assert watched.terminal == ["succeeded"]
+
+
+async def test_I11_new_instance_loses_runs_of_the_old_one() -> None:
+    hands = registry()
+    link, watched = started_run(hands)
+    hands.disconnect(link)
+    fresh = FakeLink(hands)
+    welcome = hands.connect(fresh, hello(instance="inst-2"), "p_hand")
+    assert welcome["adopted"] == [] and welcome["abandon"] == []
+    assert watched.terminal == ["lost"]
+    outcome = watched.run.done.result()
+    assert outcome["error_category"] == "lost" and "restarted" in outcome["error"]
+    # The old process's result, should it ever arrive, changes nothing.
+    hands.on_result(fresh, result(watched.run.run_id, welcome["generation"]))
+    assert watched.terminal == ["lost"]
+    assert fresh.of("hand.run") == []
+
+
+async def test_I11_reconnect_without_the_run_loses_it() -> None:
+    hands = registry()
+    link, watched = started_run(hands)
+    hands.disconnect(link)
+    back = FakeLink(hands)
+    hands.connect(back, hello(), "p_hand")  # same process, but it no longer has the run
+    assert watched.terminal == ["lost"]
+    assert back.of("hand.run") == []
+
+
+async def test_I11_hand_away_beyond_grace_loses_its_runs() -> None:
+    hands = registry(grace_s=0.05)
+    link, watched = started_run(hands)
+    hands.disconnect(link)
+    outcome = await asyncio.wait_for(asyncio.shield(watched.run.done), 5)
+    assert outcome["status"] == "lost" and outcome["error_category"] == "lost"
+    back = FakeLink(hands)
+    welcome = hands.connect(back, hello(runs=((watched.run.run_id, 1),)), "p_hand")
+    assert welcome["abandon"] == [watched.run.run_id], "the Hand is told to kill it"
+    assert back.of("hand.run") == []
+    assert watched.terminal == ["lost"]
+
+
+# -- end to end: a Hand speaking the raw protocol --------------------------------------------
+
+
+def read_one(db: Path, table: str, key: str, value: str) -> dict[str, Any]:
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        conn.row_factory = sqlite3.Row
+        row = conn.execute(f"SELECT * FROM {table} WHERE {key} = ?", (value,)).fetchone()
+        assert row is not None, (table, value)
+        return dict(row)
+
+
+async def snapshot(face: FaceClient, cid: str) -> dict[str, Any]:
+    request_id = await face.command("face.conversation.snapshot", conversation_id=cid)
+    reply = await face.reply(request_id)
+    assert reply["type"] == "face.snapshot", reply
+    return dict(reply["payload"])
+
+
+def hand_url(lmind: LocalMind) -> str:
+    return f"ws://127.0.0.1:{lmind.server.port}/v1/hand"
+
+
+async def add_hand(lmind: LocalMind, label: str) -> str:
+    """``halfpi hand add LABEL`` as a real process; the Mind then knows the token."""
+    run = await halfpi_cli("hand", "add", label, "--home", str(lmind.config.home))
+    assert run.returncode == 0, run.stderr
+    token = run.stdout.strip()
+    await lmind.mind.refresh_credentials()
+    assert lmind.mind.auth.authenticate(token, "hand") is not None
+    return token
+
+
+async def raw_hand(lmind: LocalMind, token: str, label: str, instance: str,
+                   runs: list[dict[str, Any]] | None = None) -> tuple[FaceClient, Frame]:
+    hand = await FaceClient.connect(hand_url(lmind), hello=False)
+    await hand.send("hand.hello", {
+        "token": token, "hand_id": label, "instance_id": instance,
+        "info": {"hostname": "h", "os": "o", "arch": "a", "version": "0"},
+        "tools": [{"name": "exec_command", "needs_approval": False}],
+        "protocol": HAND_PROTOCOL, "runs": runs or [],
+    })
+    welcome = await hand.expect(lambda f: f["type"] == "hand.welcome")
+    return hand, welcome["payload"]
+
+
+def event(type_: str, **data: Any) -> Callable[[Frame], bool]:
+    def match(frame: Frame) -> bool:
+        if frame["type"] != "face.event" or frame["payload"]["type"] != type_:
+            return False
+        got = frame["payload"]["data"]
+        return all(got.get(k) == v for k, v in data.items())
+
+    return match
+
+
+def events_of(frames: list[Frame], type_: str, **data: Any) -> list[Frame]:
+    match = event(type_, **data)
+    return [f for f in frames if match(f)]
+
+
+def terminal_run_states(frames: list[Frame], run_id: str) -> list[str]:
+    return [f["payload"]["data"]["status"] for f in events_of(frames, "run.changed", run_id=run_id)
+            if f["payload"]["data"]["status"] not in ("queued", "running")]
+
+
+def of_type(type_: str) -> Callable[[Frame], bool]:
+    return lambda f: f["type"] == type_
+
+
+def hand_result(run_id: str, generation: int, status: str) -> dict[str, Any]:
+    return {"run_id": run_id, "generation": generation, "status": status,
+            "exit_code": 0 if status == "succeeded" else -15, "stdout": f"{status}\n",
+            "stderr": "", "output_bytes": len(status) + 1, "digest": "sha256:0",
+            "truncated": False}
+
+
+@dataclass
+class Scene:
+    lmind: LocalMind
+    owner: FaceClient
+    watcher: FaceClient
+    cid: str
+
+
+@contextlib.asynccontextmanager
+async def scene(home: Path, **config: Any) -> AsyncIterator[Scene]:
+    """A Mind with no local Hand, and two Faces subscribed to one conversation."""
+    async with local_mind(home, local_hand=False, **config) as lmind:
+        owner = await FaceClient.connect(lmind.url, lmind.token)
+        watcher = await FaceClient.connect(lmind.url, lmind.token)
+        cid = await owner.create_conversation()
+        await owner.subscribe(cid)
+        await watcher.subscribe(cid, detail_mode="summary")
+        try:
+            yield Scene(lmind, owner, watcher, cid)
+        finally:
+            await owner.close()
+            await watcher.close()
+
+
+async def dispatched(hand: FaceClient) -> tuple[str, int]:
+    order = await hand.expect(of_type("hand.run"))
+    return order["payload"]["run_id"], order["payload"]["generation"]
+
+
+@pytest.mark.parametrize("first", ["succeeded", "cancelled"])
+async def test_I10_cancel_and_result_race_first_terminal_wins_end_to_end(
+    tmp_path: Path, first: str
+) -> None:
+    second = "cancelled" if first == "succeeded" else "succeeded"
+    async with scene(tmp_path / "home") as s:
+        token = await add_hand(s.lmind, "fake")
+        hand, _ = await raw_hand(s.lmind, token, "fake", "inst-1")
+        chat_id = await s.owner.command("face.chat", conversation_id=s.cid,
+                                        content='/tool exec_command {"argv": ["true"]}')
+        run_id, generation = await dispatched(hand)
+        await hand.send("hand.started", {"run_id": run_id, "generation": generation})
+        await s.owner.expect(event("run.changed", run_id=run_id, status="running"))
+
+        cancel_id = await s.owner.command("face.run.cancel", run_id=run_id)
+        await s.owner.reply(cancel_id, ("face.accepted", "face.error"))
+        await hand.expect(lambda f: f["type"] == "hand.cancel"
+                          and f["payload"]["run_id"] == run_id)
+        # Two terminal reports back to back: the Hand finished as the cancel landed.
+        await hand.send("hand.result", hand_result(run_id, generation, first))
+        await hand.send("hand.result", hand_result(run_id, generation, second))
+
+        chat = await s.owner.reply(chat_id)
+        assert chat["payload"]["status"] == "succeeded"
+        assert chat["payload"]["content"].startswith(f"exec_command {first}")
+        cancel = await s.owner.reply(cancel_id)
+        assert cancel["payload"]["data"]["target_status"] == first
+        assert cancel["payload"]["data"]["outcome"] == (
+            "cancelled" if first == "cancelled" else "already_finished")
+        await s.watcher.expect(event("chat.completed", request_id=chat_id))
+        for face in (s.owner, s.watcher):
+            completed = events_of(face.seen, "chat.tool_completed", request_id=chat_id)
+            assert [c["payload"]["data"]["status"] for c in completed] == [first]
+            assert terminal_run_states(face.seen, run_id) == [first]
+        # Both reports were acknowledged, so the Hand keeps neither.
+        await hand.send("hand.ping", {})
+        await hand.expect(of_type("hand.pong"))
+        acked = [r for f in hand.seen if f["type"] == "hand.ack" for r in f["payload"]["run_ids"]]
+        assert acked == [run_id, run_id]
+        assert len([f for f in hand.seen if f["type"] == "hand.run"]) == 1
+        snap = await snapshot(s.owner, s.cid)
+        assert [r["status"] for r in snap["tool_history"]] == [first]
+        assert snap["active_runs"] == []
+        stored = read_one(s.lmind.config.db_path, "tool_runs", "run_id", run_id)
+        assert stored["status"] == first
+        await hand.close()
+
+
+async def test_I10_run_cancel_after_the_result_converges(tmp_path: Path) -> None:
+    async with scene(tmp_path / "home") as s:
+        token = await add_hand(s.lmind, "fake")
+        hand, _ = await raw_hand(s.lmind, token, "fake", "inst-1")
+        chat_id = await s.owner.command("face.chat", conversation_id=s.cid,
+                                        content='/tool exec_command {"argv": ["true"]}')
+        run_id, generation = await dispatched(hand)
+        await hand.send("hand.result", hand_result(run_id, generation, "succeeded"))
+        await hand.expect(of_type("hand.ack"))
+        await s.owner.reply(chat_id)
+        cancel_id = await s.owner.command("face.run.cancel", run_id=run_id)
+        reply = await s.owner.reply(cancel_id)
+        assert reply["type"] == "face.result", reply
+        assert reply["payload"]["data"] == {
+            "outcome": "already_finished", "run_id": run_id, "target_status": "succeeded"}
+        await hand.close()
+
+
+async def test_run_cancel_replay_returns_the_stored_result(tmp_path: Path) -> None:
+    async with scene(tmp_path / "home") as s:
+        token = await add_hand(s.lmind, "fake")
+        hand, _ = await raw_hand(s.lmind, token, "fake", "inst-1")
+        chat_id = await s.owner.command("face.chat", conversation_id=s.cid,
+                                        content='/tool exec_command {"argv": ["true"]}')
+        run_id, generation = await dispatched(hand)
+        cancel_id = await s.owner.command("face.run.cancel", run_id=run_id)
+        await hand.expect(of_type("hand.cancel"))
+        await hand.send("hand.result", hand_result(run_id, generation, "cancelled"))
+        first = await s.owner.reply(cancel_id)
+        assert first["payload"]["data"]["outcome"] == "cancelled"
+        await s.owner.reply(chat_id)
+        # The same request again (an SDK re-sends it after a reconnect): same answer.
+        await s.owner.command("face.run.cancel", cancel_id, run_id=run_id)
+        again = await s.owner.reply(cancel_id)
+        assert again["type"] == "face.result", again
+        assert again["payload"]["data"] == first["payload"]["data"]
+        await hand.close()
+
+
+async def test_stale_generation_result_refused_then_adopted_run_accepts_resend(
+    tmp_path: Path,
+) -> None:
+    async with scene(tmp_path / "home") as s:
+        token = await add_hand(s.lmind, "fake")
+        hand, welcome = await raw_hand(s.lmind, token, "fake", "inst-1")
+        assert welcome["generation"] == 1
+        chat_id = await s.owner.command("face.chat", conversation_id=s.cid,
+                                        content='/tool exec_command {"argv": ["true"]}')
+        run_id, generation = await dispatched(hand)
+        assert generation == 1
+        await hand.close()  # the link drops; the run goes on on the device
+
+        hand, welcome = await raw_hand(s.lmind, token, "fake", "inst-1",
+                                       runs=[{"run_id": run_id, "generation": 1}])
+        assert welcome["generation"] == 2
+        assert welcome["adopted"] == [run_id] and welcome["abandon"] == []
+        # A result stamped with the old generation is refused: no ack. The
+        # pong proves the Mind handled it (frames are handled in order).
+        await hand.send("hand.result", hand_result(run_id, 1, "succeeded"))
+        await hand.send("hand.ping", {})
+        await hand.expect(of_type("hand.pong"))
+        assert [f for f in hand.seen if f["type"] == "hand.ack"] == []
+        assert events_of(s.owner.seen, "chat.tool_completed") == []
+        # Re-sent under the adopting generation: accepted and acknowledged.
+        await hand.send("hand.result", hand_result(run_id, 2, "succeeded"))
+        ack = await hand.expect(of_type("hand.ack"))
+        assert ack["payload"]["run_ids"] == [run_id]
+        chat = await s.owner.reply(chat_id)
+        assert chat["payload"]["content"].startswith("exec_command succeeded")
+        completed = events_of(s.owner.seen, "chat.tool_completed", request_id=chat_id)
+        assert [c["payload"]["data"]["status"] for c in completed] == ["succeeded"]
+        assert terminal_run_states(s.owner.seen, run_id) == ["succeeded"]
+        assert len([f for f in hand.seen if f["type"] == "hand.run"]) == 0
+        await hand.close()
+
+
+# -- I11 with real HandNodes -----------------------------------------------------------------
+
+
+class RecordingTransport:
+    """A Hand's WebSocket transport that records every frame the Hand receives
+    and can die the way a killed process's connection does."""
+
+    def __init__(self, ws: Any, frames: list[Frame]) -> None:
+        self.ws = ws
+        self.frames = frames
+
+    @staticmethod
+    def _lost(exc: websockets.ConnectionClosed) -> ConnectionLost:
+        return ConnectionLost(exc.rcvd.code if exc.rcvd else None,
+                              exc.rcvd.reason if exc.rcvd else "")
+
+    async def send(self, text: str) -> None:
+        try:
+            await self.ws.send(text)
+        except websockets.ConnectionClosed as exc:
+            raise self._lost(exc) from None
+
+    async def recv(self) -> str:
+        try:
+            text = await self.ws.recv()
+        except websockets.ConnectionClosed as exc:
+            raise self._lost(exc) from None
+        self.frames.append(json.loads(text))
+        return str(text)
+
+    async def close(self) -> None:
+        await self.ws.close()
+
+    def abort(self) -> None:
+        """Cut the TCP connection with no close handshake."""
+        self.ws.transport.abort()
+
+
+@dataclass
+class RunningHand:
+    node: HandNode
+    task: asyncio.Task[Any]
+    frames: list[Frame]
+    transports: list[RecordingTransport]
+
+    def orders(self) -> list[str]:
+        return [f["payload"]["run_id"] for f in self.frames if f["type"] == "hand.run"]
+
+    def crash(self) -> None:
+        """Die at once: the link is cut and the process loop stops, in one step."""
+        for transport in self.transports:
+            transport.abort()
+        self.task.cancel()
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+        # Whatever it still ran (a dead process's children) is killed now.
+        for run in list(self.node.runs.values()):
+            run.cancelled.set()
+        tasks = [r.task for r in self.node.runs.values() if r.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=10)
+
+
+async def start_hand(lmind: LocalMind, token: str, label: str) -> RunningHand:
+    frames: list[Frame] = []
+    transports: list[RecordingTransport] = []
+
+    async def connector(url: str) -> Transport:
+        try:
+            ws = await websockets.connect(url, max_size=None, open_timeout=10,
+                                          ping_interval=None)
+        except (OSError, TimeoutError, websockets.InvalidHandshake) as exc:
+            raise ConnectionLost(None, str(exc)) from None
+        transport = RecordingTransport(ws, frames)
+        transports.append(transport)
+        return transport
+
+    node = HandNode(hand_url(lmind), token, label, connector=connector,
+                    approval_defaults={"exec_command": True, "read_file": False})
+    task = asyncio.create_task(node.run_forever())
+    await asyncio.wait_for(node.connected.wait(), 10)
+    assert lmind.mind.hands.connected(label)
+    return RunningHand(node, task, frames, transports)
+
+
+async def approve_next(face: FaceClient, chat_id: str) -> None:
+    requested = await face.expect(event("approval.requested", request_id=chat_id))
+    resolve_id = await face.command("face.approval.resolve",
+                                    approval_id=requested["payload"]["data"]["approval_id"],
+                                    decision="allow_once")
+    assert (await face.reply(resolve_id))["payload"]["data"]["outcome"] == "applied"
+
+
+@pytest.mark.parametrize("comeback", ["within_grace", "after_grace"])
+async def test_I11_hand_lost_run_is_never_rerun(tmp_path: Path, comeback: str) -> None:
+    grace = 30.0 if comeback == "within_grace" else 0.2
+    async with scene(tmp_path / "home", hand_grace_s=grace) as s:
+        token = await add_hand(s.lmind, "dev")
+        old = await start_hand(s.lmind, token, "dev")
+        new: RunningHand | None = None
+        try:
+            chat_id = await s.owner.command(
+                "face.chat", conversation_id=s.cid,
+                content='/tool exec_command {"command": "sleep 30", "hand": "dev"}')
+            await approve_next(s.owner, chat_id)
+            running = await s.owner.expect(event("run.changed", status="running"))
+            run_id = running["payload"]["data"]["run_id"]
+            assert old.orders() == [run_id]
+
+            old.crash()
+            if comeback == "after_grace":
+                lost = await s.owner.expect(event("chat.tool_completed", request_id=chat_id))
+                assert lost["payload"]["data"]["status"] == "lost"
+            new = await start_hand(s.lmind, token, "dev")  # a new process, same name
+
+            chat = await s.owner.reply(chat_id, timeout=15)
+            assert chat["payload"]["status"] == "succeeded"
+            assert chat["payload"]["content"].startswith("exec_command lost")
+            await s.watcher.expect(event("chat.completed", request_id=chat_id))
+            for face in (s.owner, s.watcher):
+                completed = events_of(face.seen, "chat.tool_completed", request_id=chat_id)
+                assert len(completed) == 1
+                data = completed[0]["payload"]["data"]
+                assert (data["status"], data["error_category"], data["success"]) == (
+                    "lost", "lost", False)
+                assert terminal_run_states(face.seen, run_id) == ["lost"]
+
+            # The new Hand works, and was never asked to run the lost one.
+            again_id = await s.owner.command(
+                "face.chat", conversation_id=s.cid,
+                content='/tool exec_command {"argv": ["echo", "fresh"], "hand": "dev"}')
+            await approve_next(s.owner, again_id)
+            again = await s.owner.reply(again_id, timeout=15)
+            assert again["payload"]["content"].startswith("exec_command succeeded")
+            assert len(new.orders()) == 1 and run_id not in new.orders()
+            assert old.orders() == [run_id]
+            stored = read_one(s.lmind.config.db_path, "tool_runs", "run_id", run_id)
+            assert stored["status"] == "lost"
+        finally:
+            await old.stop()
+            if new is not None:
+                await new.stop()
+
+
+# -- I11 across a Mind restart ---------------------------------------------------------------
+
+
+@dataclass
+class Interrupted:
+    """What a Mind left behind when it was killed: a running tool and a pending approval."""
+
+    running_cid: str
+    run_id: str
+    pending_cid: str
+    approval_id: str
+    pid: int
+
+
+async def kill_mind_mid_tool(mind: MindProcess, pidfile: Path) -> Interrupted:
+    face = await FaceClient.connect(mind.url, mind.token)
+    running_cid = await face.create_conversation("running")
+    pending_cid = await face.create_conversation("pending")
+    await face.subscribe(running_cid)
+    await face.subscribe(pending_cid)
+    command = f"echo $$ > {pidfile}; echo started; exec sleep 30"
+    chat_id = await face.command("face.chat", conversation_id=running_cid,
+                                 content="/tool exec_command " + json.dumps({"command": command}))
+    await approve_next(face, chat_id)
+    await face.expect(lambda f: f["type"] == "face.chat.tool.progress"
+                      and "started" in f["payload"]["data"])
+    run_id = events_of(face.seen, "run.changed", status="running")[0]["payload"]["data"]["run_id"]
+    waiting_id = await face.command("face.chat", conversation_id=pending_cid,
+                                    content='/tool exec_command {"argv": ["true"]}')
+    requested = await face.expect(event("approval.requested", request_id=waiting_id))
+    mind.kill()
+    await face.close()
+    return Interrupted(running_cid, run_id, pending_cid,
+                       requested["payload"]["data"]["approval_id"],
+                       int(pidfile.read_text().strip()))
+
+
+@pytest.mark.e2e
+async def test_I11_mind_restart_marks_runs_lost_and_approvals_cancelled(
+    mind_proc: MindProcess, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "tool.pid"
+    left = await kill_mind_mid_tool(mind_proc, pidfile)
+    try:
+        mind_proc.start()
+        face = await FaceClient.connect(mind_proc.url, mind_proc.token)
+        snap = await snapshot(face, left.running_cid)
+        (record,) = snap["tool_history"]
+        assert (record["status"], record["error_category"], record["success"]) == (
+            "lost", "lost", False)
+        assert record["run_id"] == left.run_id, "the record knew its run before the crash"
+        assert snap["active_runs"] == [] and snap["pending_chats"] == []
+        pending = await snapshot(face, left.pending_cid)
+        assert pending["pending_approvals"] == [] and pending["pending_chats"] == []
+        # The call that only waited for its approval never ran: cancelled, not lost.
+        (waited,) = pending["tool_history"]
+        assert (waited["status"], waited["error_category"], waited["run_id"]) == (
+            "cancelled", "cancelled", None)
+        db = mind_proc.home / "halfpi.db"
+        assert read_one(db, "tool_runs", "run_id", left.run_id)["status"] == "lost"
+        approval = read_one(db, "approvals", "approval_id", left.approval_id)
+        assert approval["status"] == "cancelled" and approval["decided_at"] is not None
+
+        # A decision now converges on the cancellation; it runs nothing.
+        resolve_id = await face.command("face.approval.resolve",
+                                        approval_id=left.approval_id, decision="allow_once")
+        late = await face.reply(resolve_id)
+        assert late["payload"]["data"]["outcome"] == "already_resolved"
+        assert late["payload"]["data"]["resolution"]["status"] == "cancelled"
+
+        # Nothing was re-run: the command's pid file is the one it wrote
+        # before the crash (read through the new Mind's own Hand).
+        await face.subscribe(left.running_cid)
+        read = await face.chat_to_end(
+            left.running_cid, "/tool read_file " + json.dumps({"path": str(pidfile)}))
+        assert read["payload"]["content"].splitlines()[-1] == str(left.pid)
+        for cid in (left.running_cid, left.pending_cid):
+            again = await snapshot(face, cid)
+            assert again["active_runs"] == []
+        await face.close()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(left.pid, signal.SIGKILL)

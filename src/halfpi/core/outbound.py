@@ -37,6 +37,9 @@ def frame_prefix(type_: str) -> bytes:
     return b'{"type":"' + type_.encode() + b'","payload":{"event_seq":'
 
 
+_PREFIXES: dict[str, bytes] = {}
+
+
 class Message:
     """One Mind → Face message, shared by every connection it is sent to.
 
@@ -56,6 +59,7 @@ class Message:
         "size",
         "stream",
         "summary",
+        "tail",
         "text",
         "type",
     )
@@ -75,7 +79,8 @@ class Message:
         stream: str | None = None,
     ) -> None:
         self.type = type_
-        self.prefix = frame_prefix(type_)
+        self.prefix = _PREFIXES.get(type_) or _PREFIXES.setdefault(type_, frame_prefix(type_))
+        self.tail: bytes | None = None
         self.body = body
         self.kind = kind
         self.conversation_id = conversation_id
@@ -105,10 +110,13 @@ class Message:
         return self.body
 
     def frame(self, event_seq: int) -> bytes:
-        body = self.encoded_body()
-        if len(body) > 2:
-            return self.prefix + str(event_seq).encode() + b"," + body[1:] + b"}"
-        return self.prefix + str(event_seq).encode() + b"}}"
+        """The frame for one connection: the shared bytes with its ``event_seq``
+        spliced in (one formatting operation; the tail is computed once)."""
+        tail = self.tail
+        if tail is None:
+            body = self.encoded_body()
+            tail = self.tail = b"," + body[1:] + b"}" if len(body) > 2 else b"}}"
+        return b"%b%d%b" % (self.prefix, event_seq, tail)
 
 
 def message(type_: str, payload: dict[str, Any] | msgspec.Struct) -> Message:
@@ -297,10 +305,13 @@ class OutboundQueue:
         return m.frame(self.event_seq)
 
     def emit_now(self, m: Message) -> bytes:
-        """Frame ``m`` for immediate writing (the queue is empty and the transport idle)."""
+        """Frame ``m`` for immediate writing, bypassing the queue (which must be
+        empty, so nothing is overtaken): the idle connection's fast path."""
         self.event_seq += 1
-        self._account(m, +1)
-        return self._emit(m)
+        conv = m.conversation_id
+        if conv is not None and m.cursor is not None:
+            self.written_cursors[conv] = m.cursor
+        return m.frame(self.event_seq)
 
     def evict(self) -> dict[str, str]:
         """Discard everything queued; return the cursors to resume from."""

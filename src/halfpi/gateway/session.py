@@ -93,6 +93,10 @@ class FaceSession:
     def send(self, m: Message) -> None:
         if self.closed:
             return
+        if not (self.paused or self._flush_scheduled or self._replaying or len(self.queue)):
+            # Idle: nothing waits, so writing now overtakes nothing.
+            self.transport.write_frames([self.queue.emit_now(m)])
+            return
         if not self.queue.push(m, pressured=self.paused):
             self.evict()
             return

@@ -72,8 +72,11 @@ class MemoryJournal:
         w.head = message.seq
         w.bytes += message.size
         self.total_bytes += message.size
-        self._trim(w, now)
-        if self.total_bytes > self.limits.bytes_total:
+        limits = self.limits
+        # Cheap test first: most appends are within every bound.
+        if w.bytes > limits.bytes_per_conversation or len(w.items) - w.start > limits.events:
+            self._trim(w, now)
+        if self.total_bytes > limits.bytes_total:
             self._trim_global(now)
 
     def _trim(self, w: _Window, now: float) -> None:

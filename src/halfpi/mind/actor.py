@@ -404,8 +404,16 @@ class ConversationActor:
         }
         if error_code:
             result["error_code"] = error_code
+        # The assistant message stays for a success, and for any other end
+        # that produced text.
+        reply = (
+            [MessageRow(self.id, e_done.seq, "assistant", content, run.request_id, status, now)]
+            if status == "succeeded" or content
+            else []
+        )
         tx = WriteTx(
             events=[e_done],
+            messages=reply,
             runs=[
                 RunRow(
                     run.run_id,
@@ -421,10 +429,6 @@ class ConversationActor:
             ],
             finished=[FinishedRequest(run.principal_id, run.request_id, status, result, now)],
         )
-        if status == "succeeded" or content:
-            tx.messages.append(
-                MessageRow(self.id, e_done.seq, "assistant", content, run.request_id, status, now)
-            )
 
         def ended() -> None:
             self.visible_runs.pop(run.request_id, None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from halfpi.config import RequestRetention
@@ -198,17 +198,19 @@ class WriteTx:
     key exists the whole transaction is dropped and the outcome carries the
     existing record (or tombstone) instead — I5's backstop under races."""
 
+    # Empty tuples by default: a write allocates only what it carries (the
+    # plain event append, the hot path, carries one list).
     admit: RequestRecord | None = None
-    conversations: list[ConversationRow] = field(default_factory=list)
-    events: list[StoredEvent] = field(default_factory=list)
-    messages: list[MessageRow] = field(default_factory=list)
-    runs: list[RunRow] = field(default_factory=list)
-    finished: list[FinishedRequest] = field(default_factory=list)
-    tool_calls: list[ToolCallRow] = field(default_factory=list)
-    approvals: list[ApprovalRow] = field(default_factory=list)
-    tool_runs: list[ToolRunRow] = field(default_factory=list)
+    conversations: Sequence[ConversationRow] = ()
+    events: Sequence[StoredEvent] = ()
+    messages: Sequence[MessageRow] = ()
+    runs: Sequence[RunRow] = ()
+    finished: Sequence[FinishedRequest] = ()
+    tool_calls: Sequence[ToolCallRow] = ()
+    approvals: Sequence[ApprovalRow] = ()
+    tool_runs: Sequence[ToolRunRow] = ()
     # (conversation_id, seq): seqs up to it may be shown (DESIGN I2, across restarts)
-    seq_reservations: list[tuple[str, int]] = field(default_factory=list)
+    seq_reservations: Sequence[tuple[str, int]] = ()
 
     @property
     def only_events(self) -> bool:

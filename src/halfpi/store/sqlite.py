@@ -590,6 +590,9 @@ class SQLiteStore:
         return future
 
     def _writer_main(self, conn: sqlite3.Connection) -> None:
+        # Group commit: each round takes everything queued and commits it at
+        # once. No lingering for more: measured, waiting for writers just
+        # woken by the previous commit costs more than the fsync it saves.
         q = self._queue
         stopping = False
         while not stopping:
@@ -610,47 +613,46 @@ class SQLiteStore:
         conn.close()
 
     def _commit_batch(self, conn: sqlite3.Connection, batch: list[Any]) -> None:
-        outcomes: list[tuple[asyncio.Future[TxOutcome], TxOutcome | BaseException]] = []
-        appends: list[tuple[int, WriteTx]] = []  # event-only writes, merged
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            for tx, future in batch:
-                if tx.only_events:
-                    appends.append((len(outcomes), tx))
-                    outcomes.append((future, COMMITTED))
-                    continue
-                self._flush_appends(conn, appends, outcomes)
-                appends = []
-                outcomes.append((future, _in_savepoint(conn, partial(apply_tx, conn, tx))))
-            self._flush_appends(conn, appends, outcomes)
-            conn.execute("COMMIT")
-            self.batches += 1
-        except sqlite3.Error as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            failure = StoreError(f"commit failed: {exc}")
-            outcomes = [(future, failure) for _, future in batch]
+            outcomes = self._apply_batch(conn, batch, careful=False)
+        except _RetryCarefully:
+            # A merged append failed: redo the batch with every write in its
+            # own savepoint, so only the offending writes fail.
+            outcomes = self._apply_batch(conn, batch, careful=True)
         assert self._loop is not None
         # If the loop is already closed nobody is waiting any more.
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(_resolve_all, outcomes)
 
-    @staticmethod
-    def _flush_appends(
-        conn: sqlite3.Connection,
-        appends: list[tuple[int, WriteTx]],
-        outcomes: list[tuple[asyncio.Future[TxOutcome], TxOutcome | BaseException]],
-    ) -> None:
-        """One executemany for all plain appends; if it fails, retry each
-        write on its own so only the offending ones fail."""
-        if not appends:
-            return
-        merged = [e for _, tx in appends for e in tx.events]
-        if isinstance(_in_savepoint(conn, partial(insert_events, conn, merged)), TxOutcome):
-            return
-        for index, tx in appends:
-            outcome = _in_savepoint(conn, partial(insert_events, conn, tx.events))
-            outcomes[index] = (outcomes[index][0], outcome)
+    def _apply_batch(
+        self, conn: sqlite3.Connection, batch: list[Any], *, careful: bool
+    ) -> list[tuple[asyncio.Future[TxOutcome], TxOutcome | BaseException]]:
+        """One transaction for the whole batch. Plain event appends (the
+        common case) are merged into one ``executemany`` with no savepoint;
+        writes that can fail on their own (admissions) get a savepoint."""
+        outcomes: list[tuple[asyncio.Future[TxOutcome], TxOutcome | BaseException]] = []
+        merged: list[StoredEvent] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for tx, future in batch:
+                if not careful and tx.only_events:
+                    merged.extend(tx.events)
+                    outcomes.append((future, COMMITTED))
+                    continue
+                _insert_merged(conn, merged)
+                outcomes.append((future, _in_savepoint(conn, partial(apply_tx, conn, tx))))
+            _insert_merged(conn, merged)
+            conn.execute("COMMIT")
+            self.batches += 1
+        except _RetryCarefully:
+            conn.execute("ROLLBACK")
+            raise
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            failure = StoreError(f"commit failed: {exc}")
+            outcomes = [(future, failure) for _, future in batch]
+        return outcomes
 
     # reads
 
@@ -892,6 +894,19 @@ class SQLiteStore:
 
     async def add_credential(self, credential: Credential) -> None:
         await self._read(lambda c: insert_credential(c, credential))
+
+
+class _RetryCarefully(Exception):
+    """A merged append failed; the batch must be redone write by write."""
+
+
+def _insert_merged(conn: sqlite3.Connection, merged: list[StoredEvent]) -> None:
+    if merged:
+        try:
+            insert_events(conn, merged)
+        except sqlite3.Error as exc:
+            raise _RetryCarefully from exc
+        merged.clear()
 
 
 def _in_savepoint(

@@ -14,20 +14,16 @@ import json
 import logging
 import sqlite3
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from halfpi.agents.base import ChatInput, Delta
-from halfpi.config import Config
 from halfpi.core.projection import canonical_digest
-from halfpi.gateway.native import FaceServer
-from halfpi.mind.run import build_mind
 from tests.support.cli import face_add
 from tests.support.client import FaceClient, connect_new_credential
-from tests.support.mind import LocalMind
+from tests.support.mind import LocalMind, local_mind
 
 Frame = dict[str, Any]
 
@@ -353,23 +349,9 @@ class SecretAgent:
         yield Delta(f"read_file {result['status']}: {result['stdout']}")
 
 
-@contextlib.asynccontextmanager
-async def mind_with_agent(home: Path, agent: Any) -> AsyncIterator[LocalMind]:
+def mind_with_agent(home: Path, agent: Any) -> contextlib.AbstractAsyncContextManager[LocalMind]:
     """A Mind in this loop with ``agent`` as its brain, its Face server and local Hand."""
-    config = replace(Config(home=home, port=0), scripted_delta_ms=0.0)
-    mind = build_mind(config)
-    mind.agent = agent
-    await mind.start()
-    server = FaceServer(mind)
-    await server.start()
-    mind.start_local_hand(f"ws://127.0.0.1:{server.port}/v1/hand")
-    token = config.face_token_path.read_text().strip()
-    try:
-        yield LocalMind(mind, server, f"ws://127.0.0.1:{server.port}/v1/face", token, config)
-    finally:
-        server.stop_accepting()
-        await mind.drain()
-        await server.wait_closed(1.0)
+    return local_mind(home, agent)
 
 
 def db_bytes(home: Path) -> bytes:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -15,9 +14,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from halfpi.agents.base import Agent
 from halfpi.config import Config
 from halfpi.gateway.native import FaceServer
-from halfpi.mind.run import build_mind
+from halfpi.mind.run import running_mind
 from halfpi.mind.service import Mind
 
 
@@ -94,19 +94,10 @@ class LocalMind:
     config: Config = field(repr=False, default=None)  # type: ignore[assignment]
 
 @contextlib.asynccontextmanager
-async def local_mind(home: Path, **overrides: Any) -> AsyncIterator[LocalMind]:
+async def local_mind(home: Path, agent: Agent | None = None,
+                     **overrides: Any) -> AsyncIterator[LocalMind]:
+    """The same wiring as ``halfpi mind`` (:func:`running_mind`), in this loop."""
     config = replace(Config(home=home, port=0, scripted_delta_ms=0.0), **overrides)
-    mind = build_mind(config)
-    await mind.start()
-    server = FaceServer(mind)
-    await server.start()
-    if config.local_hand:
-        mind.start_local_hand(f"ws://127.0.0.1:{server.port}/v1/hand")
-    token = config.face_token_path.read_text().strip()
-    try:
+    async with running_mind(config, agent, close_wait_s=1.0) as (mind, server):
+        token = config.face_token_path.read_text().strip()
         yield LocalMind(mind, server, f"ws://127.0.0.1:{server.port}/v1/face", token, config)
-    finally:
-        server.stop_accepting()
-        await mind.drain()
-        await server.wait_closed(1.0)
-        await asyncio.sleep(0)

@@ -187,37 +187,60 @@ async def chat_cancel(s: FaceSession, p: wire.ChatCancel) -> None:
             "conversation_id": actor.id,
             "target_request_id": p.target_request_id,
         }
+        target = {"target_request_id": p.target_request_id}
         run = actor.active_run_for(p.target_request_id)
-        if run is None:
-            row = await mind.store.run_for_request(actor.id, p.target_request_id)
-            if row is None:
-                raise NotFound(
-                    ErrorCode.RUN_NOT_FOUND,
-                    "no chat with that request_id here",
-                    field="target_request_id",
-                )
-            record.result = _cancel_result(record.request_id, p.target_request_id, row.status)
-            record.status, record.finished_at = "succeeded", mind.now()
-        outcome = await mind.store.write(WriteTx(admit=record))
-        if outcome.existing is not None:
-            return outcome.existing
-        s.send_reliable("face.accepted", record.accepted)
-        if record.result is not None:
-            s.send_result(record.result)
-            return record
-        assert run is not None
-        mind.attach((record.principal_id, record.request_id), s)
-        actor.stop(run, "cancelled")
-        target = p.target_request_id
-        mind.spawn(
-            _settle_cancel(
-                s, record, run.done, lambda st: _cancel_result(record.request_id, target, st)
-            ),
-            name="settle cancel",
-        )
-        return record
+        if run is not None:
+            return await _admit_cancel(
+                s, record, target, None, run.done, lambda: actor.stop(run, "cancelled")
+            )
+        row = await mind.store.run_for_request(actor.id, p.target_request_id)
+        if row is None:
+            raise NotFound(
+                ErrorCode.RUN_NOT_FOUND,
+                "no chat with that request_id here",
+                field="target_request_id",
+            )
+        return await _admit_cancel(s, record, target, row.status, None, None)
 
     await s.mutation("face.chat.cancel", p, admit)
+
+
+async def _admit_cancel(
+    s: FaceSession,
+    record: RequestRecord,
+    target: dict[str, Any],
+    finished: str | None,
+    terminal: Awaitable[Any] | None,
+    stop: Callable[[], Any] | None,
+) -> RequestRecord | Tombstone:
+    """The common path of every cancel (chat, tool run): record the request;
+    if the target already ended (``finished``) answer at once with the state
+    that stands (I10); else ask it to stop and answer once it is terminal."""
+    mind = s.mind
+
+    def result_for(status: str) -> dict[str, Any]:
+        outcome = "cancelled" if status == "cancelled" else "already_finished"
+        return {
+            "request_id": record.request_id,
+            "status": "succeeded",
+            "data": {"outcome": outcome, **target, "target_status": status},
+        }
+
+    if finished is not None:
+        record.result = result_for(finished)
+        record.status, record.finished_at = "succeeded", mind.now()
+    outcome = await mind.store.write(WriteTx(admit=record))
+    if outcome.existing is not None:
+        return outcome.existing
+    s.send_reliable("face.accepted", record.accepted)
+    if record.result is not None:
+        s.send_result(record.result)
+        return record
+    assert terminal is not None and stop is not None
+    mind.attach((record.principal_id, record.request_id), s)
+    stop()
+    mind.spawn(_settle_cancel(s, record, terminal, result_for), name="settle cancel")
+    return record
 
 
 async def _settle_cancel(
@@ -240,18 +263,6 @@ async def _settle_cancel(
         )
     )
     mind.deliver_result(record.principal_id, record.request_id, result)
-
-
-def _cancel_result(request_id: str, target: str, target_status: str) -> dict[str, Any]:
-    return {
-        "request_id": request_id,
-        "status": "succeeded",
-        "data": {
-            "outcome": "cancelled" if target_status == "cancelled" else "already_finished",
-            "target_request_id": target,
-            "target_status": target_status,
-        },
-    }
 
 
 # -- approvals, tool runs and Hands -------------------------------------------------
@@ -296,37 +307,16 @@ async def run_cancel(s: FaceSession, p: wire.RunCancel) -> None:
             "operation": "run.cancel",
             "run_id": p.run_id,
         }
-
-        def result_for(status: str) -> dict[str, Any]:
-            return {
-                "request_id": record.request_id,
-                "status": "succeeded",
-                "data": {
-                    "outcome": "cancelled" if status == "cancelled" else "already_finished",
-                    "run_id": p.run_id,
-                    "target_status": status,
-                },
-            }
-
+        target = {"run_id": p.run_id}
         run = mind.hands.runs.get(p.run_id)
-        if run is None:
-            stored = await mind.store.get_tool_run(p.run_id)
-            if stored is None:
-                raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run", field="run_id")
-            record.result = result_for(stored.status)
-            record.status, record.finished_at = "succeeded", mind.now()
-        outcome = await mind.store.write(WriteTx(admit=record))
-        if outcome.existing is not None:
-            return outcome.existing
-        s.send_reliable("face.accepted", record.accepted)
-        if record.result is not None:
-            s.send_result(record.result)
-            return record
-        assert run is not None
-        mind.attach((record.principal_id, record.request_id), s)
-        mind.hands.cancel(run)
-        mind.spawn(_settle_cancel(s, record, run.done, result_for), name="settle run cancel")
-        return record
+        if run is not None:
+            return await _admit_cancel(
+                s, record, target, None, run.done, lambda: mind.hands.cancel(run)
+            )
+        stored = await mind.store.get_tool_run(p.run_id)
+        if stored is None:
+            raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run", field="run_id")
+        return await _admit_cancel(s, record, target, stored.status, None, None)
 
     await s.mutation("face.run.cancel", p, admit)
 

@@ -9,9 +9,9 @@ pending approvals become ``cancelled`` (and their tool calls complete as
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from halfpi.core.projection import summary_data
+from halfpi.mind.tools import complete_call
 from halfpi.store.base import WriteTx
 
 if TYPE_CHECKING:
@@ -52,27 +52,4 @@ async def recover_tools(mind: Mind) -> None:
         # A call that never reached a Hand was waiting for its approval, which
         # the restart cancelled; one that did has an unknown outcome: lost.
         status = "lost" if call.run_id else "cancelled"
-        completed: dict[str, Any] = {
-            "request_id": call.request_id,
-            "tool_call_id": call.tool_call_id,
-            "run_id": call.run_id,
-            "tool": call.tool,
-            "status": status,
-            "success": False,
-            "output_bytes": 0,
-            "digest": "",
-            "truncated": False,
-            "error_category": status,
-        }
-        message, event = actor._event(
-            "chat.tool_completed", completed, now, summary_data("chat.tool_completed", completed)
-        )
-        call = dataclasses.replace(
-            call,
-            status=status,
-            success=False,
-            error_category=status,
-            completed_seq=message.seq,
-            finished_at=now,
-        )
-        await actor._commit(WriteTx(events=[event], tool_calls=[call]), [(message, None)])
+        await complete_call(actor, call, call.run_id, status, {"error_category": status})

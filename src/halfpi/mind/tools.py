@@ -90,14 +90,13 @@ async def call_tool(
         approval = host.approvals.for_call(call.tool_call_id)
         if approval is not None:
             host.approvals.settle(approval, "cancelled", None, None, "the chat was cancelled")
-        await _complete(actor, run, call, None, "cancelled", {"error_category": "cancelled"})
+        await complete_call(actor, call, None, "cancelled", {"error_category": "cancelled"})
         raise
     if state != "allowed":
-        return await _complete(actor, run, call, None, state, {"error_category": state})
+        return await complete_call(actor, call, None, state, {"error_category": state})
     if hand_id is None or not host.hands.connected(hand_id):
-        return await _complete(
+        return await complete_call(
             actor,
-            run,
             call,
             None,
             "failed",
@@ -184,11 +183,11 @@ async def _run_on_hand(
         except TimeoutError:
             host.hands.finish(tool_run, "lost", {"error_category": "lost"})
             result = tool_run.done.result()
-        await _complete(actor, run, call, record.run_id, result["status"], result)
+        await complete_call(actor, call, record.run_id, result["status"], result)
         raise
     finally:
         run.tool_runs.pop(record.run_id, None)
-    return await _complete(actor, run, call, record.run_id, result["status"], result)
+    return await complete_call(actor, call, record.run_id, result["status"], result)
 
 
 def _run_changed(
@@ -213,15 +212,16 @@ def _run_changed(
     actor._commit(tx, [(message, shown)])
 
 
-async def _complete(
+async def complete_call(
     actor: ConversationActor,
-    run: ChatRun,
     call: ToolCallRow,
     run_id: str | None,
     status: str,
     result: dict[str, Any],
 ) -> dict[str, Any]:
-    """Second step of the display record, and the agent's view of the outcome."""
+    """Second step of the display record (with its ``chat.tool_completed``),
+    and the agent's view of the outcome. Also what recovery uses to close a
+    call whose outcome a restart made unknown."""
     now = actor.host.now()
     success = status == "succeeded"
     stdout, stderr = str(result.get("stdout") or ""), str(result.get("stderr") or "")
@@ -229,7 +229,7 @@ async def _complete(
     shown_err, cut_err = truncate_output(stderr.encode(), 256 * 1024)
     display = {"stdout": shown_out, "stderr": shown_err, "exit_code": result.get("exit_code")}
     base: dict[str, Any] = {
-        "request_id": run.request_id,
+        "request_id": call.request_id,
         "tool_call_id": call.tool_call_id,
         "run_id": run_id,
         "tool": call.tool,

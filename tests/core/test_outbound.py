@@ -339,13 +339,14 @@ def test_I7_dropping_progress_never_drops_reliable_or_deltas() -> None:
 
 
 def test_I7_progress_dropped_by_transient_bytes() -> None:
-    limits = QueueLimits(transient_messages=1000, transient_bytes=300)
-    q = OutboundQueue(limits)
     first = progress("c1", 1, "t1", "a" * 100)
-    assert first.size < 300 < 2 * first.size
+    bound = first.size * 3 // 2
+    limits = QueueLimits(transient_messages=1000, transient_bytes=bound)
+    q = OutboundQueue(limits)
+    assert first.size < bound < 2 * first.size
     q.push(first, pressured=True)
     q.push(progress("c1", 2, "t1", "b" * 100), pressured=True)
-    assert q.transient_bytes <= 300
+    assert q.transient_bytes <= bound
     frames = drain(q)
     assert [f["payload"]["data"][0] for f in frames] == ["b"]
     assert frames[0]["payload"]["gap"] is True

@@ -91,9 +91,11 @@ class Config:
     def hand_token_path(self) -> Path:
         return self.home / "hand.token"
 
-    def origins(self) -> tuple[str, ...]:
-        """Allowed browser Origins: the configured ones plus the Mind's own."""
-        own = (f"http://127.0.0.1:{self.port}", f"http://localhost:{self.port}")
+    def origins(self, port: int | None = None) -> tuple[str, ...]:
+        """Allowed browser Origins: the configured ones plus the Mind's own
+        (on ``port``, the port actually bound when ``--port 0`` picked one)."""
+        port = port or self.port
+        own = (f"http://127.0.0.1:{port}", f"http://localhost:{port}")
         return tuple(dict.fromkeys(self.allowed_origins + own))
 
 

@@ -48,8 +48,7 @@ class FaceServer:
         self.mind = mind
         self.server: asyncio.Server | None = None
         self.connections: set[WebSocketConnection] = set()
-        origins = mind.config.origins()
-        self.origins: list[Origin | None] = [None, *(Origin(o) for o in origins)]
+        self.origins: list[Origin | None] = [None, *(Origin(o) for o in mind.config.origins())]
         # The hard limit the WebSocket layer enforces (close 1009). Frames
         # between max_frame_bytes and this get a face.error instead, so a
         # client learns why rather than just losing its connection.
@@ -65,6 +64,8 @@ class FaceServer:
             backlog=4096,
             reuse_address=True,
         )
+        # The Mind's own origin is on the port actually bound (``--port 0``).
+        self.origins = [None, *(Origin(o) for o in self.mind.config.origins(self.port))]
 
     @property
     def port(self) -> int:

@@ -276,6 +276,15 @@ class FakeMind:
                 )
             elif isinstance(link.action, tuple):
                 link.cut(link.action[1], "refused")
+        elif type_ == "face.conversation.snapshot":
+            conv = self.convs.get(payload["conversation_id"])
+            if conv is None:
+                link.push("face.error", {"request_id": payload["request_id"],
+                                         "code": "conversation_not_found", "message": "",
+                                         "retryable": False})
+            else:
+                link.push("face.snapshot", {"request_id": payload["request_id"],
+                                            **conv.snapshot()})
         elif (
             type_ == "face.subscribe"
             and self.auto_subscribe
@@ -1117,3 +1126,37 @@ async def test_request_subscribe_without_a_view_does_not_break_the_client(rig: R
     link.push("face.result", {"request_id": "q-1", "status": "succeeded"})
     assert (await asyncio.wait_for(handle.result(), TIMEOUT)).ok
     assert len(rig.mind.links) == 1
+
+
+async def test_I6_unsafe_chat_is_reconciled_from_the_conversation_not_resent(rig: Rig) -> None:
+    """Sent, cut, not replay-safe: the client reads the conversation instead of
+    re-sending, and a reply found there is the chat's result."""
+    rig.mind.replay_safe = ["face.conversation.snapshot"]
+    conv = rig.mind.convs["c_1"] = Conv("c_1")
+    client, link1 = await rig.live()
+    handle = await client.chat("c_1", "hello", request_id="q-9")
+    conv.say("q-9", "hello")
+    conv.add("chat.started", request_id="q-9", run_id="r_9")
+    conv.add("chat.completed", request_id="q-9", run_id="r_9", status="succeeded",
+             content="hi there")
+    link2 = await rig.relink(link1)
+    result = await asyncio.wait_for(handle.result(), TIMEOUT)
+    assert (result.status, result.content, result.data) == (
+        "succeeded", "hi there", {"reconciled": True})
+    assert link2.frames("face.chat") == []
+    assert [f["conversation_id"] for f in link2.frames("face.conversation.snapshot")] == ["c_1"]
+
+
+async def test_I6_unsafe_chat_admitted_without_reply_is_unknown_with_what_is_known(
+    rig: Rig,
+) -> None:
+    rig.mind.replay_safe = ["face.conversation.snapshot"]
+    conv = rig.mind.convs["c_1"] = Conv("c_1")
+    client, link1 = await rig.live()
+    handle = await client.chat("c_1", "hello", request_id="q-8")
+    conv.say("q-8", "hello")
+    link2 = await rig.relink(link1)
+    with pytest.raises(OutcomeUnknown) as info:
+        await asyncio.wait_for(handle.result(), TIMEOUT)
+    assert "admitted" in str(info.value)
+    assert link2.frames("face.chat") == []

@@ -428,15 +428,39 @@ class FaceClient:
             elif pending.sent_gen is None or pending.type in replay_safe:
                 await self._send_pending(gen, pending)
             else:
+                # Not replay-safe and already on the wire: never re-sent.
+                # Reconcile by reading state instead (I6).
                 self._pending.pop(pending.request_id, None)
-                pending.fail(
-                    OutcomeUnknown(
-                        pending.request_id,
-                        pending.type,
-                        "read the conversation to learn what happened",
-                    )
-                )
+                self._spawn(self._reconcile(pending))
+
         return resumed
+
+    async def _reconcile(self, pending: _Pending) -> None:
+        """Learn the outcome of a command that may or may not have run, by
+        reading (reads are always safe). A chat whose reply is in the
+        conversation resolves with it; otherwise the caller gets an explicit
+        :class:`OutcomeUnknown` saying what the Mind shows — never a resend."""
+        request_id = pending.request_id
+        hint = "read the conversation to learn what happened"
+        if pending.type == "face.chat":
+            try:
+                snap = await self.snapshot(pending.payload["conversation_id"], messages_limit=500)
+            except FaceError:
+                snap = None
+            if snap is not None:
+                mine = [m for m in snap.get("messages", []) if m.get("request_id") == request_id]
+                reply = next((m for m in mine if m.get("role") == "assistant"), None)
+                if reply is not None:
+                    status = reply.get("status") or "succeeded"
+                    self._finish(pending, Result(request_id, status, reply.get("content"),
+                                                 data={"reconciled": True}))
+                    return
+                hint = (
+                    "the Mind admitted it and it has no reply yet: follow the conversation"
+                    if mine
+                    else "the Mind shows no admission of it yet; it may still be in flight"
+                )
+        pending.fail(OutcomeUnknown(request_id, pending.type, hint))
 
     async def _subscribe_now(self, gen: int, cid: str, request_id: str | None = None) -> None:
         view = self.views[cid]

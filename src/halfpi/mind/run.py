@@ -44,7 +44,12 @@ async def running_mind(
     server = FaceServer(mind)
     await server.start()
     if config.local_hand:
-        mind.start_local_hand(f"ws://127.0.0.1:{server.port}/v1/hand")
+        # The local Hand dials the address the server listens on (loopback
+        # when it listens on every address).
+        host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "[::1]"}.get(
+            config.host, f"[{config.host}]" if ":" in config.host else config.host
+        )
+        mind.start_local_hand(f"ws://{host}:{server.port}/v1/hand")
     try:
         yield mind, server
     finally:

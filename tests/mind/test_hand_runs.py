@@ -211,7 +211,7 @@ async def test_superseding_connection_keeps_runs_and_closes_the_old_one() -> Non
     link, watched = started_run(hands)
     newer = FakeLink(hands)
     welcome = hands.connect(newer, hello(runs=((watched.run.run_id, 1),)), "p_hand")
-    assert link.closed and link.closed[0][0] == 4000
+    assert link.closed and link.closed[0][0] == 1000
     assert welcome["adopted"] == [watched.run.run_id]
     state = hands.hands["dev"]
     assert state.link is newer and state.grace is None

@@ -50,8 +50,15 @@ def canonical_digest(value: Any) -> str:
     return "sha256:" + hashlib.sha256(_encode.encode(value)).hexdigest()
 
 
+_SECRET_SUFFIXES = tuple(k.replace("_", "") for k in SECRET_KEYS)
+
+
 def is_secret_key(key: str) -> bool:
-    return key.lower() in SECRET_KEYS
+    """A key names a secret if, ignoring case and separators, it is or ends
+    with one of the secret names: ``token``, ``access_token``, ``apiKey``,
+    ``client-secret``, ``DB_PASSWORD``."""
+    folded = "".join(ch for ch in key.lower() if ch.isalnum())
+    return folded.endswith(_SECRET_SUFFIXES)
 
 
 @dataclass(frozen=True, slots=True)

@@ -280,6 +280,8 @@ class FaceClient:
             self._supervisor.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._supervisor
+        for task in list(self._tasks):
+            task.cancel()
         for pending in list(self._pending.values()):
             pending.fail(ClientClosed("client closed"))
         self._pending.clear()
@@ -452,8 +454,10 @@ class FaceClient:
                 reply = next((m for m in mine if m.get("role") == "assistant"), None)
                 if reply is not None:
                     status = reply.get("status") or "succeeded"
-                    self._finish(pending, Result(request_id, status, reply.get("content"),
-                                                 data={"reconciled": True}))
+                    self._finish(
+                        pending,
+                        Result(request_id, status, reply.get("content"), data={"reconciled": True}),
+                    )
                     return
                 hint = (
                     "the Mind admitted it and it has no reply yet: follow the conversation"

@@ -54,7 +54,7 @@ class Output:
     def __call__(self, type_: str, payload: dict[str, Any]) -> None:
         self.stream.write(
             json.dumps(
-                {"type": type_, "payload": payload}, ensure_ascii=False, separators=(",", ":")
+                {"type": type_, "payload": payload}, ensure_ascii=True, separators=(",", ":")
             )
             + "\n"
         )

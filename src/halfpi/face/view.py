@@ -173,7 +173,9 @@ class ConversationView:
         elif kind == "chat.tool_completed":
             done = self.tool_cards.get(data["tool_call_id"])
             if done is not None:
-                done.status = "succeeded" if data.get("success") else "failed"
+                done.status = data.get("status") or (
+                    "succeeded" if data.get("success") else "failed"
+                )
                 done.success = data.get("success")
                 done.output_bytes = data.get("output_bytes")
                 done.digest = data.get("digest")

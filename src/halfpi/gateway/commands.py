@@ -187,13 +187,19 @@ async def chat_cancel(s: FaceSession, p: wire.ChatCancel) -> None:
             "conversation_id": actor.id,
             "target_request_id": p.target_request_id,
         }
+        # request_ids are unique per principal (DESIGN §3): the caller's own
+        # request is the target; only if it has none is another device's
+        # chat with that id (e.g. cancelling from the phone what the laptop
+        # started) the one meant.
         target = {"target_request_id": p.target_request_id}
+        caller = record.principal_id
         run = actor.active_run_for(p.target_request_id)
-        if run is not None:
+        own = await mind.store.run_for_request(actor.id, p.target_request_id, caller)
+        if run is not None and (run.principal_id == caller or own is None):
             return await _admit_cancel(
                 s, record, target, None, run.done, lambda: actor.stop(run, "cancelled")
             )
-        row = await mind.store.run_for_request(actor.id, p.target_request_id)
+        row = own or await mind.store.run_for_request(actor.id, p.target_request_id)
         if row is None:
             raise NotFound(
                 ErrorCode.RUN_NOT_FOUND,
@@ -313,10 +319,13 @@ async def run_cancel(s: FaceSession, p: wire.RunCancel) -> None:
             return await _admit_cancel(
                 s, record, target, None, run.done, lambda: mind.hands.cancel(run)
             )
-        stored = await mind.store.get_tool_run(p.run_id)
-        if stored is None:
-            raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run", field="run_id")
-        return await _admit_cancel(s, record, target, stored.status, None, None)
+        ended = mind.hands.ended.get(p.run_id)
+        if ended is None:
+            stored = await mind.store.get_tool_run(p.run_id)
+            if stored is None:
+                raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run", field="run_id")
+            ended = stored.status
+        return await _admit_cancel(s, record, target, ended, None, None)
 
     await s.mutation("face.run.cancel", p, admit)
 

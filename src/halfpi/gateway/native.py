@@ -103,6 +103,11 @@ class WebSocketConnection(asyncio.Protocol):
         self.transport = transport
         transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
         self.server.connections.add(self)
+        # Until the upgrade completes no session watches this socket: a
+        # connection that never finishes its handshake is aborted in time.
+        self._timer = asyncio.get_running_loop().call_later(
+            self.server.mind.config.hello_timeout_s, self.abort
+        )
 
     def data_received(self, data: bytes) -> None:
         ws = self.ws
@@ -174,6 +179,9 @@ class WebSocketConnection(asyncio.Protocol):
         response = ws.accept(request)  # checks Upgrade headers and the Origin allowlist
         ws.send_response(response)
         if response.status_code == 101:
+            if self._timer is not None:
+                self._timer.cancel()  # the session's own hello timeout takes over
+                self._timer = None
             if path == FACE_PATH:
                 self.session = FaceSession(self.server.mind, self)
             else:

@@ -165,6 +165,8 @@ class FaceSession:
     async def _reset(self, sub: Subscription) -> None:
         actor = sub.actor
         snap = await actor.snapshot(self.mind.config.snapshot_messages, sub.detail_mode)
+        if self.closed:
+            return
         self.send_reliable(
             "face.reset",
             {"conversation_id": actor.id, "reason": "cursor_expired", "snapshot": snap},
@@ -201,6 +203,8 @@ class FaceSession:
         detail_mode: str,
     ) -> None:
         """Subscribe from ``pos``: replay what is newer, then go live."""
+        if self.closed:  # the connection went while the subscribe was being read
+            return
         self._drop_subscription(actor.id)
         sub = Subscription(
             self, actor, pos=pos, transient_types=transient_types, detail_mode=detail_mode

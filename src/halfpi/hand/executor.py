@@ -12,6 +12,7 @@ bounded (1 MiB per stream).
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import hashlib
 import os
@@ -76,15 +77,29 @@ class ProgressGate:
         self.bytes = 0
         self.events = 0
         self.gap = False
+        # One incremental decoder per stream: a character split across two
+        # reads is decoded whole, never as two replacement characters.
+        self._decoders = {
+            kind: codecs.getincrementaldecoder("utf-8")(errors="replace")
+            for kind in ("stdout", "stderr")
+        }
 
-    def __call__(self, kind: str, data: bytes) -> None:
+    def __call__(self, kind: str, data: bytes, *, final: bool = False) -> None:
+        text = self._decoders[kind].decode(data, final=final)
+        if not text:
+            return
         if self.events >= PROGRESS_EVENTS or self.bytes + len(data) > PROGRESS_BYTES:
             self.gap = True
             return
         self.events += 1
         self.bytes += len(data)
         gap, self.gap = self.gap, False
-        self.sink(kind, data.decode("utf-8", errors="replace"), gap)
+        self.sink(kind, text, gap)
+
+    def close(self) -> None:
+        """Flush what the decoders still hold (an incomplete last character)."""
+        for kind in self._decoders:
+            self(kind, b"", final=True)
 
 
 class _Stream:
@@ -173,6 +188,7 @@ async def exec_command(
         except TimeoutError:
             pumps.cancel()
         await proc.wait()
+        gate.close()
     finally:
         waiter.cancel()
         if proc.returncode is None:

@@ -73,6 +73,7 @@ class ChatRun:
     """One admitted chat, from ``chat.started`` to its terminal event."""
 
     __slots__ = (
+        "completed_calls",
         "content",
         "detail_mode",
         "done",
@@ -110,6 +111,7 @@ class ChatRun:
         # Frozen at admission (I9): every tool call of this chat inherits it.
         self.detail_mode = detail_mode
         self.tool_runs: dict[str, ToolRun] = {}
+        self.completed_calls: set[str] = set()  # tool calls whose end is recorded
         self.stop_reason: str | None = None
         self.error_code: str | None = None
         # Resolves with the terminal status once it is committed.
@@ -308,7 +310,14 @@ class ConversationActor:
             self.run = None
             return outcome.existing
         on_accepted(record)
-        run.task = asyncio.create_task(self._drive(run), name=f"chat {run.run_id}")
+        if run.stop_reason is not None:
+            # Cancelled (or the Mind began draining) while the admission was
+            # committing: the chat ends now, without ever starting the agent.
+            run.task = asyncio.create_task(
+                self.finish(run, run.stop_reason, None), name=f"chat {run.run_id}"
+            )
+        else:
+            run.task = asyncio.create_task(self._drive(run), name=f"chat {run.run_id}")
         return record
 
     def emit_delta(self, run: ChatRun, text: str) -> None:
@@ -370,10 +379,11 @@ class ConversationActor:
         """
         if CHAT.is_terminal(run.state):
             return False
+        if run.stop_reason is not None:
+            return True  # asked already: one cancellation, so cleanup is never cut short
         if run.state == "running":
             run.state = CHAT.check(run.state, "cancel_requested")
-        if run.stop_reason is None:
-            run.stop_reason = reason
+        run.stop_reason = reason
         if run.task is not None and not run.task.done():
             run.task.cancel()
         return True

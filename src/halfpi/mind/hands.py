@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -21,6 +22,8 @@ from halfpi.core.hand_wire import HandHello, HandProgress, HandResult, HandStart
 from halfpi.core.states import RUN
 
 log = logging.getLogger("halfpi.hands")
+
+ENDED_KEPT = 4096
 
 
 class HandLink(Protocol):
@@ -81,6 +84,9 @@ class HandRegistry:
         self.grace_s = grace_s
         self.hands: dict[str, HandState] = {}
         self.runs: dict[str, ToolRun] = {}
+        # Terminal states of the latest runs, kept while their records commit:
+        # a cancel that arrives just after the end learns the state that stands.
+        self.ended: OrderedDict[str, str] = OrderedDict()
         # Called with (hand_id, connected, conversation ids with runs on it).
         self.on_presence: Callable[[str, bool, set[str]], None] | None = None
 
@@ -96,7 +102,7 @@ class HandRegistry:
         """A Hand said hello: (re)bind it, adopt or abandon its runs."""
         hand = self.hands.get(hello.hand_id)
         if hand is not None and hand.link is not None and hand.link is not link:
-            hand.link.close(4000, "superseded by a newer connection of this Hand")
+            hand.link.close(1000, "superseded by a newer connection of this Hand")
         if hand is not None and hand.instance_id != hello.instance_id:
             self._lose_runs(hand.hand_id, "the Hand restarted")
         generation = (hand.generation if hand is not None else 0) + 1
@@ -303,4 +309,7 @@ class HandRegistry:
         if not run.done.done():
             run.done.set_result({"status": status, **result})
         self.runs.pop(run.run_id, None)
+        self.ended[run.run_id] = status
+        if len(self.ended) > ENDED_KEPT:
+            self.ended.popitem(last=False)
         return True

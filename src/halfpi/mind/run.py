@@ -38,7 +38,7 @@ async def running_mind(
     connected to it; on exit: stop accepting, drain the Mind (close Faces
     with 1012, end chats as ``interrupted``, close the store), wait a bounded
     time for connections to close."""
-    config.home.mkdir(parents=True, exist_ok=True)
+    config.home.mkdir(parents=True, exist_ok=True, mode=0o700)
     mind = build_mind(config, agent)
     await mind.start()
     server = FaceServer(mind)

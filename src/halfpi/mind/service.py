@@ -187,6 +187,12 @@ class Mind:
             self._local_hand_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._local_hand_task
+        for approval in list(self.approvals.live.values()):
+            if approval.timer is not None:
+                approval.timer.cancel()
+        for hand in self.hands.hands.values():
+            if hand.grace is not None:
+                hand.grace.cancel()
         if self._maintenance is not None:
             self._maintenance.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -19,6 +19,8 @@ import asyncio
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from halfpi.core.ids import new_id
 from halfpi.core.outbound import PROGRESS, Message
 from halfpi.core.projection import project_args, summary_data, truncate_output
@@ -41,6 +43,8 @@ TOOL_RULES: dict[str, dict[str, str]] = {
     "read_file": {"path": "show"},
 }
 CANCEL_SETTLE_S = 10.0
+DEFAULT_TIMEOUT_S = 300.0
+MAX_TIMEOUT_S = 24 * 3600.0
 
 
 async def call_tool(
@@ -84,28 +88,75 @@ async def call_tool(
     try:
         await actor._commit(WriteTx(events=[event], tool_calls=[call]), [(message, None)])
         state = await _approve(actor, run, call, tool, hand_id)
-    except asyncio.CancelledError:
-        # The chat was cancelled while the call was being recorded or waited
-        # for its approval: settle both, so nothing stays open (DESIGN §5).
-        approval = host.approvals.for_call(call.tool_call_id)
-        if approval is not None:
-            host.approvals.settle(approval, "cancelled", None, None, "the chat was cancelled")
-        await complete_call(actor, call, None, "cancelled", {"error_category": "cancelled"})
-        raise
-    if state != "allowed":
-        return await complete_call(actor, call, None, state, {"error_category": state})
-    if hand_id is None or not host.hands.connected(hand_id):
-        return await complete_call(
+        if state != "allowed":
+            return await _complete(actor, run, call, None, state, {"error_category": state})
+        if hand_id is None or not host.hands.connected(hand_id):
+            why = f"no connected Hand {hand_id!r}" if hand_id else "no Hand is connected"
+            return await _complete(
+                actor,
+                run,
+                call,
+                None,
+                "failed",
+                {"error_category": "hand_unavailable", "error": why},
+            )
+        timeout_s = _timeout_of(args)
+        return await _run_on_hand(actor, run, call, hand_id, tool, args, timeout_s)
+    except BadArguments as exc:
+        return await _complete(
             actor,
+            run,
             call,
             None,
             "failed",
-            {
-                "error_category": "hand_unavailable",
-                "error": f"no connected Hand {hand_id!r}" if hand_id else "no Hand is connected",
-            },
+            {"error_category": "bad_arguments", "error": str(exc)},
         )
-    return await _run_on_hand(actor, run, call, hand_id, tool, args)
+    except asyncio.CancelledError:
+        # The chat was cancelled at some step: settle what is pending (the
+        # approval, the call), shielded so a second cancel cannot cut it short.
+        await asyncio.shield(_cancelled(actor, run, call))
+        raise
+    except Exception:
+        await asyncio.shield(
+            _complete(actor, run, call, None, "failed", {"error_category": "internal_error"})
+        )
+        raise
+
+
+class BadArguments(ValueError):
+    """Arguments the Mind itself must read are not what they must be."""
+
+
+def _timeout_of(args: dict[str, Any]) -> float:
+    raw = args.get("timeout_s")
+    if raw is None:
+        return DEFAULT_TIMEOUT_S
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not 0 < raw <= MAX_TIMEOUT_S:
+        raise BadArguments(f"timeout_s must be a number in (0, {MAX_TIMEOUT_S:.0f}]")
+    return float(raw)
+
+
+async def _cancelled(actor: ConversationActor, run: ChatRun, call: ToolCallRow) -> None:
+    host = actor.host
+    approval = host.approvals.for_call(call.tool_call_id)
+    if approval is not None:
+        host.approvals.settle(approval, "cancelled", None, None, "the chat was cancelled")
+    await _complete(actor, run, call, None, "cancelled", {"error_category": "cancelled"})
+
+
+async def _complete(
+    actor: ConversationActor,
+    run: ChatRun,
+    call: ToolCallRow,
+    run_id: str | None,
+    status: str,
+    result: dict[str, Any],
+) -> dict[str, Any]:
+    """Complete a call once: the first completion stands (I10)."""
+    if call.tool_call_id in run.completed_calls:
+        return {"tool": call.tool, "status": status, "success": False}
+    run.completed_calls.add(call.tool_call_id)
+    return await complete_call(actor, call, run_id, status, result)
 
 
 async def _approve(
@@ -139,6 +190,7 @@ async def _run_on_hand(
     hand_id: str,
     tool: str,
     args: dict[str, Any],
+    timeout_s: float,
 ) -> dict[str, Any]:
     host = actor.host
     now = host.now()
@@ -164,7 +216,7 @@ async def _run_on_hand(
         hand_id,
         tool,
         args,
-        float(args.get("timeout_s") or 300.0),
+        timeout_s,
         actor.id,
         call.tool_call_id,
         on_progress=on_progress,
@@ -178,16 +230,24 @@ async def _run_on_hand(
         result = await asyncio.shield(tool_run.done)
     except asyncio.CancelledError:
         host.hands.cancel(tool_run)
-        try:
-            result = await asyncio.wait_for(asyncio.shield(tool_run.done), CANCEL_SETTLE_S)
-        except TimeoutError:
-            host.hands.finish(tool_run, "lost", {"error_category": "lost"})
-            result = tool_run.done.result()
-        await complete_call(actor, call, record.run_id, result["status"], result)
+        await asyncio.shield(_settle_run(actor, run, call, tool_run))
         raise
     finally:
         run.tool_runs.pop(record.run_id, None)
-    return await complete_call(actor, call, record.run_id, result["status"], result)
+    return await _complete(actor, run, call, record.run_id, result["status"], result)
+
+
+async def _settle_run(
+    actor: ConversationActor, run: ChatRun, call: ToolCallRow, tool_run: ToolRun
+) -> None:
+    """After a cancel was propagated: the Hand's answer (or ``lost`` if it
+    stays silent) completes the call."""
+    try:
+        result = await asyncio.wait_for(asyncio.shield(tool_run.done), CANCEL_SETTLE_S)
+    except TimeoutError:
+        actor.host.hands.finish(tool_run, "lost", {"error_category": "lost"})
+        result = tool_run.done.result()
+    await _complete(actor, run, call, tool_run.run_id, result["status"], result)
 
 
 def _run_changed(
@@ -283,8 +343,6 @@ def progress_message(
     call_seq: int,
     seq: int,
 ) -> Message:
-    import msgspec
-
     body = msgspec.json.encode(
         {
             "conversation_id": actor.id,

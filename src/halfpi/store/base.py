@@ -281,8 +281,11 @@ class Store(Protocol):
         self, conversation_id: str, *, limit: int, before_seq: int | None, max_seq: int | None
     ) -> MessagePage: ...
 
-    async def run_for_request(self, conversation_id: str, request_id: str) -> RunRow | None:
-        """The newest run of ``request_id`` in the conversation (any principal)."""
+    async def run_for_request(
+        self, conversation_id: str, request_id: str, principal_id: str | None = None
+    ) -> RunRow | None:
+        """The newest run of ``request_id`` in the conversation, of
+        ``principal_id`` if given, else of any principal."""
         ...
 
     async def tool_history(

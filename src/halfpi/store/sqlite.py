@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import queue
 import sqlite3
 import threading
@@ -523,9 +524,22 @@ def read_credentials_version(conn: sqlite3.Connection) -> int:
     return int(row[0]) if row else 0
 
 
+def prepare_private(path: Path) -> None:
+    """The database holds every message and stored tool output: its folder is
+    0700 and its files (database, WAL, shared memory) 0600, whatever the
+    umask. SQLite gives the WAL and -shm files the database file's mode."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with contextlib.suppress(PermissionError):
+        os.chmod(path.parent, 0o700)
+    os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
+    for name in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        with contextlib.suppress(FileNotFoundError, PermissionError):
+            os.chmod(name, 0o600)
+
+
 def open_db(path: Path) -> sqlite3.Connection:
     """Open (creating if needed) the database for synchronous use by the CLI."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    prepare_private(path)
     conn = connect(path)
     init_schema(conn)
     return conn
@@ -556,7 +570,7 @@ class SQLiteStore:
 
     async def open(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        prepare_private(self.path)
         conn = connect(self.path, synchronous=self.synchronous)
         init_schema(conn)
         self._writer = threading.Thread(
@@ -794,12 +808,14 @@ class SQLiteStore:
 
         return await self._read(run)
 
-    async def run_for_request(self, conversation_id: str, request_id: str) -> RunRow | None:
+    async def run_for_request(
+        self, conversation_id: str, request_id: str, principal_id: str | None = None
+    ) -> RunRow | None:
         def run(conn: sqlite3.Connection) -> RunRow | None:
             row = conn.execute(
                 f"SELECT {_RUN_COLUMNS} FROM runs WHERE conversation_id = ? AND request_id = ?"
-                " ORDER BY started_at DESC LIMIT 1",
-                (conversation_id, request_id),
+                " AND (? IS NULL OR principal_id = ?) ORDER BY started_at DESC LIMIT 1",
+                (conversation_id, request_id, principal_id, principal_id),
             ).fetchone()
             return RunRow(*row) if row else None
 

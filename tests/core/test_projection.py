@@ -21,8 +21,20 @@ from halfpi.core.projection import (
 
 @pytest.mark.parametrize(
     "key",
-    ["password", "token", "api_key", "application_key", "private_key", "secret",
-     "TOKEN", "access_token", "apiKey", "client-secret", "DB_PASSWORD", "githubToken"],
+    [
+        "password",
+        "token",
+        "api_key",
+        "application_key",
+        "private_key",
+        "secret",
+        "TOKEN",
+        "access_token",
+        "apiKey",
+        "client-secret",
+        "DB_PASSWORD",
+        "githubToken",
+    ],
 )
 def test_secret_keys_are_recognised(key: str) -> None:
     assert is_secret_key(key)
@@ -57,7 +69,9 @@ def test_field_rules_show_mask_hide_preview() -> None:
     assert projected["a"] == "shown"
     assert projected["b"] == MASK
     assert "c" not in projected
-    assert projected["d"].startswith("y" * PREVIEW_CHARS) and len(projected["d"]) == PREVIEW_CHARS + 1
+    assert (
+        projected["d"].startswith("y" * PREVIEW_CHARS) and len(projected["d"]) == PREVIEW_CHARS + 1
+    )
 
 
 def test_central_masking_wins_over_a_show_rule() -> None:
@@ -89,12 +103,19 @@ def test_projection_is_bounded() -> None:
 
 def test_summary_drops_bodies_but_keeps_facts() -> None:
     data = {"tool_call_id": "t", "args": {"a": 1}, "args_digest": "sha256:x"}
-    assert summary_data("chat.tool_called", data) == {"tool_call_id": "t", "args_digest": "sha256:x"}
+    assert summary_data("chat.tool_called", data) == {
+        "tool_call_id": "t",
+        "args_digest": "sha256:x",
+    }
     done = {"tool_call_id": "t", "result": {"stdout": "x"}, "output_bytes": 1, "digest": "d"}
-    assert summary_data("chat.tool_completed", done) == {"tool_call_id": "t", "output_bytes": 1,
-                                                          "digest": "d"}
+    assert summary_data("chat.tool_completed", done) == {
+        "tool_call_id": "t",
+        "output_bytes": 1,
+        "digest": "d",
+    }
     assert summary_record({"args": 1, "result": 2, "status": "succeeded"}) == {
-        "status": "succeeded"}
+        "status": "succeeded"
+    }
     assert summary_data("chat.message", {"content": "c"}) == {"content": "c"}
 
 

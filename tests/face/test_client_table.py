@@ -1160,3 +1160,23 @@ async def test_I6_unsafe_chat_admitted_without_reply_is_unknown_with_what_is_kno
         await asyncio.wait_for(handle.result(), TIMEOUT)
     assert "admitted" in str(info.value)
     assert link2.frames("face.chat") == []
+
+
+async def test_a_refused_resubscribe_is_tried_again_not_abandoned(rig: Rig) -> None:
+    """A retryable refusal (busy, rate_limited…) of the client's own subscribe
+    must not leave the view silently frozen: it subscribes again."""
+    client, link = await rig.live()
+    await rig.follow(client, conv_with("c_1", "a"))
+    rig.mind.auto_subscribe = False
+    before = len(link.frames("face.subscribe"))
+    link.push("face.pong", {}, event_seq=link.event_seq + 2)  # a loss: resubscribe
+    await rig.changes.until(lambda: len(link.frames("face.subscribe")) == before + 1,
+                            "the resubscribe")
+    refused = link.frames("face.subscribe")[-1]
+    link.push("face.error", {"request_id": refused["request_id"], "code": "rate_limited",
+                             "message": "", "retryable": True})
+    await rig.changes.until(lambda: len(link.frames("face.subscribe")) == before + 2,
+                            "the subscribe tried again")
+    again = link.frames("face.subscribe")[-1]
+    assert again["request_id"] != refused["request_id"]
+    assert again["since"] == refused["since"]

@@ -437,6 +437,11 @@ class FaceClient:
 
         return resumed
 
+    async def _retry_subscribe(self, gen: int, cid: str) -> None:
+        await self.sleep(0.5 + self.rng.random())
+        if gen == self.generation and cid in self._wanted and self._transport is not None:
+            await self._subscribe_now(gen, cid)
+
     async def _reconcile(self, pending: _Pending) -> None:
         """Learn the outcome of a command that may or may not have run, by
         reading (reads are always safe). A chat whose reply is in the
@@ -549,6 +554,11 @@ class FaceClient:
                         del self._resubscribing[cid]
                 log.warning("resubscribe refused: %s", payload)
                 self._maybe_resumed()
+                if payload.get("retryable"):
+                    # busy, rate_limited, unavailable…: the view must not
+                    # silently stop updating — try again after a pause.
+                    for cid in pending.payload.get("conversation_ids", ()):
+                        self._spawn(self._retry_subscribe(gen, cid))
             elif pending is not None:
                 pending.fail(command_error(payload))
             else:

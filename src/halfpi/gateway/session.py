@@ -55,6 +55,8 @@ log = logging.getLogger("halfpi.gateway")
 FLUSH_BUDGET = 256 * 1024  # bytes handed to the transport per flush round
 REPLAY_BATCH = 256
 MAX_INBOX = 256
+MAX_INBOX_BEFORE_HELLO = 4  # with at most 1 MiB each: bounded before anyone is known
+OVERSIZED = b"\x00oversized:"  # stands in the inbox for a frame too large to keep
 FEATURES = ("resume", "snapshot", "coalesced_deltas", "evicted_cursors")
 
 
@@ -242,9 +244,13 @@ class FaceSession:
         if self.closed:
             return
         self.last_inbound = self.mind.now()
-        if len(self._inbox) >= MAX_INBOX:
+        limit = MAX_INBOX if self.state == "open" else MAX_INBOX_BEFORE_HELLO
+        if len(self._inbox) >= limit:
             self.send_error(RateLimited("too many commands in flight"), wire.request_id_of(data))
             return
+        if len(data) > self.mind.config.max_frame_bytes:
+            # Refused in order, but not kept: an oversized frame costs no memory.
+            data = OVERSIZED + str(len(data)).encode()
         self._inbox.append(data)
         if self._worker is None:
             self._worker = self.loop.create_task(self._work())
@@ -268,10 +274,10 @@ class FaceSession:
 
     async def _handle(self, data: bytes) -> None:
         config = self.mind.config
-        if len(data) > config.max_frame_bytes:
+        if data.startswith(OVERSIZED):
+            size = data[len(OVERSIZED) :].decode()
             self._invalid(
-                InvalidRequest(f"frame of {len(data)} bytes exceeds {config.max_frame_bytes}"),
-                None,
+                InvalidRequest(f"frame of {size} bytes exceeds {config.max_frame_bytes}"), None
             )
             return
         try:

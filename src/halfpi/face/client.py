@@ -647,6 +647,8 @@ class FaceClient:
         hold, and fold nothing of those conversations until the Mind accepts —
         everything after our cursors comes again in the replay, in order."""
         for cid in sorted(self._wanted):
+            if cid in self._resubscribing:
+                continue  # one already on its way covers this loss too: no storm
             request_id = new_request_id("sub")
             self._resubscribing[cid] = request_id
             self._spawn(self._subscribe_now(gen, cid, request_id))

@@ -17,7 +17,7 @@ What it does for you (DESIGN §3, §4, I4-I6):
   same ``request_id``; any other that was already on the wire fails with
   :class:`~halfpi.face.errors.OutcomeUnknown` — never silently re-sent.
 
-The transport is a seam (:data:`Connector`): the default speaks WebSocket
+The transport is a seam (:data:`~halfpi.face.transport.Connector`): the default speaks WebSocket
 through ``websockets``; tests inject a scripted one, and time (``sleep``,
 ``rng``) is injectable too.
 """
@@ -32,129 +32,18 @@ import logging
 import os
 import random
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from halfpi import __version__
 from halfpi.core.backoff import backoff
 from halfpi.face.errors import AuthError, ClientClosed, FaceError, OutcomeUnknown, command_error
+from halfpi.face.results import Result, Status
+from halfpi.face.transport import ConnectionLost, Connector, Transport, websocket_connector
 from halfpi.face.view import APPLIED, RESYNC, ConversationView
 
 log = logging.getLogger("halfpi.face")
 
 AUTH_CLOSE_CODES = frozenset({4001, 4003})
-
-
-class ConnectionLost(Exception):
-    def __init__(self, code: int | None = None, reason: str = "") -> None:
-        super().__init__(f"connection lost ({code}): {reason}")
-        self.code = code
-        self.reason = reason
-
-
-class Transport(Protocol):
-    async def send(self, text: str) -> None: ...
-
-    async def recv(self) -> str:
-        """Next text frame; raises :class:`ConnectionLost` when the link ends."""
-        ...
-
-    async def close(self) -> None: ...
-
-
-Connector = Callable[[str], Awaitable[Transport]]
-
-
-class _WebSocketTransport:
-    def __init__(self, ws: Any) -> None:
-        self.ws = ws
-
-    async def send(self, text: str) -> None:
-        import websockets
-
-        try:
-            await self.ws.send(text)
-        except websockets.ConnectionClosed as exc:
-            raise _lost(exc) from None
-
-    async def recv(self) -> str:
-        import websockets
-
-        try:
-            data = await self.ws.recv()
-        except websockets.ConnectionClosed as exc:
-            raise _lost(exc) from None
-        return data if isinstance(data, str) else data.decode()
-
-    async def close(self) -> None:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.ws.close(), 2.0)
-
-
-def _lost(exc: Any) -> ConnectionLost:
-    rcvd = getattr(exc, "rcvd", None)
-    return ConnectionLost(rcvd.code if rcvd else None, rcvd.reason if rcvd else "")
-
-
-async def websocket_connector(url: str) -> Transport:
-    import websockets
-
-    try:
-        ws = await websockets.connect(url, max_size=None, open_timeout=10, ping_interval=None)
-    except (OSError, TimeoutError, websockets.InvalidHandshake) as exc:
-        raise ConnectionLost(None, str(exc)) from None
-    return _WebSocketTransport(ws)
-
-
-@dataclass(frozen=True, slots=True)
-class Status:
-    """What a status line shows; never claims more than the client knows."""
-
-    # connecting | live | reconnecting | resuming | resumed | resynced | refused | closed
-    state: str
-    attempt: int = 0
-    next_in: float | None = None
-    replayed: int = 0
-    detail: str = ""
-
-    def describe(self) -> str:
-        if self.state == "reconnecting":
-            nxt = f", next in {self.next_in:.1f} s" if self.next_in is not None else ""
-            return f"reconnecting (attempt {self.attempt}{nxt})"
-        if self.state == "resuming":
-            return "connected, catching up"
-        if self.state == "resumed":
-            return f"resumed: {self.replayed} events replayed"
-        if self.state == "resynced":
-            return "resynced from snapshot"
-        if self.state == "refused":
-            return f"refused: {self.detail}"
-        return self.state
-
-
-@dataclass(frozen=True, slots=True)
-class Result:
-    """A terminal ``face.result``."""
-
-    request_id: str
-    status: str
-    content: str | None = None
-    error_code: str | None = None
-    data: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "succeeded"
-
-    @classmethod
-    def from_wire(cls, p: dict[str, Any]) -> Result:
-        return cls(
-            p["request_id"],
-            p["status"],
-            p.get("content"),
-            p.get("error_code"),
-            dict(p.get("data") or {}),
-        )
 
 
 class _Pending:
@@ -740,3 +629,16 @@ class FaceClient:
             payload["request_id"] = request_id
         pending = await self._submit("face.chat.cancel", payload)
         return ChatHandle(self, pending)
+
+
+__all__ = [
+    "ChatHandle",
+    "ConnectionLost",
+    "Connector",
+    "FaceClient",
+    "Result",
+    "Status",
+    "Transport",
+    "new_request_id",
+    "websocket_connector",
+]

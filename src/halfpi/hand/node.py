@@ -31,7 +31,7 @@ from typing import Any
 from halfpi import __version__
 from halfpi.core.backoff import backoff
 from halfpi.core.hand_wire import HAND_PROTOCOL
-from halfpi.face.client import ConnectionLost, Connector, Transport, websocket_connector
+from halfpi.face.transport import ConnectionLost, Connector, Transport, websocket_connector
 from halfpi.hand.executor import TOOLS, Outcome, ToolError
 from halfpi.hand.leftovers import Leftovers
 

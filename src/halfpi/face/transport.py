@@ -9,8 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
+
+
+# The WebSocket library logs frames at DEBUG; the first frame carries the
+# token, so its logger never goes below WARNING whatever the root level is.
+_wire_log = logging.getLogger("halfpi.face.wire")
+_wire_log.setLevel(logging.WARNING)
 
 
 class ConnectionLost(Exception):
@@ -68,7 +75,9 @@ async def websocket_connector(url: str) -> Transport:
     import websockets
 
     try:
-        ws = await websockets.connect(url, max_size=None, open_timeout=10, ping_interval=None)
+        ws = await websockets.connect(
+            url, max_size=None, open_timeout=10, ping_interval=None, logger=_wire_log
+        )
     except (OSError, TimeoutError, websockets.InvalidHandshake) as exc:
         raise ConnectionLost(None, str(exc)) from None
     return _WebSocketTransport(ws)

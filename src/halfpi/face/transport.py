@@ -13,7 +13,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-
 # The WebSocket library logs frames at DEBUG; the first frame carries the
 # token, so its logger never goes below WARNING whatever the root level is.
 _wire_log = logging.getLogger("halfpi.face.wire")

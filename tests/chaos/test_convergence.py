@@ -1,11 +1,12 @@
 """Convergence under faults: whatever the network does, the Face ends up true.
 
 A real Mind process sits behind a fault-injecting proxy. Hypothesis draws
-schedules of chats, cancels, cuts at random byte offsets, delays, a client
+schedules of chats, tool calls, cancels, cuts at random byte offsets, delays, a client
 that stops reading, and Mind restarts (kill -9 or graceful). After the
 schedule the network heals and everything settles; then:
 
-- the SDK's ConversationView equals the Mind's snapshot (I4),
+- the SDK's ConversationView equals the Mind's snapshot (I4): messages,
+  streaming replies and tool cards,
 - each request_id was admitted at most once, and every chat that was
   accepted was admitted exactly once (I5),
 - nothing the Mind did not declare replay-safe was ever re-sent (I6).
@@ -16,6 +17,7 @@ CI runs a bounded number of examples; ``HALFPI_CHAOS_EXAMPLES=300`` runs more.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections import Counter
 from collections.abc import Iterator
@@ -40,9 +42,11 @@ EXAMPLES = int(os.environ.get("HALFPI_CHAOS_EXAMPLES", "12"))
 
 chat = st.tuples(st.just("chat"), st.sampled_from(["echo", "repeat", "pace"]),
                  st.integers(1, 30))
+tool = st.tuples(st.just("tool"), st.integers(1, 3))
 step = st.one_of(
     chat,
     chat,
+    tool,
     st.tuples(st.just("cancel")),
     st.tuples(st.just("cut")),
     st.tuples(st.just("cut_after"), st.integers(1, 6000)),
@@ -95,6 +99,11 @@ async def run_schedule(mind: MindProcess, steps: list[tuple[Any, ...]]) -> None:
             proxy.delay_s = 0.0
             if action == "chat":
                 handles.append(await client.chat(cid, _content(*args)))
+            elif action == "tool":
+                # A tool call on the Mind's local Hand (read_file needs no
+                # approval): its card must converge like the messages.
+                target = json.dumps({"path": str(mind.home / "mind.log"), "max_bytes": 64})
+                handles.append(await client.chat(cid, f"/tool read_file {target}"))
             elif action == "cancel" and handles:
                 handles.append(await client.cancel(cid, handles[-1].request_id))
             elif action == "cut":

@@ -180,6 +180,7 @@ def test_snapshot_then_events_build_messages_and_streaming() -> None:
             (3, "user", "hello world", "q2", None),
         ],
         "streaming": ["q2"],
+        "tools": [],
     }
 
     done = event(

@@ -199,4 +199,5 @@ class ConversationView:
         return {
             "messages": [(m.seq, m.role, m.content, m.request_id, m.status) for m in self.messages],
             "streaming": sorted(self.streaming),
+            "tools": sorted((c.tool_call_id, c.tool, c.status) for c in self.tool_cards.values()),
         }

@@ -16,34 +16,17 @@ from typing import Any
 import pytest
 
 from halfpi.mind.hands import ToolRun
-from halfpi.store.base import TxOutcome, WriteTx
+from halfpi.store.base import WriteTx
 from tests.support.cli import face_add
 from tests.support.client import FaceClient, connect_new_credential
-from tests.support.mind import LocalMind, local_mind
-
-Frame = dict[str, Any]
+from tests.support.frames import event, events_of
+from tests.support.mind import LocalMind, hand_ready, local_mind
+from tests.support.store import HeldCommits
 
 TRUE_TOOL = '/tool exec_command {"argv": ["true"]}'
 
 
 # -- helpers ---------------------------------------------------------------------------
-
-
-def event(type_: str, **data: Any) -> Callable[[Frame], bool]:
-    """A predicate: a ``face.event`` of ``type_`` whose data holds ``data``."""
-
-    def match(frame: Frame) -> bool:
-        if frame["type"] != "face.event" or frame["payload"]["type"] != type_:
-            return False
-        got = frame["payload"]["data"]
-        return all(got.get(k) == v for k, v in data.items())
-
-    return match
-
-
-def events_of(frames: list[Frame], type_: str, **data: Any) -> list[Frame]:
-    match = event(type_, **data)
-    return [f for f in frames if match(f)]
 
 
 def read_row(db: Path, table: str, key: str, value: str) -> dict[str, Any] | None:
@@ -52,16 +35,6 @@ def read_row(db: Path, table: str, key: str, value: str) -> dict[str, Any] | Non
         conn.row_factory = sqlite3.Row
         row = conn.execute(f"SELECT * FROM {table} WHERE {key} = ?", (value,)).fetchone()
         return dict(row) if row is not None else None
-
-
-async def hand_ready(lmind: LocalMind) -> None:
-    assert lmind.mind.local_hand is not None
-    await asyncio.wait_for(lmind.mind.local_hand.connected.wait(), 10)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 10
-    while not lmind.mind.hands.connected("local"):
-        assert loop.time() < deadline, "the local Hand never registered"
-        await asyncio.sleep(0.01)
 
 
 async def approver(lmind: LocalMind, home: Path, label: str) -> FaceClient:
@@ -355,36 +328,6 @@ async def test_operator_without_approve_scope_is_forbidden(lmind: LocalMind) -> 
 
 
 # -- a cancel that lands while the tool call is being recorded ----------------------------
-
-
-class HeldCommits:
-    """Wraps the Mind's store: writes matching ``holds`` are committed at once,
-    but whoever awaits them is told only on :meth:`release` — a commit still
-    in flight, for as long as the test needs."""
-
-    def __init__(self, inner: Any, holds: Callable[[WriteTx], bool]) -> None:
-        self.inner = inner
-        self.holds = holds
-        self.held: list[tuple[asyncio.Future[TxOutcome], asyncio.Future[TxOutcome]]] = []
-        self.arrived = asyncio.Event()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def write(self, tx: WriteTx) -> asyncio.Future[TxOutcome]:
-        committed = self.inner.write(tx)
-        if not self.holds(tx):
-            return committed
-        told: asyncio.Future[TxOutcome] = asyncio.get_running_loop().create_future()
-        self.held.append((committed, told))
-        self.arrived.set()
-        return told
-
-    async def release(self) -> None:
-        for committed, told in self.held:
-            outcome = await committed
-            if not told.done():
-                told.set_result(outcome)
 
 
 WINDOWS: dict[str, Callable[[WriteTx], bool]] = {

@@ -37,10 +37,8 @@ from halfpi.hand.node import HandNode
 from halfpi.mind.hands import HandRegistry, ToolRun
 from tests.support.cli import halfpi_cli
 from tests.support.client import FaceClient
+from tests.support.frames import Frame, event, events_of
 from tests.support.mind import LocalMind, MindProcess, local_mind
-
-Frame = dict[str, Any]
-
 
 # -- the registry alone ---------------------------------------------------------------------
 
@@ -302,21 +300,6 @@ async def raw_hand(lmind: LocalMind, token: str, label: str, instance: str,
     })
     welcome = await hand.expect(lambda f: f["type"] == "hand.welcome")
     return hand, welcome["payload"]
-
-
-def event(type_: str, **data: Any) -> Callable[[Frame], bool]:
-    def match(frame: Frame) -> bool:
-        if frame["type"] != "face.event" or frame["payload"]["type"] != type_:
-            return False
-        got = frame["payload"]["data"]
-        return all(got.get(k) == v for k, v in data.items())
-
-    return match
-
-
-def events_of(frames: list[Frame], type_: str, **data: Any) -> list[Frame]:
-    match = event(type_, **data)
-    return [f for f in frames if match(f)]
 
 
 def terminal_run_states(frames: list[Frame], run_id: str) -> list[str]:

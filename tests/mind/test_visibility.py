@@ -8,12 +8,11 @@ masked at any depth and never reach a Face, the database or the logs.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
 import sqlite3
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +22,8 @@ from halfpi.agents.base import ChatInput, Delta
 from halfpi.core.projection import canonical_digest
 from tests.support.cli import face_add
 from tests.support.client import FaceClient, connect_new_credential
-from tests.support.mind import LocalMind, local_mind
-
-Frame = dict[str, Any]
+from tests.support.frames import Frame, event, events_of
+from tests.support.mind import LocalMind, hand_ready, local_mind
 
 SECRET_COMMAND = {"command": "for i in 1 2 3; do echo line$i; done", "password": "hunter2"}
 SECRET_TOOL = "/tool exec_command " + json.dumps(SECRET_COMMAND)
@@ -33,21 +31,6 @@ LINES = "line1\nline2\nline3\n"
 
 
 # -- helpers ---------------------------------------------------------------------------
-
-
-def event(type_: str, **data: Any) -> Callable[[Frame], bool]:
-    def match(frame: Frame) -> bool:
-        if frame["type"] != "face.event" or frame["payload"]["type"] != type_:
-            return False
-        got = frame["payload"]["data"]
-        return all(got.get(k) == v for k, v in data.items())
-
-    return match
-
-
-def events_of(frames: list[Frame], type_: str, **data: Any) -> list[Frame]:
-    match = event(type_, **data)
-    return [f for f in frames if match(f)]
 
 
 def detail_leaks(frames: list[Frame]) -> list[str]:
@@ -76,16 +59,6 @@ def snapshot_leaks(snap: dict[str, Any]) -> list[str]:
         leaks += [f"{key} in tool_history {record['tool_call_id']}"
                   for key in ("args", "result") if key in record]
     return leaks
-
-
-async def hand_ready(lmind: LocalMind) -> None:
-    assert lmind.mind.local_hand is not None
-    await asyncio.wait_for(lmind.mind.local_hand.connected.wait(), 10)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 10
-    while not lmind.mind.hands.connected("local"):
-        assert loop.time() < deadline, "the local Hand never registered"
-        await asyncio.sleep(0.01)
 
 
 async def observer(lmind: LocalMind, label: str) -> FaceClient:

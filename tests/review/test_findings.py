@@ -20,27 +20,11 @@ from halfpi.gateway.session import FaceSession
 from halfpi.mind.auth import make_credential
 from halfpi.store.base import TxOutcome, WriteTx
 from tests.support.client import FaceClient
-from tests.support.mind import LocalMind, local_mind
-
-Frame = dict[str, Any]
-
+from tests.support.frames import event, events_of
+from tests.support.mind import LocalMind, hand_ready, local_mind
+from tests.support.store import HeldCommits
 
 # -- helpers ---------------------------------------------------------------------------
-
-
-def event(type_: str, **data: Any) -> Callable[[Frame], bool]:
-    def match(frame: Frame) -> bool:
-        if frame["type"] != "face.event" or frame["payload"]["type"] != type_:
-            return False
-        got = frame["payload"]["data"]
-        return all(got.get(k) == v for k, v in data.items())
-
-    return match
-
-
-def events_of(frames: list[Frame], type_: str, **data: Any) -> list[Frame]:
-    match = event(type_, **data)
-    return [f for f in frames if match(f)]
 
 
 async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -51,41 +35,6 @@ async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
         if loop.time() > deadline:
             raise TimeoutError("condition not reached in time")
         await asyncio.sleep(0.01)
-
-
-async def hand_ready(lmind: LocalMind) -> None:
-    assert lmind.mind.local_hand is not None
-    await asyncio.wait_for(lmind.mind.local_hand.connected.wait(), 10)
-    await until(lambda: lmind.mind.hands.connected("local"))
-
-
-class HeldCommits:
-    """Wraps the Mind's store: writes matching ``holds`` commit at once, but
-    whoever awaits them learns it only on :meth:`release`."""
-
-    def __init__(self, inner: Any, holds: Callable[[WriteTx], bool]) -> None:
-        self.inner = inner
-        self.holds = holds
-        self.held: list[tuple[asyncio.Future[TxOutcome], asyncio.Future[TxOutcome]]] = []
-        self.arrived = asyncio.Event()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def write(self, tx: WriteTx) -> asyncio.Future[TxOutcome]:
-        committed = self.inner.write(tx)
-        if not self.holds(tx):
-            return committed
-        told: asyncio.Future[TxOutcome] = asyncio.get_running_loop().create_future()
-        self.held.append((committed, told))
-        self.arrived.set()
-        return told
-
-    async def release(self) -> None:
-        for committed, told in self.held:
-            outcome = await committed
-            if not told.done():
-                told.set_result(outcome)
 
 
 async def approve_next(face: FaceClient, chat_id: str) -> None:

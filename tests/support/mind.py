@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -101,3 +102,14 @@ async def local_mind(home: Path, agent: Agent | None = None,
     async with running_mind(config, agent, close_wait_s=1.0) as (mind, server):
         token = config.face_token_path.read_text().strip()
         yield LocalMind(mind, server, f"ws://127.0.0.1:{server.port}/v1/face", token, config)
+
+
+async def hand_ready(lmind: LocalMind, timeout: float = 10.0) -> None:
+    """Wait until the in-process local Hand is connected and registered."""
+    assert lmind.mind.local_hand is not None
+    await asyncio.wait_for(lmind.mind.local_hand.connected.wait(), timeout)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not lmind.mind.hands.connected("local"):
+        assert loop.time() < deadline, "the local Hand never registered"
+        await asyncio.sleep(0.01)

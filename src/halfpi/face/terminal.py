@@ -117,7 +117,6 @@ class TerminalFace(App[int]):
         self.initial = conversation
         self.current: str | None = None
         self.rendered: list[int] = []  # seqs of mounted MessageBoxes
-        self.last_request: str | None = None
         self.prompted: set[str] = set()
 
     def compose(self) -> ComposeResult:
@@ -173,7 +172,6 @@ class TerminalFace(App[int]):
         except FaceError as exc:
             self.notify(str(exc), severity="error")
             return
-        self.last_request = handle.request_id
         self.run_worker(self._await_result(handle.request_id, handle), group="chats")
 
     async def _await_result(self, request_id: str, handle: Any) -> None:

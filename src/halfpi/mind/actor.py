@@ -77,7 +77,6 @@ class ChatRun:
         "content",
         "detail_mode",
         "done",
-        "error_code",
         "principal_id",
         "request_id",
         "run_id",
@@ -113,7 +112,6 @@ class ChatRun:
         self.tool_runs: dict[str, ToolRun] = {}
         self.completed_calls: set[str] = set()  # tool calls whose end is recorded
         self.stop_reason: str | None = None
-        self.error_code: str | None = None
         # Resolves with the terminal status once it is committed.
         self.done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 

@@ -233,9 +233,6 @@ class Mind:
             return actor
         return await asyncio.shield(loading)
 
-    def loaded_actor(self, conversation_id: str) -> ConversationActor | None:
-        return self._actors.get(conversation_id)
-
     async def create_conversation(
         self, record: RequestRecord, name: str | None
     ) -> RequestRecord | Tombstone:

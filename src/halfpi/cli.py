@@ -10,6 +10,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from halfpi.config import DEFAULT_PORT, Config, default_home, env_delta_ms
 from halfpi.core.scopes import ALL_FACE_SCOPES, PROFILES
@@ -19,9 +20,38 @@ def _home(value: str | None) -> Path:
     return Path(value).expanduser() if value else default_home()
 
 
+def _listen_problem(args: argparse.Namespace) -> str | None:
+    """Why the Mind must not listen as asked (TLS and --insecure), or None."""
+    from halfpi.config import is_loopback
+
+    if (args.tls_cert is None) != (args.tls_key is None):
+        return "--tls-cert and --tls-key go together"
+    if args.tls_cert is not None:
+        import ssl
+
+        from halfpi.gateway.native import server_tls_context
+
+        try:
+            server_tls_context(Path(args.tls_cert), Path(args.tls_key))
+        except (OSError, ssl.SSLError) as exc:
+            return f"cannot use --tls-cert/--tls-key: {getattr(exc, 'strerror', None) or exc}"
+        return None
+    if not is_loopback(args.host) and not args.insecure:
+        return (
+            f"refusing to listen on {args.host} without TLS: tokens would cross the network "
+            "in clear text; pass --tls-cert/--tls-key, or --insecure if a TLS proxy or a "
+            "trusted network protects the traffic"
+        )
+    return None
+
+
 def cmd_mind(args: argparse.Namespace) -> int:
     from halfpi.mind.run import serve
 
+    problem = _listen_problem(args)
+    if problem is not None:
+        print(f"halfpi: {problem}", file=sys.stderr)
+        return 2
     config = Config(
         home=_home(args.home),
         host=args.host,
@@ -29,6 +59,10 @@ def cmd_mind(args: argparse.Namespace) -> int:
         scripted_delta_ms=env_delta_ms() if args.delta_ms is None else args.delta_ms,
         allowed_origins=tuple(args.allow_origin or ()),
         local_hand=not args.no_local_hand,
+        max_connections_per_principal=args.max_connections_per_principal,
+        trusted_proxies=tuple(args.trusted_proxy or ()),
+        tls_cert=Path(args.tls_cert) if args.tls_cert else None,
+        tls_key=Path(args.tls_key) if args.tls_key else None,
     )
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
@@ -97,9 +131,62 @@ def _revoke(args: argparse.Namespace, kind: str) -> int:
     return 1
 
 
+def _usage_error(message: str) -> NoReturn:
+    print(f"halfpi: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _token(args: argparse.Namespace, env: str) -> str | None:
+    """``--token``, ``--token-file``, ``$<env>`` or ``$<env>_FILE``, in that order.
+    A file keeps the token out of ``ps`` (a command line is visible to all)."""
+    if args.token and args.token_file:
+        _usage_error("pass --token or --token-file, not both")
+    if args.token:
+        return str(args.token)
+    path = args.token_file
+    if not path:
+        if os.environ.get(env):
+            return os.environ[env]
+        path = os.environ.get(f"{env}_FILE")
+        if not path:
+            return None
+    try:
+        token = Path(path).read_text().strip()
+        mode = Path(path).stat().st_mode
+    except OSError as exc:
+        _usage_error(f"cannot read the token file {path}: {exc.strerror or exc}")
+    if not token:
+        _usage_error(f"the token file {path} is empty")
+    if mode & 0o077:
+        print(
+            f"halfpi: warning: the token file {path} is readable by others "
+            f"(mode {mode & 0o777:o}); chmod 600 it",
+            file=sys.stderr,
+        )
+    return token
+
+
+def _ca_file(args: argparse.Namespace) -> str | None:
+    """``--ca-file`` or ``$HALFPI_CA_FILE``: checked now, one clear line if unusable."""
+    path: str | None = args.ca_file or os.environ.get("HALFPI_CA_FILE") or None
+    if path is not None:
+        import ssl
+
+        from halfpi.face.transport import client_tls_context
+
+        try:
+            client_tls_context(path)
+        except (OSError, ssl.SSLError) as exc:
+            _usage_error(f"cannot use the CA file {path}: {getattr(exc, 'strerror', None) or exc}")
+    return path
+
+
 def _face_target(args: argparse.Namespace) -> tuple[list[str], str]:
     urls = args.url or [os.environ.get("HALFPI_URL") or f"ws://127.0.0.1:{DEFAULT_PORT}/v1/face"]
-    token = args.token or os.environ.get("HALFPI_TOKEN")
+    token = _token(args, "HALFPI_TOKEN")
+    ca_file = _ca_file(args)
+    if ca_file is not None:
+        os.environ["HALFPI_CA_FILE"] = ca_file  # the SDK's connector verifies wss:// with it
     if not token:
         path = Config(home=_home(args.home)).face_token_path
         try:
@@ -173,6 +260,26 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not start the in-process Hand named 'local'",
     )
+    mind.add_argument("--tls-cert", metavar="FILE", help="serve wss://: certificate (PEM chain)")
+    mind.add_argument("--tls-key", metavar="FILE", help="the certificate's private key (PEM)")
+    mind.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow plain ws:// on a non-loopback --host (behind a TLS proxy)",
+    )
+    mind.add_argument(
+        "--max-connections-per-principal",
+        type=int,
+        default=64,
+        metavar="N",
+        help="live connections per credential (default 64; 0: no cap)",
+    )
+    mind.add_argument(
+        "--trusted-proxy",
+        action="append",
+        metavar="ADDR",
+        help="a proxy address whose X-Forwarded-For names the client (repeatable)",
+    )
     mind.add_argument("--log-level", default="info")
     mind.set_defaults(func=cmd_mind)
 
@@ -186,7 +293,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="Mind URL (repeatable; tried in turn). Default $HALFPI_URL or "
         f"ws://127.0.0.1:{DEFAULT_PORT}/v1/face",
     )
-    face.add_argument("--token", help="Face token (default $HALFPI_TOKEN or HOME/face.token)")
+    face.add_argument(
+        "--token",
+        help="Face token; visible in `ps`: prefer --token-file or $HALFPI_TOKEN "
+        "(default $HALFPI_TOKEN, $HALFPI_TOKEN_FILE, or HOME/face.token)",
+    )
+    face.add_argument("--token-file", metavar="PATH", help="read the Face token from PATH")
+    face.add_argument(
+        "--ca-file", metavar="PATH", help="verify a wss:// Mind with this CA (or $HALFPI_CA_FILE)"
+    )
     face.add_argument("--home")
     face.add_argument("--conversation", help="open (and for headless: default to) this id")
     face.add_argument(
@@ -219,7 +334,18 @@ def build_parser() -> argparse.ArgumentParser:
     rev.set_defaults(func=lambda a: _revoke(a, "face"))
     hand = sub.add_parser("hand", help="run a Hand, or manage Hand credentials")
     hand.add_argument("--mind", help=f"the Mind (default ws://127.0.0.1:{DEFAULT_PORT}/v1/hand)")
-    hand.add_argument("--token", help="Hand token (default $HALFPI_HAND_TOKEN)")
+    hand.add_argument(
+        "--token",
+        help="Hand token; visible in `ps`: prefer --token-file or $HALFPI_HAND_TOKEN",
+    )
+    hand.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="read the Hand token from PATH (or $HALFPI_HAND_TOKEN_FILE)",
+    )
+    hand.add_argument(
+        "--ca-file", metavar="PATH", help="verify a wss:// Mind with this CA (or $HALFPI_CA_FILE)"
+    )
     hand.add_argument("--id", help="this Hand's name (its credential's label)")
     hand.add_argument("--home")
     hand.set_defaults(func=cmd_hand)
@@ -241,10 +367,12 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_hand(args: argparse.Namespace) -> int:
     from halfpi.hand.node import run_hand
 
-    token = args.token or os.environ.get("HALFPI_HAND_TOKEN")
+    token = _token(args, "HALFPI_HAND_TOKEN")
+    ca_file = _ca_file(args)
     if not token or not args.id:
         print(
-            "halfpi: a Hand needs --id NAME and --token (from `halfpi hand add NAME`)",
+            "halfpi: a Hand needs --id NAME and a token (from `halfpi hand add NAME`): "
+            "--token-file, $HALFPI_HAND_TOKEN or --token",
             file=sys.stderr,
         )
         return 2
@@ -257,7 +385,7 @@ def cmd_hand(args: argparse.Namespace) -> int:
     state_dir = _home(args.home) / "hands"
     served = True
     with contextlib.suppress(KeyboardInterrupt):
-        served = asyncio.run(run_hand(url, token, args.id, state_dir))
+        served = asyncio.run(run_hand(url, token, args.id, state_dir, ca_file=ca_file))
     return 0 if served else 3  # 3: refused by the Mind (bad or revoked token)
 
 

@@ -7,9 +7,12 @@ cases deterministically.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from halfpi.core.throttle import ThrottleLimits
 
 DEFAULT_PORT = 15707
 PROTOCOL_VERSION = 3
@@ -78,6 +81,24 @@ class Config:
     # Tools that need a human's approval unless the Hand says otherwise.
     approval_required: tuple[str, ...] = ("exec_command",)
     tool_history: int = 50
+    # -- connections: caps, throttling, TLS (docs/operations.md) ------------------
+    # Live connections per principal, Faces and Hands alike (DESIGN §11); 0: no cap.
+    max_connections_per_principal: int = 64
+    # Failed handshakes, throttled per address (core/throttle.py).
+    handshake_throttle: ThrottleLimits = field(default_factory=ThrottleLimits)
+    # An unknown token re-reads the credential table, at most once per this
+    # interval however many arrive (a credential just created waits no longer).
+    credential_reread_s: float = 0.1
+    # Peers (a TLS-terminating proxy) trusted to name the client in
+    # X-Forwarded-For; the throttle then counts per real client address.
+    trusted_proxies: tuple[str, ...] = ()
+    # Serve wss:// natively: a PEM certificate (chain) and its private key.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
 
     @property
     def db_path(self) -> Path:
@@ -95,8 +116,19 @@ class Config:
         """Allowed browser Origins: the configured ones plus the Mind's own
         (on ``port``, the port actually bound when ``--port 0`` picked one)."""
         port = port or self.port
-        own = (f"http://127.0.0.1:{port}", f"http://localhost:{port}")
+        scheme = "https" if self.tls else "http"
+        own = (f"{scheme}://127.0.0.1:{port}", f"{scheme}://localhost:{port}")
         return tuple(dict.fromkeys(self.allowed_origins + own))
+
+
+def is_loopback(host: str) -> bool:
+    """True for an address only this machine can reach (``--host``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def default_home() -> Path:

@@ -59,6 +59,9 @@ class CloseCode(enum.IntEnum):
     SLOW_CONSUMER = 4008
     PROTOCOL_VIOLATION = 4009
     HELLO_TIMEOUT = 4010
+    # Too many connections for this credential, or too many failed
+    # handshakes from this address: retry later (docs/protocol.md §12).
+    RATE_LIMITED = 4029
 
 
 class HalfpiError(Exception):

@@ -8,12 +8,15 @@ while the Mind is serving.
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+import websockets
 
-from tests.support.cli import face_add, face_revoke
+from halfpi.core.throttle import ThrottleLimits
+from tests.support.cli import face_add, face_revoke, hand_add
 from tests.support.client import FaceClient
 from tests.support.mind import LocalMind, MindProcess, local_mind
 from tests.support.stream import is_terminal_event
@@ -163,3 +166,162 @@ async def test_I8_new_credential_is_accepted_right_after_face_add(tmp_path: Path
         welcome = await face.expect(lambda f: f["type"] == "face.welcome", 5)
         assert welcome["payload"]["principal_id"] == added.principal_id
         await face.close()
+
+
+# -- failed handshakes are throttled per address (DESIGN §11) -------------------------
+
+
+async def guess(url: str, token: str, **connect: Any) -> tuple[int | None, list[Frame]]:
+    """One hello with ``token``; returns the close code and what came before it."""
+    face = await FaceClient.connect(url, hello=False, **connect)
+    await face.send("face.hello", {"token": token, "client": {"name": "g", "version": "0"},
+                                   "protocol": 3})
+    code = await face.closed_with(30)
+    return code, face.seen
+
+
+async def test_failed_handshakes_wait_longer_and_longer_and_are_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    throttle = ThrottleLimits(base_s=0.05, cap_s=0.4, max_wait_s=1.0)
+    secret = "hpf_guess-" + "s3cr3t" * 6
+    async with local_mind(tmp_path / "home", handshake_throttle=throttle,
+                          local_hand=False) as m:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        for _ in range(6):
+            code, seen = await guess(m.url, secret)
+            assert code == 4001
+            assert [f["payload"]["code"] for f in seen] == ["unauthorized"]
+        elapsed = loop.time() - started
+        # 0, 0.05, 0.1, 0.2, 0.4, 0.4: each guess waited for the one before it.
+        assert elapsed >= 1.15, elapsed
+        # The right token, from the same address, still gets in (after its wait).
+        face = await FaceClient.connect(m.url, m.token)
+        assert face.welcome is not None
+        await face.close()
+    failures = [r.getMessage() for r in caplog.records if "handshake" in r.getMessage()]
+    assert len(failures) == 6, failures
+    for count, line in enumerate(failures, 1):
+        assert "127.0.0.1" in line and f"failure {count} " in line, line
+    for record in caplog.records:
+        text = record.getMessage()
+        assert "s3cr3t" not in text and secret[:8] not in text, text
+
+
+async def test_parallel_guesses_from_one_address_are_refused_rate_limited(
+    tmp_path: Path,
+) -> None:
+    # After one failure the next check would wait 10 s, beyond the 5 s anyone
+    # is kept waiting: every other attempt is refused at once, unchecked.
+    throttle = ThrottleLimits(base_s=10.0, cap_s=10.0, max_wait_s=5.0)
+    async with local_mind(tmp_path / "home", handshake_throttle=throttle,
+                          local_hand=False) as m:
+        code, _ = await guess(m.url, "hpf_wrong")
+        assert code == 4001
+        outcomes = await asyncio.gather(*(guess(m.url, "hpf_wrong") for _ in range(8)),
+                                        guess(m.url, m.token))
+        for code, seen in outcomes:
+            assert code == 4029
+            assert [(f["payload"]["code"], f["payload"]["retryable"]) for f in seen] == [
+                ("rate_limited", True)]
+        # Another address is not affected.
+        other = await FaceClient.connect(m.url, hello=False, local_addr=("127.0.0.2", 0))
+        await other.hello(m.token)
+        assert other.welcome is not None
+        await other.close()
+
+
+async def test_hand_handshakes_are_throttled_too(tmp_path: Path) -> None:
+    throttle = ThrottleLimits(base_s=10.0, cap_s=10.0, max_wait_s=5.0)
+    async with local_mind(tmp_path / "home", handshake_throttle=throttle,
+                          local_hand=False) as m:
+        hand_url = m.url.replace("/v1/face", "/v1/hand")
+        codes = []
+        for _ in range(2):
+            ws = await websockets.connect(hand_url)
+            await ws.send(json.dumps({"type": "hand.hello", "payload": {
+                "token": "hph_wrong", "hand_id": "h", "instance_id": "i",
+                "info": {"hostname": "h", "os": "o", "arch": "a", "version": "0"},
+                "tools": [], "protocol": 1, "runs": []}}))
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), 10)
+            assert closed.value.rcvd is not None
+            codes.append(closed.value.rcvd.code)
+        assert codes == [4001, 4029]
+
+
+async def test_unknown_tokens_share_one_credential_reread(tmp_path: Path) -> None:
+    async with local_mind(tmp_path / "home", credential_poll_s=30.0, local_hand=False) as m:
+        mind = m.mind
+        reads = 0
+        version = mind.store.credentials_version
+
+        async def counted() -> int:
+            nonlocal reads
+            reads += 1
+            return await version()
+
+        mind.store.credentials_version = counted  # type: ignore[method-assign]
+        results = await asyncio.gather(*(
+            mind.authenticate(f"hpf_guess-{i}", "face", f"198.51.100.{i}")
+            for i in range(50)))
+        assert results == [None] * 50
+        assert reads == 1, reads
+
+
+# -- at most N live connections per principal (DESIGN §11) ----------------------------
+
+
+async def test_connections_beyond_the_per_principal_cap_are_refused_4029(
+    tmp_path: Path,
+) -> None:
+    async with local_mind(tmp_path / "home", max_connections_per_principal=3,
+                          local_hand=False) as m:
+        faces = [await FaceClient.connect(m.url, m.token) for _ in range(3)]
+        code, seen = await guess(m.url, m.token)
+        assert code == 4029
+        assert [(f["payload"]["code"], f["payload"]["retryable"]) for f in seen] == [
+            ("rate_limited", True)]
+        # Another principal has its own allowance.
+        added = await face_add(m.config.home, "phone")
+        phone = await FaceClient.connect(m.url, added.token)
+        assert phone.welcome is not None
+        # A closed connection frees its place.
+        await faces.pop().close()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        while True:
+            face = await FaceClient.connect(m.url, hello=False)
+            await face.send("face.hello", {"token": m.token, "protocol": 3,
+                                           "client": {"name": "t", "version": "0"}})
+            first = await face.recv(5)
+            if first["type"] == "face.welcome":
+                break
+            assert loop.time() < deadline, "the closed connection's place was never freed"
+            await face.closed_with(5)
+        for face_ in (*faces, face, phone):
+            await face_.close()
+
+
+async def test_hand_connections_count_against_the_cap_too(tmp_path: Path) -> None:
+    async with local_mind(tmp_path / "home", max_connections_per_principal=1,
+                          local_hand=False) as m:
+        added = await hand_add(m.config.home, "laptop")
+        hand_url = m.url.replace("/v1/face", "/v1/hand")
+
+        async def hello() -> websockets.ClientConnection:
+            ws = await websockets.connect(hand_url)
+            await ws.send(json.dumps({"type": "hand.hello", "payload": {
+                "token": added.token, "hand_id": "laptop", "instance_id": "i",
+                "info": {"hostname": "h", "os": "o", "arch": "a", "version": "0"},
+                "tools": [], "protocol": 1, "runs": []}}))
+            return ws
+
+        first = await hello()
+        assert json.loads(await asyncio.wait_for(first.recv(), 10))["type"] == "hand.welcome"
+        second = await hello()
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await asyncio.wait_for(second.recv(), 10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4029
+        await first.close()

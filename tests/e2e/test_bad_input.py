@@ -211,6 +211,14 @@ CLOSING_INPUT = [
      [frame("face.hello", {"token": "TOKEN", "client": {"name": "old", "version": "1"},
                            "protocol": 2})],
      [("invalid_request", "protocol")], 4001),
+    ("hello_without_client", False,
+     [frame("face.hello", {"token": "TOKEN", "protocol": 3})],
+     [("invalid_request", "client")], 4001),
+    ("hello_with_unknown_token", False,
+     [frame("face.hello", {"token": "hpf_nope", "client": {"name": "x", "version": "1"},
+                           "protocol": 3})],
+     [("unauthorized", None)], 4001),
+    ("garbage_before_hello", False, ["{not json"], [("invalid_request", None)], 4001),
 ]
 
 

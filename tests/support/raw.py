@@ -33,6 +33,7 @@ class RawFace:
         self._pending: list[Frame] = []
         self.close_code: int | None = None
         self.eof = False
+        self.pongs: list[bytes] = []  # payloads of the pongs received, in order
 
     @classmethod
     async def connect(cls, url: str, *, rcvbuf: int | None = None,
@@ -84,6 +85,13 @@ class RawFace:
             self.protocol.send_text(data)
         await self._flush()
 
+    async def send_pings(self, count: int, *, numbered: bool = False) -> None:
+        """``count`` WebSocket pings in one write, their answers not read.
+        Each carries 125 bytes (the most a ping may), or ``ping-<i>``."""
+        for i in range(count):
+            self.protocol.send_ping(f"ping-{i}".encode() if numbered else b"p" * 125)
+        await self._flush()
+
     async def hello(self, token: str) -> Frame:
         await self.send("face.hello", {"token": token, "client": {"name": "raw", "version": "0"},
                                        "protocol": 3})
@@ -95,6 +103,8 @@ class RawFace:
                 frame: Frame = json.loads(event.data)
                 self.frames.append(frame)
                 self._pending.append(frame)
+            elif event.opcode is Opcode.PONG:
+                self.pongs.append(bytes(event.data))
             elif event.opcode is Opcode.CLOSE:
                 self.close_code = Close.parse(event.data).code
 

@@ -38,7 +38,14 @@ from halfpi import __version__
 from halfpi.core.backoff import backoff
 from halfpi.face.errors import AuthError, ClientClosed, FaceError, OutcomeUnknown, command_error
 from halfpi.face.results import Result, Status
-from halfpi.face.transport import ConnectionLost, Connector, Transport, websocket_connector
+from halfpi.face.transport import (
+    ConnectionLost,
+    Connector,
+    Transport,
+    Trust,
+    tls_connector,
+    websocket_connector,
+)
 from halfpi.face.view import APPLIED, RESYNC, ConversationView
 
 log = logging.getLogger("halfpi.face")
@@ -103,11 +110,13 @@ class FaceClient:
         on_status: Callable[[Status], None] | None = None,
         on_update: Callable[[str, str], None] | None = None,
         on_message: Callable[[str, dict[str, Any]], None] | None = None,
+        ssl: Trust | None = None,
     ) -> None:
         self.urls = [urls] if isinstance(urls, str) else list(urls)
         self.token = token
         self.client_name = client_name
-        self.connector = connector
+        # ``ssl``: an ssl.SSLContext or a CA file to verify a wss:// Mind with.
+        self.connector = tls_connector(ssl) if ssl is not None else connector
         self.sleep = sleep
         self.rng = rng or random.Random()
         self.heartbeat_s = heartbeat_s
@@ -267,6 +276,17 @@ class FaceClient:
             frame = json.loads(await asyncio.wait_for(transport.recv(), self.dead_after_s))
         except TimeoutError:
             raise ConnectionLost(None, "no welcome in time") from None
+        if frame.get("type") == "face.error":
+            # A failed hello is explained, then closed: report the close code
+            # (4001 refused, 4029 retry later) with the Mind's explanation.
+            message = str((frame.get("payload") or {}).get("message", ""))
+            try:
+                await asyncio.wait_for(transport.recv(), self.dead_after_s)
+            except ConnectionLost as exc:
+                raise ConnectionLost(exc.code, message or exc.reason) from None
+            except TimeoutError:
+                pass
+            raise ConnectionLost(None, message)
         if frame.get("type") != "face.welcome":
             raise ConnectionLost(None, f"expected face.welcome, got {frame.get('type')}")
         self.welcome = frame["payload"]

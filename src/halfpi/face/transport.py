@@ -3,6 +3,10 @@
 Tests inject their own :data:`Connector` (a scripted Mind); the default speaks
 WebSocket through ``websockets``, whose exceptions are mapped here, at the
 boundary, to :class:`ConnectionLost` (with the close code, when there was one).
+
+``wss://`` is verified like any TLS client does: against the system's CAs,
+or the CA file named by ``HALFPI_CA_FILE``, or whatever :func:`tls_connector`
+was given (an ``ssl.SSLContext`` or a CA path: a self-signed set-up).
 """
 
 from __future__ import annotations
@@ -10,7 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import ssl
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 # The WebSocket library logs frames at DEBUG; the first frame carries the
@@ -37,6 +44,11 @@ class Transport(Protocol):
 
 
 Connector = Callable[[str], Awaitable[Transport]]
+# What a client may be told to trust: a ready context, or a PEM CA file.
+Trust = ssl.SSLContext | str | os.PathLike[str]
+CA_FILE_ENV = "HALFPI_CA_FILE"
+_PEM_BEGIN = "-----BEGIN CERTIFICATE-----"
+_PEM_END = "-----END CERTIFICATE-----"
 
 
 class _WebSocketTransport:
@@ -70,13 +82,55 @@ def _lost(exc: Any) -> ConnectionLost:
     return ConnectionLost(rcvd.code if rcvd else None, rcvd.reason if rcvd else "")
 
 
-async def websocket_connector(url: str) -> Transport:
+def client_tls_context(ca_file: str | os.PathLike[str] | None = None) -> ssl.SSLContext:
+    """Verify the Mind against ``ca_file`` (PEM) instead of the system's CAs
+    (or against the system's CAs when ``None``); hostnames are checked."""
+    return ssl.create_default_context(cafile=os.fspath(ca_file) if ca_file is not None else None)
+
+
+def pinned_tls_context(cert_file: str | os.PathLike[str]) -> ssl.SSLContext:
+    """Trust exactly one certificate: the first in ``cert_file``.
+
+    For a process that dials its own Mind (the in-process Hand): the address
+    it dials (loopback) need not be a name on the certificate, and trusting
+    the certificate itself (not its issuer) accepts no other server.
+    """
+    pem = Path(cert_file).read_text()
+    start = pem.index(_PEM_BEGIN)
+    end = pem.index(_PEM_END, start) + len(_PEM_END)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.load_verify_locations(cadata=pem[start:end])
+    context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN  # the leaf is the anchor
+    context.verify_flags &= ~ssl.VERIFY_X509_STRICT
+    context.check_hostname = False  # the certificate is pinned, whatever its names
+    return context
+
+
+def tls_connector(trust: Trust) -> Connector:
+    """A connector that verifies ``wss://`` against ``trust``."""
+    context = trust if isinstance(trust, ssl.SSLContext) else client_tls_context(trust)
+
+    async def connect(url: str) -> Transport:
+        return await websocket_connector(url, ssl_context=context)
+
+    return connect
+
+
+async def websocket_connector(url: str, *, ssl_context: ssl.SSLContext | None = None) -> Transport:
     import websockets
 
     try:
+        options: dict[str, Any] = {}
+        if url.startswith("wss://"):
+            ca_file = os.environ.get(CA_FILE_ENV)
+            if ssl_context is None and ca_file:
+                ssl_context = client_tls_context(ca_file)
+            if ssl_context is not None:
+                options["ssl"] = ssl_context
         ws = await websockets.connect(
-            url, max_size=None, open_timeout=10, ping_interval=None, logger=_wire_log
+            url, max_size=None, open_timeout=10, ping_interval=None, logger=_wire_log, **options
         )
     except (OSError, TimeoutError, websockets.InvalidHandshake) as exc:
+        # ssl.SSLError (a certificate that does not verify) is an OSError.
         raise ConnectionLost(None, str(exc)) from None
     return _WebSocketTransport(ws)

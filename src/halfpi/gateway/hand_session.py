@@ -2,7 +2,9 @@
 
 A Hand's credential is its own type: a Face token is refused here (4001),
 as a Hand token is refused on ``/v1/face``. Revocation closes the
-connection (4003) like for Faces.
+connection (4003) like for Faces. Hand handshakes share the Faces'
+per-address throttle and per-principal cap (4029), and their liveness rule
+(WebSocket pings when idle; blocked writes for ``dead_after_s``: 4008).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from halfpi.core.hand_wire import (
     decode_hand_message,
     encode_hand_message,
 )
-from halfpi.errors import CloseCode, InvalidRequest
+from halfpi.errors import CloseCode, InvalidRequest, RateLimited
 
 if TYPE_CHECKING:
     from halfpi.gateway.session import Transport
@@ -35,9 +37,13 @@ class HandSession:
         now = mind.now()
         self.connected_at = now
         self.last_inbound = now
+        self.last_wire_ping = now
+        self.paused = False
+        self.paused_at = now
         self.principal_id: str | None = None
         self.hand_id: str | None = None
         self.closed = False
+        self.bound = False  # counted against the principal's connection cap
         self.invalid = 0
         mind.sessions.add(self)
 
@@ -76,13 +82,23 @@ class HandSession:
         if hello.protocol != HAND_PROTOCOL:
             self.close(CloseCode.PROTOCOL_VIOLATION, f"hand protocol {HAND_PROTOCOL} only")
             return
-        credential = await self.mind.authenticate(hello.token, "hand")
+        try:
+            credential = await self.mind.authenticate(
+                hello.token, "hand", self.transport.address, label=hello.hand_id
+            )
+        except RateLimited:
+            self.close(CloseCode.RATE_LIMITED, "too many failed handshakes: retry later")
+            return
         if self.closed:
             return
-        if credential is None or credential.label != hello.hand_id:
+        if credential is None:
             self.hand_id = None
             self.close(CloseCode.UNAUTHORIZED, "unauthorized")
             return
+        if not self.mind.bind(credential.principal_id):
+            self.close(CloseCode.RATE_LIMITED, "too many connections for this credential")
+            return
+        self.bound = True
         self.principal_id = credential.principal_id
         self.hand_id = hello.hand_id
         welcome = self.mind.hands.connect(self, hello, credential.principal_id)
@@ -96,10 +112,14 @@ class HandSession:
         self.last_inbound = self.mind.now()
 
     def pause_writing(self) -> None:
-        """Hand traffic is a few small orders; the transport buffer suffices."""
+        """Hand traffic is a few small orders; the transport buffer suffices,
+        but a Hand that stops reading for ``dead_after_s`` is closed (tick)."""
+        if not self.paused:
+            self.paused = True
+            self.paused_at = self.mind.now()
 
     def resume_writing(self) -> None:
-        pass
+        self.paused = False
 
     def on_closed(self) -> None:
         if not self.closed:
@@ -124,12 +144,24 @@ class HandSession:
 
     def _cleanup(self) -> None:
         self.mind.sessions.discard(self)
+        if self.bound and self.principal_id is not None:
+            self.bound = False
+            self.mind.unbind(self.principal_id)
         if self.hand_id:
             self.mind.hands.disconnect(self)
 
     def tick(self, now: float) -> None:
+        """The Faces' liveness rule (``FaceSession.tick``); time is passed in."""
+        if self.closed:
+            return
         config = self.mind.config
-        if self.hand_id is None and now - self.connected_at >= config.hello_timeout_s:
+        idle = now - self.last_inbound
+        if self.paused and now - self.paused_at >= config.dead_after_s:
+            self.close(CloseCode.SLOW_CONSUMER, "slow consumer: it does not read")
+        elif self.hand_id is None and now - self.connected_at >= config.hello_timeout_s:
             self.close(CloseCode.HELLO_TIMEOUT, "no hello in time")
-        elif now - self.last_inbound >= config.dead_after_s:
+        elif idle >= config.dead_after_s:
             self.close(CloseCode.GOING_AWAY, "no traffic: connection presumed dead")
+        elif idle >= config.heartbeat_s and now - self.last_wire_ping >= config.heartbeat_s:
+            self.last_wire_ping = now
+            self.transport.ping()

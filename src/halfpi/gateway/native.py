@@ -7,6 +7,13 @@ transport's ``pause_writing``/``resume_writing`` are exactly the pressure
 signal the outbound queue policy (I7) needs. Frames are written with
 ``writelines`` so a flush of many messages is one system call.
 
+Control frames are bounded like data (I7): pongs are answered by this
+adapter, not queued by the protocol — only the most recent ping's, and only
+while the transport takes writes (RFC 6455 §5.5.3 allows answering just the
+latest), so a peer that floods pings and never reads costs one pending pong,
+and the session closes it as a slow consumer once its writes have stayed
+blocked for ``dead_after_s``.
+
 Only moves bytes: everything the protocol means lives in the session.
 """
 
@@ -14,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from websockets.frames import Frame, Opcode
@@ -41,6 +50,30 @@ CLOSE_TIMEOUT_S = 10.0
 _HEADERS = [bytes((0x81, size)) for size in range(126)]
 
 
+def server_tls_context(cert: Path, key: Path) -> ssl.SSLContext:
+    """``wss://``: the certificate chain (PEM) and its key; TLS 1.2 or later.
+    Raises ``OSError``/``ssl.SSLError`` for a missing or unusable file."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert, key)
+    return context
+
+
+class _ServerProtocol(ServerProtocol):
+    """websockets' server protocol, except that a ping is not answered by
+    queueing a pong: the latest ping's payload waits in ``pending_pong``
+    for the adapter to answer when the transport takes writes."""
+
+    pending_pong: bytes | None = None
+
+    def recv_frame(self, frame: Frame) -> None:
+        if frame.opcode is Opcode.PING:
+            self.pending_pong = bytes(frame.data)
+            self.events.append(frame)
+            return
+        super().recv_frame(frame)
+
+
 class FaceServer:
     """Listens on host:port and serves ``/v1/face`` (and ``/healthz``)."""
 
@@ -49,6 +82,11 @@ class FaceServer:
         self.server: asyncio.Server | None = None
         self.connections: set[WebSocketConnection] = set()
         self.origins: list[Origin | None] = [None, *(Origin(o) for o in mind.config.origins())]
+        self.trusted_proxies = frozenset(mind.config.trusted_proxies)
+        self.ssl: ssl.SSLContext | None = None
+        if mind.config.tls_cert is not None:
+            assert mind.config.tls_key is not None, "a TLS certificate needs its key"
+            self.ssl = server_tls_context(mind.config.tls_cert, mind.config.tls_key)
         # The hard limit the WebSocket layer enforces (close 1009). Frames
         # between max_frame_bytes and this get a face.error instead, so a
         # client learns why rather than just losing its connection.
@@ -63,6 +101,9 @@ class FaceServer:
             config.port,
             backlog=4096,
             reuse_address=True,
+            ssl=self.ssl,
+            # A TLS handshake that never ends is dropped like a missing hello.
+            ssl_handshake_timeout=config.hello_timeout_s if self.ssl is not None else None,
         )
         # The Mind's own origin is on the port actually bound (``--port 0``).
         self.origins = [None, *(Origin(o) for o in self.mind.config.origins(self.port))]
@@ -86,21 +127,36 @@ class FaceServer:
 
 
 class WebSocketConnection(asyncio.Protocol):
-    __slots__ = ("_fragments", "_timer", "server", "session", "transport", "ws")
+    __slots__ = (
+        "_fragments",
+        "_paused",
+        "_timer",
+        "address",
+        "server",
+        "session",
+        "transport",
+        "ws",
+    )
 
     def __init__(self, server: FaceServer) -> None:
         self.server = server
-        self.ws = ServerProtocol(origins=server.origins, max_size=server.hard_limit, logger=_ws_log)
+        self.ws = _ServerProtocol(
+            origins=server.origins, max_size=server.hard_limit, logger=_ws_log
+        )
         self.transport: asyncio.Transport | None = None
         self.session: FaceSession | HandSession | None = None
+        self.address = ""  # the peer's IP address (or the proxy's client's)
         self._fragments: list[bytes] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._paused = False
 
     # -- asyncio.Protocol ---------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.address = str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
         transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
         self.server.connections.add(self)
         # Until the upgrade completes no session watches this socket: a
@@ -139,6 +195,7 @@ class WebSocketConnection(asyncio.Protocol):
                     self._fragments = None
             else:  # ping, pong, close: the protocol answers; we note the traffic
                 session.on_traffic()
+        self._answer_ping()
         self._write_pending()
 
     def eof_received(self) -> bool | None:
@@ -155,12 +212,25 @@ class WebSocketConnection(asyncio.Protocol):
             self.session.on_closed()
 
     def pause_writing(self) -> None:
+        self._paused = True
         if self.session is not None:
             self.session.pause_writing()
 
     def resume_writing(self) -> None:
+        self._paused = False
+        self._answer_ping()
+        self._write_pending()
         if self.session is not None:
             self.session.resume_writing()
+
+    def _answer_ping(self) -> None:
+        """Pong the most recent ping, if the transport takes writes (I7)."""
+        ws = self.ws
+        if ws.pending_pong is None or self._paused:
+            return
+        data, ws.pending_pong = ws.pending_pong, None
+        if ws.state is State.OPEN:
+            ws.send_pong(data)
 
     # -- handshake ----------------------------------------------------------------
 
@@ -176,6 +246,11 @@ class WebSocketConnection(asyncio.Protocol):
         if self.server.mind.draining:
             ws.send_response(ws.reject(503, "the Mind is restarting\n"))
             return
+        if self.address in self.server.trusted_proxies:
+            forwarded = ",".join(request.headers.get_all("X-Forwarded-For"))
+            client = forwarded.rpartition(",")[2].strip()  # the hop our proxy added
+            if client:
+                self.address = client
         response = ws.accept(request)  # checks Upgrade headers and the Origin allowlist
         ws.send_response(response)
         if response.status_code == 101:
@@ -210,6 +285,12 @@ class WebSocketConnection(asyncio.Protocol):
                 out.append(b"\x81\x7f" + size.to_bytes(8, "big"))
             out.append(frame)
         transport.writelines(out)
+
+    def ping(self) -> None:
+        """A WebSocket ping: any client library answers it by itself."""
+        if self.ws.state is State.OPEN:
+            self.ws.send_ping(b"")
+            self._write_pending()
 
     def close(self, code: int, reason: str) -> None:
         ws = self.ws

@@ -39,6 +39,7 @@ from halfpi.errors import (
     InvalidRequest,
     RateLimited,
     RequestConflict,
+    Unauthorized,
     Unavailable,
 )
 from halfpi.gateway.commands import HANDLERS
@@ -61,7 +62,14 @@ FEATURES = ("resume", "snapshot", "coalesced_deltas", "evicted_cursors")
 
 
 class Transport(Protocol):
+    # The peer's address, as the handshake throttle counts it.
+    address: str
+
     def write_frames(self, frames: list[bytes]) -> None: ...
+
+    def ping(self) -> None:
+        """A transport-level ping (a WebSocket ping): clients answer it by
+        themselves, so a Face that only reads still shows it is alive."""
 
     def close(self, code: int, reason: str) -> None: ...
 
@@ -75,6 +83,10 @@ class FaceSession:
         self.connected_at = now
         self.last_inbound = now
         self.last_ping = now
+        self.last_wire_ping = now
+        self.paused_at = now
+        self.hello_at: float | None = None  # the hello arrived; its check may wait
+        self.bound = False  # counted against the principal's connection cap
         self.state = CONNECTION.initial
         self.queue = OutboundQueue(mind.config.queue)
         self.principal_id: str | None = None
@@ -176,7 +188,9 @@ class FaceSession:
         self.install(actor, _seq_of(snap), sub.transient_types, sub.detail_mode)
 
     def pause_writing(self) -> None:
-        self.paused = True
+        if not self.paused:
+            self.paused = True
+            self.paused_at = self.mind.now()
 
     def resume_writing(self) -> None:
         self.paused = False
@@ -259,8 +273,13 @@ class FaceSession:
         self.on_frame(b"\x00binary")  # not JSON: refused as invalid_request like any garbage
 
     def on_traffic(self) -> None:
-        """Any inbound traffic (pings included) proves the Face is alive."""
+        """Any inbound traffic (pings and pongs included) proves the Face is alive."""
         self.last_inbound = self.mind.now()
+
+    @property
+    def busy(self) -> bool:
+        """Frames are waiting or being handled."""
+        return self._worker is not None or bool(self._inbox)
 
     async def _work(self) -> None:
         try:
@@ -274,24 +293,31 @@ class FaceSession:
 
     async def _handle(self, data: bytes) -> None:
         config = self.mind.config
+        hello = self.state == "awaiting_hello"
         if data.startswith(OVERSIZED):
             size = data[len(OVERSIZED) :].decode()
-            self._invalid(
-                InvalidRequest(f"frame of {size} bytes exceeds {config.max_frame_bytes}"), None
-            )
+            exc = InvalidRequest(f"frame of {size} bytes exceeds {config.max_frame_bytes}")
+            if hello:
+                self._refuse_hello(exc, CloseCode.UNAUTHORIZED, "hello required")
+            else:
+                self._invalid(exc, None)
             return
         try:
             type_, payload = wire.decode_command(data)
         except InvalidRequest as exc:
-            self._invalid(exc, wire.request_id_of(data))
+            if hello:  # every failed hello is answered and closed alike (4001)
+                self._refuse_hello(exc, CloseCode.UNAUTHORIZED, "invalid hello")
+            else:
+                self._invalid(exc, wire.request_id_of(data))
             return
         self.invalid_streak = 0
-        if self.state == "awaiting_hello":
+        if hello:
             if type_ != "face.hello":
-                self.send_error(
-                    InvalidRequest("the first frame must be face.hello", field="type"), None
+                self._refuse_hello(
+                    InvalidRequest("the first frame must be face.hello", field="type"),
+                    CloseCode.UNAUTHORIZED,
+                    "hello required",
                 )
-                self.close(CloseCode.UNAUTHORIZED, "hello required")
                 return
             await self._hello(payload)
             return
@@ -323,22 +349,45 @@ class FaceSession:
         if self.invalid_streak >= self.mind.config.invalid_frames_before_close:
             self.close(CloseCode.PROTOCOL_VIOLATION, "too many invalid frames")
 
+    def _refuse_hello(self, exc: HalfpiError, code: int, reason: str) -> None:
+        """A failed hello: the ``face.error`` that explains it, then the close."""
+        self.send_error(exc, None)
+        self.close(code, reason)
+
     async def _hello(self, hello: wire.Hello) -> None:
         if hello.protocol != PROTOCOL_VERSION:
-            self.send_error(
+            self._refuse_hello(
                 InvalidRequest(
                     f"protocol {hello.protocol} is not supported; "
                     f"this Mind speaks {PROTOCOL_VERSION}",
                     field="protocol",
                 ),
-                None,
+                CloseCode.UNAUTHORIZED,
+                "unsupported protocol",
             )
-            self.close(CloseCode.UNAUTHORIZED, "unsupported protocol")  # a failed hello
             return
-        credential = await self.mind.authenticate(hello.token, "face")
+        self.hello_at = self.mind.now()
+        try:
+            credential = await self.mind.authenticate(hello.token, "face", self.transport.address)
+        except RateLimited as exc:
+            self._refuse_hello(exc, CloseCode.RATE_LIMITED, "too many failed handshakes")
+            return
+        if self.closed:
+            return
         if credential is None:
-            self.close(CloseCode.UNAUTHORIZED, "unauthorized")
+            self._refuse_hello(
+                Unauthorized("unknown or revoked token"), CloseCode.UNAUTHORIZED, "unauthorized"
+            )
             return
+        if not self.mind.bind(credential.principal_id):
+            limit = self.mind.config.max_connections_per_principal
+            self._refuse_hello(
+                RateLimited(f"this credential already has {limit} live connections"),
+                CloseCode.RATE_LIMITED,
+                "too many connections",
+            )
+            return
+        self.bound = True
         self.principal_id = credential.principal_id
         self.profile = credential.profile
         self.state = CONNECTION.check(self.state, "open")
@@ -420,17 +469,34 @@ class FaceSession:
     # -- liveness and closing ------------------------------------------------------
 
     def tick(self, now: float) -> None:
-        """Called by the Mind's maintenance loop; time is passed in."""
+        """Called by the Mind's maintenance loop; time is passed in.
+
+        Liveness (docs/protocol.md §11): a connection idle for a heartbeat
+        gets a WebSocket ping, which every client library answers by itself;
+        any frame or pong is life; ``dead_after_s`` without any closes it
+        (1001). Writes blocked that long make it a slow consumer (4008),
+        whatever it sends: a peer that does not read is not alive for us.
+        """
         if self.closed:
             return
         config = self.mind.config
+        if self.paused and now - self.paused_at >= config.dead_after_s:
+            if self.state == "awaiting_hello":
+                self.close(CloseCode.SLOW_CONSUMER, "slow consumer: it does not read")
+            else:
+                self.evict()
+            return
         if self.state == "awaiting_hello":
-            if now - self.connected_at >= config.hello_timeout_s:
+            if self.hello_at is None and now - self.connected_at >= config.hello_timeout_s:
                 self.close(CloseCode.HELLO_TIMEOUT, "no hello in time")
             return
-        if now - self.last_inbound >= config.dead_after_s:
+        idle = now - self.last_inbound
+        if idle >= config.dead_after_s:
             self.close(CloseCode.GOING_AWAY, "no traffic: connection presumed dead")
             return
+        if idle >= config.heartbeat_s and now - self.last_wire_ping >= config.heartbeat_s:
+            self.last_wire_ping = now
+            self.transport.ping()
         if now - self.last_ping >= config.heartbeat_s:
             self.last_ping = now
             self.send_reliable("face.ping", {"ts": now})
@@ -461,6 +527,9 @@ class FaceSession:
             self._drop_subscription(conversation_id)
         self.mind.detach(self)
         self.mind.sessions.discard(self)
+        if self.bound and self.principal_id is not None:
+            self.bound = False
+            self.mind.unbind(self.principal_id)
         # The command in progress (if any) runs to its end: a chat admitted on
         # a connection that closes meanwhile must still start (I1). Replies
         # to a closed session are dropped; a replay re-attaches.

@@ -31,7 +31,13 @@ from typing import Any
 from halfpi import __version__
 from halfpi.core.backoff import backoff
 from halfpi.core.hand_wire import HAND_PROTOCOL
-from halfpi.face.transport import ConnectionLost, Connector, Transport, websocket_connector
+from halfpi.face.transport import (
+    ConnectionLost,
+    Connector,
+    Transport,
+    tls_connector,
+    websocket_connector,
+)
 from halfpi.hand.executor import TOOLS, Outcome, ToolError
 from halfpi.hand.leftovers import Leftovers
 
@@ -260,13 +266,17 @@ class HandNode:
         await self._send("hand.result", body)  # kept until hand.ack, re-sent after a drop
 
 
-async def run_hand(url: str, token: str, hand_id: str, state_dir: Path) -> bool:
+async def run_hand(
+    url: str, token: str, hand_id: str, state_dir: Path, *, ca_file: str | None = None
+) -> bool:
     node = HandNode(
         url,
         token,
         hand_id,
         state_dir=state_dir,
         approval_defaults={"exec_command": True, "read_file": False},
+        # wss:// is verified against the system's CAs, or this CA file.
+        connector=tls_connector(ca_file) if ca_file else websocket_connector,
     )
     try:
         return await node.run_forever()

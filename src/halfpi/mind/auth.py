@@ -8,11 +8,14 @@ a credential without its secret.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
+import logging
 import os
 import secrets
 import sqlite3
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +23,8 @@ from halfpi.core.ids import new_principal_id
 from halfpi.core.scopes import scopes_for
 from halfpi.store import sqlite as sqlite_store
 from halfpi.store.base import Credential
+
+log = logging.getLogger("halfpi.mind.auth")
 
 TOKEN_PREFIX = {"face": "hpf_", "hand": "hph_"}
 
@@ -86,6 +91,51 @@ class CredentialCache:
         return any(
             c.kind == kind and c.label == label and c.live for c in self._by_principal.values()
         )
+
+
+class SharedReread:
+    """Re-read the credential table for unknown tokens, at most once per
+    ``interval`` however many arrive, every waiter sharing one read.
+
+    A waiter never joins a read that has already started (it might have
+    missed a credential created a moment before the waiter's token came):
+    it waits for the next one, which starts at most ``interval`` after the
+    last. So a credential just created works at once (within ``interval``),
+    and a flood of unknown tokens costs one read per ``interval``.
+    """
+
+    def __init__(
+        self,
+        refresh: Callable[[], Awaitable[None]],
+        clock: Callable[[], float],
+        interval: float,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.refresh = refresh
+        self.clock = clock
+        self.interval = interval
+        self.sleep = sleep
+        self.reads = 0
+        self._last_start = float("-inf")
+        self._next: asyncio.Task[None] | None = None  # not started yet: joinable
+
+    async def wait(self) -> None:
+        """Return once a read that started after this call has finished."""
+        if self._next is None:
+            self._next = asyncio.get_running_loop().create_task(self._read())
+        await asyncio.shield(self._next)
+
+    async def _read(self) -> None:
+        delay = self._last_start + self.interval - self.clock()
+        if delay > 0:
+            await self.sleep(delay)
+        self._next = None  # from here on, newcomers wait for the next read
+        self._last_start = self.clock()
+        self.reads += 1
+        try:
+            await self.refresh()
+        except Exception:  # the waiters go on with the view they have
+            log.exception("re-reading the credentials failed")
 
 
 @dataclass(frozen=True)

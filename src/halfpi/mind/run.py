@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from halfpi.agents.base import Agent
 from halfpi.agents.scripted import ScriptedAgent
 from halfpi.config import Config
+from halfpi.face.transport import pinned_tls_context, tls_connector
 from halfpi.gateway.native import FaceServer
 from halfpi.journal.memory import MemoryJournal
 from halfpi.mind.service import Mind
@@ -49,7 +50,12 @@ async def running_mind(
         host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "[::1]"}.get(
             config.host, f"[{config.host}]" if ":" in config.host else config.host
         )
-        mind.start_local_hand(f"ws://{host}:{server.port}/v1/hand")
+        if config.tls_cert is not None:
+            # Over TLS too, trusting exactly the Mind's own certificate.
+            connector = tls_connector(pinned_tls_context(config.tls_cert))
+            mind.start_local_hand(f"wss://{host}:{server.port}/v1/hand", connector)
+        else:
+            mind.start_local_hand(f"ws://{host}:{server.port}/v1/hand")
     try:
         yield mind, server
     finally:
@@ -63,7 +69,7 @@ async def serve(config: Config) -> None:
     async with running_mind(config) as (mind, server):
         ready = {
             "event": "listening",
-            "url": f"ws://{config.host}:{server.port}/v1/face",
+            "url": f"{'wss' if config.tls else 'ws'}://{config.host}:{server.port}/v1/face",
             "port": server.port,
             "node_id": mind.node_id,
             "home": str(config.home),

@@ -11,19 +11,20 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from halfpi.agents.base import Agent
 from halfpi.config import Config
 from halfpi.core.ids import new_conversation_id, new_node_id
 from halfpi.core.requests import RequestRecord, Tombstone
 from halfpi.core.scopes import scopes_for
-from halfpi.errors import CloseCode, ErrorCode, NotFound
+from halfpi.core.throttle import HandshakeThrottle
+from halfpi.errors import CloseCode, ErrorCode, NotFound, RateLimited
 from halfpi.hand.node import HandNode
 from halfpi.journal.base import Journal
 from halfpi.mind.actor import ConversationActor
 from halfpi.mind.approvals import Approvals
-from halfpi.mind.auth import CredentialCache, make_credential, write_token_file
+from halfpi.mind.auth import CredentialCache, SharedReread, make_credential, write_token_file
 from halfpi.mind.hands import HandRegistry
 from halfpi.mind.recovery import recover_tools
 from halfpi.store.base import (
@@ -33,6 +34,9 @@ from halfpi.store.base import (
     Store,
     WriteTx,
 )
+
+if TYPE_CHECKING:
+    from halfpi.face.transport import Connector
 
 log = logging.getLogger("halfpi.mind")
 
@@ -68,6 +72,10 @@ class Mind:
         self.clock = clock
         self.node_id = new_node_id(clock())
         self.auth = CredentialCache()
+        self.throttle = HandshakeThrottle(config.handshake_throttle)
+        self._reread = SharedReread(self.refresh_credentials, clock, config.credential_reread_s)
+        self._refreshing = asyncio.Lock()
+        self._live_connections: dict[str, int] = {}  # principal_id -> bound sessions
         self.hands = HandRegistry(clock, config.hand_grace_s)
         self.hands.on_presence = self._hand_presence
         self.approvals = Approvals(config.approval_ttl_s)
@@ -113,9 +121,10 @@ class Mind:
         write_token_file(self.config.hand_token_path, token)
         await self.refresh_credentials()
 
-    def start_local_hand(self, url: str) -> None:
+    def start_local_hand(self, url: str, connector: Connector | None = None) -> None:
         """The embedded set-up's Hand: in this process, through the same
-        ``/v1/hand`` path as any other, so there is one code path to trust."""
+        ``/v1/hand`` path as any other, so there is one code path to trust
+        (over TLS too, when the Mind serves wss://: ``connector``)."""
         token = self.config.hand_token_path.read_text().strip()
         self.local_hand = HandNode(
             url,
@@ -124,6 +133,8 @@ class Mind:
             approval_defaults=dict.fromkeys(self.config.approval_required, True),
             state_dir=self.config.home / "hands",
         )
+        if connector is not None:
+            self.local_hand.connector = connector
         self._local_hand_task = asyncio.create_task(
             self.local_hand.run_forever(), name="local hand"
         )
@@ -305,23 +316,76 @@ class Mind:
     # -- credentials (I8) --------------------------------------------------------
 
     async def refresh_credentials(self) -> None:
-        version = await self.store.credentials_version()
-        if version == self.auth.version:
-            return
-        revoked = self.auth.load(await self.store.credentials(), version)
+        async with self._refreshing:  # one load at a time: never an older view last
+            version = await self.store.credentials_version()
+            if version == self.auth.version:
+                return
+            revoked = self.auth.load(await self.store.credentials(), version)
         if revoked:
             for session in list(self.sessions):
                 if session.principal_id in revoked:
                     session.close(CloseCode.REVOKED, "credential revoked")
 
-    async def authenticate(self, token: str, kind: str) -> Credential | None:
-        """Check a token; an unknown one triggers one re-read of the credential
-        table first, so a credential created a moment ago works at once."""
+    async def authenticate(
+        self, token: str, kind: str, address: str, *, label: str | None = None
+    ) -> Credential | None:
+        """Check a handshake's token (and, for a Hand, its label), throttled
+        per address (DESIGN §11, ``core/throttle.py``).
+
+        Raises :class:`RateLimited` when the address must not try yet; waits
+        its turn otherwise. An unknown token triggers a re-read of the
+        credential table first, so a credential created a moment ago works at
+        once — one shared re-read per ``credential_reread_s``, however many
+        unknown tokens arrive. Failures are logged with the address and the
+        count, never the token.
+        """
+        wait = self.throttle.admit(address, self.now())
+        if wait is None:
+            refused = self.throttle.refused(address)
+            if refused & (refused - 1) == 0:  # 1, 2, 4, 8, …: the log stays small
+                log.warning(
+                    "handshake from %s refused unchecked: %d attempts while throttled",
+                    address,
+                    refused,
+                )
+            raise RateLimited("too many failed handshakes from this address; retry later")
+        if wait > 0:
+            await asyncio.sleep(wait)
         credential = self.auth.authenticate(token, kind)
         if credential is None:
-            await self.refresh_credentials()
+            await self._reread.wait()
             credential = self.auth.authenticate(token, kind)
+        if credential is None or (label is not None and credential.label != label):
+            count = self.throttle.failed(address, self.now())
+            log.warning(
+                "handshake from %s failed: unknown or revoked %s credential "
+                "(failure %d from this address; its next check waits %.2f s)",
+                address,
+                kind,
+                count,
+                self.throttle.delay(count),
+            )
+            return None
+        self.throttle.succeeded(address)
         return credential
+
+    def bind(self, principal_id: str) -> bool:
+        """Count one more live connection of ``principal_id``; False (and
+        nothing counted) when it already has the most allowed (DESIGN §11)."""
+        cap = self.config.max_connections_per_principal
+        live = self._live_connections.get(principal_id, 0)
+        if cap and live >= cap:
+            log.warning("refused a connection of %s: already %d live", principal_id, live)
+            return False
+        self._live_connections[principal_id] = live + 1
+        return True
+
+    def unbind(self, principal_id: str) -> None:
+        live = self._live_connections.get(principal_id, 0) - 1
+        if live > 0:
+            self._live_connections[principal_id] = live
+        else:
+            self._live_connections.pop(principal_id, None)
 
     def credential(self, principal_id: str) -> Credential | None:
         return self.auth.get(principal_id)

@@ -1,0 +1,50 @@
+"""Liveness on a shrunken heartbeat (docs/protocol.md §11).
+
+The Mind pings idle connections with WebSocket pings; a client library
+answers them by itself, so a Face that only reads is never cut off, even
+while the Mind streams to it. A peer that answers nothing is closed (1001).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.client import FaceClient
+from tests.support.mind import local_mind
+from tests.support.raw import RawFace
+
+WORDS = " ".join(f"w{i}" for i in range(30))
+
+
+async def test_a_face_that_only_reads_is_not_cut_off_while_the_mind_streams(
+    tmp_path: Path,
+) -> None:
+    async with local_mind(tmp_path / "home", heartbeat_s=0.1, dead_after_s=0.3,
+                          credential_poll_s=0.02, local_hand=False) as m:
+        # ping_interval=None: the client never pings on its own; it only
+        # answers the Mind's pings, as a browser does.
+        face = await FaceClient.connect(m.url, m.token, ping_interval=None)
+        cid = await face.create_conversation()
+        await face.subscribe(cid)
+        # One command, then only reading for 1.5 s: five times dead_after.
+        result = await face.chat_to_end(cid, f"/pace 50 {WORDS}", "long", timeout=30)
+        assert result["payload"]["status"] == "succeeded"
+        assert result["payload"]["content"] == WORDS
+        assert face.ws.close_code is None
+        # And it keeps being served afterwards.
+        request_id = await face.command("face.conversation.list")
+        assert (await face.reply(request_id))["payload"]["status"] == "succeeded"
+        await face.close()
+
+
+async def test_a_peer_that_answers_no_ping_is_closed_1001(tmp_path: Path) -> None:
+    async with local_mind(tmp_path / "home", heartbeat_s=0.1, dead_after_s=0.3,
+                          credential_poll_s=0.02, local_hand=False) as m:
+        silent = await RawFace.connect(m.url)  # reads, but never answers a ping
+        await silent.hello(m.token)
+        with pytest.raises(ConnectionError):
+            await silent.expect(lambda f: False, 10)
+        assert silent.close_code == 1001
+        silent.close()

@@ -1,0 +1,224 @@
+"""A Face session without sockets: frames in, frames out, a fake clock.
+
+Liveness (docs/protocol.md §11): the Mind pings idle connections at the
+WebSocket level and counts any pong or frame as life, so a client that
+only reads — a browser cannot send WebSocket pings, and most libraries
+answer the server's pings by themselves — is never cut off; one that
+answers nothing is closed after ``dead_after_s``. A connection whose writes
+stay blocked that long is a slow consumer (4008), pings or not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from halfpi.agents.scripted import ScriptedAgent
+from halfpi.config import Config
+from halfpi.gateway.session import FaceSession
+from halfpi.journal.memory import MemoryJournal
+from halfpi.mind.service import Mind
+from halfpi.store.sqlite import SQLiteStore
+
+Frame = dict[str, Any]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class FakeTransport:
+    address: str = "192.0.2.7"
+    frames: list[Frame] = field(default_factory=list)
+    pings: int = 0
+    closed: tuple[int, str] | None = None
+
+    def write_frames(self, frames: list[bytes]) -> None:
+        self.frames.extend(json.loads(f) for f in frames)
+
+    def ping(self) -> None:
+        self.pings += 1
+
+    def close(self, code: int, reason: str) -> None:
+        self.closed = (code, reason)
+
+    def types(self) -> list[str]:
+        return [f["type"] for f in self.frames]
+
+
+@dataclass
+class Rig:
+    mind: Mind
+    clock: FakeClock
+    token: str
+
+    def session(self) -> tuple[FaceSession, FakeTransport]:
+        transport = FakeTransport()
+        return FaceSession(self.mind, transport), transport
+
+    async def hello(self, **payload: Any) -> tuple[FaceSession, FakeTransport]:
+        session, transport = self.session()
+        body = {"token": self.token, "client": {"name": "t", "version": "0"}, "protocol": 3}
+        body.update(payload)
+        session.on_frame(json.dumps({"type": "face.hello", "payload": body}).encode())
+        await settle(session)
+        return session, transport
+
+    def advance(self, seconds: float, *sessions: FaceSession) -> None:
+        self.clock.now += seconds
+        for session in sessions:
+            session.tick(self.clock.now)
+
+
+async def settle(session: FaceSession) -> None:
+    """Let the session's worker handle what it was fed (a condition, polled)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while session.busy:  # the store answers from its own thread: real time passes
+        assert loop.time() < deadline, "the session never finished its work"
+        await asyncio.sleep(0.001)
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    clock = FakeClock()
+    # The maintenance loop is far away: the test calls tick itself.
+    config = Config(home=tmp_path, credential_poll_s=3600.0, local_hand=False)
+    mind = Mind(config, SQLiteStore(config.db_path), MemoryJournal(config.journal),
+                ScriptedAgent(0.0), clock=clock)
+    await mind.start()
+    try:
+        yield Rig(mind, clock, config.face_token_path.read_text().strip())
+    finally:
+        await mind.drain()
+
+
+HEARTBEAT = Config(home=Path()).heartbeat_s
+DEAD_AFTER = Config(home=Path()).dead_after_s
+
+
+async def test_a_face_that_only_reads_but_answers_pings_is_never_cut_off(rig: Rig) -> None:
+    session, transport = await rig.hello()
+    assert transport.types() == ["face.welcome"]
+    for _ in range(20):  # five minutes of a client that never sends a frame
+        rig.advance(HEARTBEAT, session)
+        session.on_traffic()  # its library answers the WebSocket ping: a pong
+    assert transport.closed is None
+    assert transport.pings == 20
+
+
+async def test_a_face_that_answers_nothing_is_closed_after_dead_after(rig: Rig) -> None:
+    session, transport = await rig.hello()
+    rig.advance(DEAD_AFTER - 0.5, session)
+    assert transport.closed is None
+    assert transport.pings == 1  # asked once it was idle for a heartbeat
+    rig.advance(0.5, session)
+    assert transport.closed is not None and transport.closed[0] == 1001
+
+
+async def test_a_busy_connection_gets_no_websocket_ping(rig: Rig) -> None:
+    session, transport = await rig.hello()
+    for _ in range(10):
+        rig.advance(HEARTBEAT / 2, session)
+        session.on_traffic()
+    assert transport.pings == 0  # never idle for a whole heartbeat
+    assert transport.closed is None
+
+
+async def test_application_ping_is_still_answered(rig: Rig) -> None:
+    session, transport = await rig.hello()
+    session.on_frame(b'{"type": "face.ping", "payload": {"request_id": "p1"}}')
+    await settle(session)
+    assert transport.frames[-1]["type"] == "face.pong"
+    assert transport.frames[-1]["payload"]["request_id"] == "p1"
+
+
+async def test_writes_blocked_for_dead_after_close_4008_with_the_cursors(rig: Rig) -> None:
+    session, transport = await rig.hello()
+    session.pause_writing()
+    for _ in range(int(DEAD_AFTER) - 1):
+        rig.advance(1.0, session)
+        session.on_traffic()  # pings keep arriving: they are not reading
+    assert transport.closed is None
+    rig.advance(1.0, session)
+    assert transport.closed is not None and transport.closed[0] == 4008
+    assert transport.frames[-1]["type"] == "face.evicted"
+    assert transport.frames[-1]["payload"]["cursors"] == {}
+
+
+async def test_writes_that_flow_again_in_time_keep_the_connection(rig: Rig) -> None:
+    session, transport = await rig.hello()
+    for _ in range(5):
+        session.pause_writing()
+        rig.advance(DEAD_AFTER - 1, session)
+        session.on_traffic()
+        session.resume_writing()
+    assert transport.closed is None
+
+
+async def test_blocked_writes_before_hello_close_4008_without_cursors(tmp_path: Path) -> None:
+    clock = FakeClock()
+    config = Config(home=tmp_path, credential_poll_s=3600.0, local_hand=False,
+                    hello_timeout_s=1000.0)
+    mind = Mind(config, SQLiteStore(config.db_path), MemoryJournal(config.journal),
+                ScriptedAgent(0.0), clock=clock)
+    await mind.start()
+    try:
+        rig = Rig(mind, clock, "")
+        session, transport = rig.session()
+        session.pause_writing()
+        rig.advance(DEAD_AFTER, session)
+        assert transport.closed is not None and transport.closed[0] == 4008
+        assert "face.evicted" not in transport.types()
+    finally:
+        await mind.drain()
+
+
+# -- every failed hello answers face.error, then closes 4001 ---------------------------
+
+FAILED_HELLOS = [
+    ("no_client", {"client": None}, ("invalid_request", "client")),
+    ("wrong_protocol", {"protocol": 2}, ("invalid_request", "protocol")),
+    ("unknown_token", {"token": "hpf_not-a-token"}, ("unauthorized", None)),
+    ("empty_token", {"token": ""}, ("invalid_request", "token")),
+]
+
+
+@pytest.mark.parametrize(("case", "change", "error"), FAILED_HELLOS,
+                         ids=[c[0] for c in FAILED_HELLOS])
+async def test_every_failed_hello_answers_face_error_then_closes_4001(
+    rig: Rig, case: str, change: dict[str, Any], error: tuple[str, str | None]
+) -> None:
+    body = {k: v for k, v in change.items() if v is not None}
+    session, transport = rig.session()
+    payload = {"token": rig.token, "client": {"name": "t", "version": "0"}, "protocol": 3}
+    payload.update(body)
+    for key, value in change.items():
+        if value is None:
+            del payload[key]
+    session.on_frame(json.dumps({"type": "face.hello", "payload": payload}).encode())
+    await settle(session)
+    assert transport.types() == ["face.error"]
+    got = transport.frames[0]["payload"]
+    assert (got["code"], got.get("field")) == error
+    assert transport.closed is not None and transport.closed[0] == 4001
+
+
+async def test_garbage_before_hello_is_a_failed_hello(rig: Rig) -> None:
+    session, transport = rig.session()
+    session.on_frame(b"{not json")
+    await settle(session)
+    assert transport.types() == ["face.error"]
+    assert transport.frames[0]["payload"]["code"] == "invalid_request"
+    assert transport.closed is not None and transport.closed[0] == 4001

@@ -228,6 +228,7 @@ class FakeMind:
         # one action per connect attempt, then "accept" forever:
         # "accept" | "refuse" (connector fails) | "silent" (hello unanswered)
         # | ("close", code) (hello answered by a close)
+        # | ("error", code, error_code) (hello answered by face.error, then a close)
         self.plan: list[Any] = []
         self.down: set[str] = set()  # URLs whose connector fails
         self.attempts: list[str] = []
@@ -275,6 +276,9 @@ class FakeMind:
                     event_seq=1,
                 )
             elif isinstance(link.action, tuple):
+                if link.action[0] == "error":
+                    link.push("face.error", {"code": link.action[2], "message": "refused",
+                                             "retryable": link.action[2] == "rate_limited"})
                 link.cut(link.action[1], "refused")
         elif type_ == "face.conversation.snapshot":
             conv = self.convs.get(payload["conversation_id"])
@@ -726,6 +730,25 @@ async def test_refused_hello_fails_connect_and_pending_commands_and_stops(
     assert client.status.state == "refused"
     with pytest.raises(AuthError):
         await client.chat("c_1", "again")
+
+
+async def test_hello_refused_with_an_explaining_error_still_stops(rig: Rig) -> None:
+    rig.mind.plan = [("error", 4001, "unauthorized")]
+    client = rig.client()
+    with pytest.raises(AuthError) as info:
+        await client.connect(timeout=TIMEOUT)
+    assert info.value.close_code == 4001
+    assert rig.mind.attempts == [URL]
+    assert client.status.state == "refused"
+
+
+async def test_hello_rate_limited_4029_is_retried_after_a_backoff(rig: Rig) -> None:
+    rig.mind.plan = [("error", 4029, "rate_limited")]
+    client = rig.client()
+    await client.connect(timeout=TIMEOUT)
+    assert rig.mind.attempts == [URL, URL]
+    assert len(rig.sleep.delays) == 1
+    assert client.status == Status("live")
 
 
 @pytest.mark.parametrize("code", [4001, 4003])

@@ -112,7 +112,8 @@ class MindServer(Server):
             HALFPI_SCRIPTED_DELTA_MS=str(delta_ms),
             PYTHONUNBUFFERED="1",
         )
-        argv = [*python, "-m", "halfpi.cli", "mind", "--port", "0", "--log-level", "warning"]
+        argv = [*python, "-m", "halfpi.cli", "mind", "--port", "0", "--log-level", "warning",
+                "--max-connections-per-principal", "0"]  # benchmarks open 1,000 with one token
         super().__init__(argv, env, home / "mind.log")
         self.home = home
 

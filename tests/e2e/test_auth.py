@@ -325,3 +325,26 @@ async def test_hand_connections_count_against_the_cap_too(tmp_path: Path) -> Non
             await asyncio.wait_for(second.recv(), 10)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 4029
         await first.close()
+
+
+async def test_a_trusted_proxy_names_the_client_address_and_no_one_else_does(
+    tmp_path: Path,
+) -> None:
+    throttle = ThrottleLimits(base_s=10.0, cap_s=10.0, max_wait_s=5.0)
+    async with local_mind(tmp_path / "home", handshake_throttle=throttle,
+                          trusted_proxies=("127.0.0.1",), local_hand=False) as m:
+        def via(client: str, peer: str = "127.0.0.1") -> dict[str, Any]:
+            return {"additional_headers": {"X-Forwarded-For": f"198.51.100.1, {client}"},
+                    "local_addr": (peer, 0)}
+
+        code, _ = await guess(m.url, "hpf_wrong", **via("203.0.113.5"))
+        assert code == 4001
+        code, _ = await guess(m.url, m.token, **via("203.0.113.5"))
+        assert code == 4029  # that client is throttled …
+        other = await FaceClient.connect(m.url, m.token, **via("203.0.113.6"))
+        assert other.welcome is not None  # … not the next one behind the same proxy
+        # A peer that is not a trusted proxy cannot pick its address.
+        direct = await FaceClient.connect(m.url, m.token, **via("203.0.113.5", "127.0.0.2"))
+        assert direct.welcome is not None
+        await other.close()
+        await direct.close()

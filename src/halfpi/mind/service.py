@@ -76,6 +76,7 @@ class Mind:
         self._reread = SharedReread(self.refresh_credentials, clock, config.credential_reread_s)
         self._refreshing = asyncio.Lock()
         self._live_connections: dict[str, int] = {}  # principal_id -> bound sessions
+        self._cap_refusals: dict[str, int] = {}  # principal_id -> refused beyond the cap
         self.hands = HandRegistry(clock, config.hand_grace_s)
         self.hands.on_presence = self._hand_presence
         self.approvals = Approvals(config.approval_ttl_s)
@@ -375,7 +376,14 @@ class Mind:
         cap = self.config.max_connections_per_principal
         live = self._live_connections.get(principal_id, 0)
         if cap and live >= cap:
-            log.warning("refused a connection of %s: already %d live", principal_id, live)
+            refused = self._cap_refusals[principal_id] = self._cap_refusals.get(principal_id, 0) + 1
+            if refused & (refused - 1) == 0:  # 1, 2, 4, 8, …: the log stays small
+                log.warning(
+                    "refused a connection of %s: %d live already (%d refused)",
+                    principal_id,
+                    live,
+                    refused,
+                )
             return False
         self._live_connections[principal_id] = live + 1
         return True

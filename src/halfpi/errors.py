@@ -53,6 +53,7 @@ class CloseCode(enum.IntEnum):
 
     NORMAL = 1000
     GOING_AWAY = 1001
+    INTERNAL_ERROR = 1011
     RESTARTING = 1012
     UNAUTHORIZED = 4001
     REVOKED = 4003

@@ -222,3 +222,14 @@ async def test_garbage_before_hello_is_a_failed_hello(rig: Rig) -> None:
     assert transport.types() == ["face.error"]
     assert transport.frames[0]["payload"]["code"] == "invalid_request"
     assert transport.closed is not None and transport.closed[0] == 4001
+
+
+async def test_a_hello_that_fails_inside_the_mind_is_answered_and_closed(rig: Rig) -> None:
+    async def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("the store fell over")
+
+    rig.mind.authenticate = broken  # type: ignore[method-assign,assignment]
+    _, transport = await rig.hello()
+    assert transport.types() == ["face.error"]
+    assert transport.frames[0]["payload"]["code"] == "internal_error"
+    assert transport.closed is not None and transport.closed[0] == 1011

@@ -319,7 +319,13 @@ class FaceSession:
                     "hello required",
                 )
                 return
-            await self._hello(payload)
+            try:
+                await self._hello(payload)
+            except Exception:  # a bug or a store failure: say so, never hang
+                log.exception("hello failed")
+                self._refuse_hello(
+                    InternalError("internal error"), CloseCode.INTERNAL_ERROR, "internal error"
+                )
             return
         request_id = getattr(payload, "request_id", None)
         if type_ == "face.hello":

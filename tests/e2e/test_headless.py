@@ -238,7 +238,7 @@ def test_an_interrupted_chat_not_retried_exits_6(tmp_path: Path) -> None:
             if json.loads(line)["type"] == "face.chat.delta":
                 break
         mind.restart()
-        out, err = face.communicate(timeout=60)
+        _, err = face.communicate(timeout=60)
         assert face.returncode == EXIT_INTERRUPTED, err
         assert any("interrupted" in line for line in reasons(err)), err
     finally:

@@ -57,7 +57,8 @@ async def test_a_delta_cursor_resumes_exactly(lmind: LocalMind) -> None:
                       and f["payload"]["type"] == "chat.completed")
     seen = face.events(cid)
     second_delta = [f for f in seen if f["type"] == "face.chat.delta"][1]
-    after = [f["payload"]["seq"] for f in seen if f["payload"]["seq"] > second_delta["payload"]["seq"]]
+    mark = second_delta["payload"]["seq"]
+    after = [f["payload"]["seq"] for f in seen if f["payload"]["seq"] > mark]
     again = await FaceClient.connect(lmind.url, lmind.token)
     accepted = await again.subscribe(cid, since=second_delta["payload"]["cursor"])
     assert accepted["payload"]["replay"] == "exact"

@@ -353,8 +353,10 @@ class Headless:
             payload.setdefault("request_id", new_request_id("h"))
             request_id = payload["request_id"]
             try:
-                if type_ == "face.chat" and set(payload) <= CHAT_FIELDS and (
-                    "conversation_id" in payload
+                if (
+                    type_ == "face.chat"
+                    and set(payload) <= CHAT_FIELDS
+                    and ("conversation_id" in payload)
                 ):
                     outcome: Any = await self._chat(payload)
                 else:

@@ -41,9 +41,7 @@ def prepare_home(home: Path) -> None:
         raise CannotStart(f"the home {home} is a file, not a directory") from None
     except NotADirectoryError:
         blocker = next((p for p in home.parents if p.exists() and not p.is_dir()), home.parent)
-        raise CannotStart(
-            f"cannot create the home {home}: {blocker} is not a directory"
-        ) from None
+        raise CannotStart(f"cannot create the home {home}: {blocker} is not a directory") from None
     except OSError as exc:
         raise CannotStart(f"cannot create the home {home}: {_reason(exc)}") from None
     try:
@@ -111,9 +109,7 @@ def read_address(home: Path) -> Address | None:
     except (ValueError, KeyError, TypeError) as exc:
         raise StaleAddress(f"ignoring {path}: not a Mind address file ({exc})") from None
     if not pid_alive(address.pid):
-        raise StaleAddress(
-            f"ignoring {path}: its Mind (pid {address.pid}) is not running any more"
-        )
+        raise StaleAddress(f"ignoring {path}: its Mind (pid {address.pid}) is not running any more")
     return address
 
 

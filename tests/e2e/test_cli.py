@@ -8,6 +8,7 @@ given ``--home`` dials the port that Mind actually bound.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -21,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from halfpi.face.client import FaceClient as SdkClient
+from tests.support.cli import hand_add
 from tests.support.mind import MindProcess
 
 pytestmark = pytest.mark.e2e
@@ -238,3 +241,31 @@ def test_ctrl_c_on_a_waiting_headless_face_is_quiet(tmp_path: Path) -> None:
     _, err = proc.communicate(timeout=20)
     assert "Traceback" not in err, err
     assert proc.returncode == 130
+
+
+async def test_a_hand_given_home_dials_the_mind_that_home_names(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    mind = MindProcess(home, extra_args=("--no-local-hand",)).start()
+    added = await hand_add(home, "pi")
+    hand = subprocess.Popen(
+        [sys.executable, "-m", "halfpi.cli", "hand", "--id", "pi", "--home", str(home)],
+        env=dict(_face_env(tmp_path), HALFPI_HAND_TOKEN=added.token),
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    face = await SdkClient(mind.url, mind.token).connect()
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20
+        while True:  # poll the Mind's own view with a deadline
+            hands = (await face.request("face.hand.list")).data["hands"]
+            if any(h["hand_id"] == "pi" and h["connected"] for h in hands):
+                break
+            assert hand.poll() is None, hand.communicate()[1]
+            assert loop.time() < deadline, hands
+            await asyncio.sleep(0.05)
+    finally:
+        await face.close()
+        hand.kill()
+        hand.wait()
+        mind.kill()

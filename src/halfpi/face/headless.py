@@ -256,9 +256,13 @@ class Headless:
                 f"until {until} (in {left} s)"
             )
         elif type_ == "approval.resolved":
+            call = str(data.get("tool_call_id"))
             for chat in self._chats.values():
-                if data.get("tool_call_id") in chat.approvals:
-                    chat.approvals[str(data["tool_call_id"])] = str(data.get("decided_by") or "")
+                if call in chat.approvals and not chat.approvals[call]:
+                    who = str(data.get("decided_by") or "")
+                    chat.approvals[call] = who or "another Face"
+                    if data.get("status") == "allowed":
+                        self._note(f"approval {data.get('approval_id')} allowed by {who}: it runs")
         elif type_ == "chat.tool_completed" and tools is not None:
             status, call = str(data.get("status")), str(data.get("tool_call_id"))
             if status not in TOOL_EXIT or call in tools.seen:

@@ -488,16 +488,18 @@ def cmd_hand(args: argparse.Namespace) -> int:
         raise UserError(
             "a Hand needs --id NAME and --token (from `halfpi hand add NAME`)", EXIT_USAGE
         )
+    home = _home(args.home)
+    prepare_home(home)  # the Hand keeps its runs' state there
     url = args.mind
     if not url:
-        address = _mind_address(_home(args.home))
+        address = _mind_address(home)
         url = address.hand_url if address else f"ws://127.0.0.1:{DEFAULT_PORT}/v1/hand"
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    state_dir = _home(args.home) / "hands"
+    state_dir = home / "hands"
     served = True
     with contextlib.suppress(KeyboardInterrupt):
         served = asyncio.run(run_hand(url, token, args.id, state_dir))

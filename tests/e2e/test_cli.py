@@ -102,8 +102,9 @@ def test_an_unknown_host_is_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "command",
-    [("mind", "--port", "0"), ("face", "add", "phone"), ("face", "list"), ("hand", "add", "pi")],
-    ids=["mind", "face_add", "face_list", "hand_add"],
+    [("mind", "--port", "0"), ("face", "add", "phone"), ("face", "list"), ("hand", "add", "pi"),
+     ("hand", "--id", "pi", "--token", "hph_unused", "--mind", "ws://127.0.0.1:9/v1/hand")],
+    ids=["mind", "face_add", "face_list", "hand_add", "hand"],
 )
 def test_a_home_under_a_file_is_one_line(tmp_path: Path, command: tuple[str, ...]) -> None:
     afile = tmp_path / "afile"

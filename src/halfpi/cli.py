@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import re
 import sqlite3
@@ -72,30 +73,38 @@ def port(text: str) -> int:
     return value
 
 
-def non_negative(kind: type[int] | type[float]):  # type: ignore[no-untyped-def]
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"{text} is negative: use 0 or more")
-        return value
-
-    return parse
-
-
-def positive_seconds(text: str) -> float:
+def _number(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = _number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative: use 0 or more")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = non_negative_float(text)
+    if value != int(value):
+        raise argparse.ArgumentTypeError(f"{text} is not a whole number")
+    return int(value)
+
+
+def positive_seconds(text: str) -> float:
+    value = _number(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
     return value
 
 
-_ORIGIN = re.compile(r"^[a-z][a-z0-9+.-]*://[^/?#\s]+$", re.IGNORECASE)
+_ORIGIN = re.compile(r"^[a-z][a-z0-9+.-]*://[^/?#\s]+/?$", re.IGNORECASE)
 
 
 def origin(text: str) -> str:
@@ -302,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     mind.add_argument("--home", metavar="DIR", help=home_help)
     mind.add_argument(
         "--delta-ms",
-        type=non_negative(float),
+        type=non_negative_float,
         default=None,
         metavar="MS",
         help="scripted agent pace in milliseconds between deltas "
@@ -376,7 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     face.add_argument(
         "--retry-interrupted",
-        type=non_negative(int),
+        type=non_negative_int,
         default=0,
         metavar="N",
         help="headless: ask again (new request_id) up to N times when a chat ends "

@@ -194,8 +194,8 @@ class Headless:
                     f"{retry} (attempt {status.attempt})"
                 )
             else:
-                why = status.detail or "the connection was lost"
-                self._note(f"lost the connection to {self._url} ({why}); {retry}")
+                why = f" ({status.detail})" if status.detail else ""
+                self._note(f"lost the connection to {self._url}{why}; {retry}")
             self._why = ""
             self._complained = True
         elif status.state in ("live", "resuming"):

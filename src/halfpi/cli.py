@@ -1,4 +1,10 @@
-"""The ``halfpi`` command line."""
+"""The halfpi command line: the Mind, a Face or a Hand, and their credentials.
+
+Every user error is one line on stderr that starts with ``halfpi:``, and a
+non-zero exit status — 64 when the command line itself is wrong, 1 for
+anything else (a port in use, a home that cannot be used) — never a
+traceback (DESIGN §12). A traceback means a bug.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +12,107 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
 import os
+import re
+import sqlite3
 import sys
 import time
 from pathlib import Path
 from typing import NoReturn
 
+from halfpi import __version__
 from halfpi.config import DEFAULT_PORT, Config, default_home, env_delta_ms
 from halfpi.core.scopes import ALL_FACE_SCOPES, PROFILES
+from halfpi.mind.home import Address, CannotStart, StaleAddress, prepare_home, read_address
+
+EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 1, 64, 130
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+DESCRIPTION = """\
+halfpi: an always-on agent (the Mind), the Faces people and scripts reach
+it from, and the Hands it acts through."""
+
+EPILOG = f"""\
+start here:
+  halfpi mind                 run the Mind on ws://127.0.0.1:{DEFAULT_PORT}, data in ~/.halfpi
+  halfpi face                 the terminal face, on the Mind of ~/.halfpi
+  halfpi face --mode headless JSON lines in and out, for scripts (see examples/ask.sh)
+  halfpi face add phone       a credential for another Face (prints its token once)
+  halfpi hand add pi          a credential for a Hand on another device
+
+Each command has its own --help. Errors are one line on stderr and a
+non-zero exit status: 64 for a wrong command line, 1 for anything else."""
+
+
+class UserError(Exception):
+    """A mistake a user can fix: printed as one ``halfpi:`` line, exit ``code``."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILURE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage error as one line and exit status 64 (EX_USAGE)."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"halfpi: {message}; see '{self.prog} --help'\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a port: use 0-65535 (0 picks a free one)"
+        )
+    return value
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = _number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative: use 0 or more")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = non_negative_float(text)
+    if value != int(value):
+        raise argparse.ArgumentTypeError(f"{text} is not a whole number")
+    return int(value)
+
+
+def positive_seconds(text: str) -> float:
+    value = _number(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
+    return value
+
+
+_ORIGIN = re.compile(r"^[a-z][a-z0-9+.-]*://[^/?#\s]+/?$", re.IGNORECASE)
+
+
+def origin(text: str) -> str:
+    if not _ORIGIN.match(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an Origin: use scheme://host[:port], e.g. http://localhost:3000"
+        )
+    return text.rstrip("/")
 
 
 def _home(value: str | None) -> Path:
@@ -45,27 +144,40 @@ def _listen_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _mind_address(home: Path) -> Address | None:
+    """The address the Mind on ``home`` wrote; a stale one is named and ignored."""
+    try:
+        return read_address(home)
+    except StaleAddress as exc:
+        print(f"halfpi: {exc}", file=sys.stderr)
+        return None
+
+
 def cmd_mind(args: argparse.Namespace) -> int:
     from halfpi.mind.run import serve
 
     problem = _listen_problem(args)
     if problem is not None:
-        print(f"halfpi: {problem}", file=sys.stderr)
-        return 2
+        raise UserError(problem, EXIT_USAGE)
+    try:
+        delta_ms = env_delta_ms() if args.delta_ms is None else args.delta_ms
+    except ValueError:
+        raise UserError("HALFPI_SCRIPTED_DELTA_MS is not a number", EXIT_USAGE) from None
     config = Config(
         home=_home(args.home),
         host=args.host,
         port=args.port,
-        scripted_delta_ms=env_delta_ms() if args.delta_ms is None else args.delta_ms,
+        scripted_delta_ms=delta_ms,
         allowed_origins=tuple(args.allow_origin or ()),
         local_hand=not args.no_local_hand,
         max_connections_per_principal=args.max_connections_per_principal,
         trusted_proxies=tuple(args.trusted_proxy or ()),
         tls_cert=Path(args.tls_cert) if args.tls_cert else None,
         tls_key=Path(args.tls_key) if args.tls_key else None,
+        approval_ttl_s=args.approval_ttl,
     )
     logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
+        level=args.log_level.upper(),
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
@@ -77,7 +189,12 @@ def cmd_mind(args: argparse.Namespace) -> int:
 def _db(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from halfpi.store.sqlite import open_db
 
-    return open_db(Config(home=_home(args.home)).db_path)
+    config = Config(home=_home(args.home))
+    prepare_home(config.home)
+    try:
+        return open_db(config.db_path)
+    except sqlite3.DatabaseError as exc:
+        raise UserError(f"cannot open the database {config.db_path}: {exc}") from None
 
 
 def cmd_face_add(args: argparse.Namespace) -> int:
@@ -95,8 +212,7 @@ def cmd_face_add(args: argparse.Namespace) -> int:
             approve=args.approve,
         )
     except ValueError as exc:
-        print(f"halfpi: {exc}", file=sys.stderr)
-        return 2
+        raise UserError(str(exc)) from None
     c = added.credential
     print(f"label:        {c.label}", file=sys.stderr)
     print(f"principal_id: {c.principal_id}", file=sys.stderr)
@@ -132,8 +248,7 @@ def _revoke(args: argparse.Namespace, kind: str) -> int:
 
 
 def _usage_error(message: str) -> NoReturn:
-    print(f"halfpi: {message}", file=sys.stderr)
-    raise SystemExit(2)
+    raise UserError(message, EXIT_USAGE)
 
 
 def _token(args: argparse.Namespace, env: str) -> str | None:
@@ -182,29 +297,37 @@ def _ca_file(args: argparse.Namespace) -> str | None:
 
 
 def _face_target(args: argparse.Namespace) -> tuple[list[str], str]:
-    urls = args.url or [os.environ.get("HALFPI_URL") or f"ws://127.0.0.1:{DEFAULT_PORT}/v1/face"]
+    """Where to dial: ``--url``, else ``$HALFPI_URL``, else the address the
+    home's Mind wrote (DESIGN §12), else the default port on loopback."""
+    home = _home(args.home)
     token = _token(args, "HALFPI_TOKEN")
     ca_file = _ca_file(args)
     if ca_file is not None:
         os.environ["HALFPI_CA_FILE"] = ca_file  # the SDK's connector verifies wss:// with it
     if not token:
-        path = Config(home=_home(args.home)).face_token_path
+        path = Config(home=home).face_token_path
         try:
             token = path.read_text().strip()
-        except OSError:
-            raise SystemExit(
-                f"halfpi: no token: pass --token, set HALFPI_TOKEN, or run `halfpi mind` once "
-                f"so that {path} exists"
+        except FileNotFoundError:
+            raise UserError(
+                f"no token: pass --token, set HALFPI_TOKEN, or start `halfpi mind` once "
+                f"so that {path} exists",
+                EXIT_USAGE,
             ) from None
+        except OSError as exc:
+            raise UserError(f"cannot read the token file {path}: {exc.strerror}") from None
+    urls = args.url or [os.environ.get("HALFPI_URL") or ""]
+    if not urls[0]:
+        address = _mind_address(home)
+        urls = [address.face_url if address else f"ws://127.0.0.1:{DEFAULT_PORT}/v1/face"]
     return urls, token
 
 
 def cmd_face(args: argparse.Namespace) -> int:
     urls, token = _face_target(args)
     if args.mode == "headless":
-        logging.basicConfig(
-            level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
-        )
+        # stderr is for people: every line starts with "halfpi: " (docs/faces.md).
+        logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="halfpi: %(message)s")
         from halfpi.face.headless import HeadlessOptions, run_headless
 
         options = HeadlessOptions(
@@ -213,6 +336,7 @@ def cmd_face(args: argparse.Namespace) -> int:
             conversation=args.conversation,
             new_conversation=args.new_conversation,
             retry_interrupted=args.retry_interrupted,
+            connect_timeout=args.connect_timeout,
         )
         return asyncio.run(run_headless(options))
     if not sys.stdout.isatty() or not sys.stdin.isatty():
@@ -226,7 +350,7 @@ def cmd_face(args: argparse.Namespace) -> int:
 
     # The screen is the terminal: logs go to a file, never onto the screen.
     home = _home(args.home)
-    home.mkdir(parents=True, exist_ok=True)
+    prepare_home(home)
     logging.basicConfig(
         level=logging.WARNING,
         filename=str(home / "face.log"),
@@ -237,28 +361,73 @@ def cmd_face(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="halfpi", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(
+        prog="halfpi",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"halfpi {__version__}", help="print the version"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{mind,face,hand}")
+    home_help = "data directory (default $HALFPI_HOME, else ~/.halfpi)"
 
-    mind = sub.add_parser("mind", help="run the Mind")
-    mind.add_argument("--host", default="127.0.0.1")
-    mind.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
-    mind.add_argument("--home", help="data directory (default $HALFPI_HOME or ~/.halfpi)")
+    mind = sub.add_parser(
+        "mind",
+        help="run the Mind",
+        description="Run the Mind: the always-on server Faces and Hands connect to. "
+        "It prints one JSON line on stdout once it listens, logs to stderr, and drains "
+        "on SIGINT/SIGTERM.",
+    )
+    mind.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; 0.0.0.0 listens on every interface)",
+    )
+    mind.add_argument(
+        "--port",
+        type=port,
+        default=DEFAULT_PORT,
+        help=f"port to listen on, 0-65535 (default {DEFAULT_PORT}; 0 picks a free one, "
+        "which the Mind writes to HOME/mind.json for Faces to find)",
+    )
+    mind.add_argument("--home", metavar="DIR", help=home_help)
     mind.add_argument(
         "--delta-ms",
-        type=float,
+        type=non_negative_float,
         default=None,
-        help="scripted agent pace (default $HALFPI_SCRIPTED_DELTA_MS or 20)",
+        metavar="MS",
+        help="scripted agent pace in milliseconds between deltas "
+        "(default $HALFPI_SCRIPTED_DELTA_MS, else 20)",
     )
     mind.add_argument(
         "--allow-origin",
         action="append",
-        help="an extra browser Origin allowed to connect (repeatable)",
+        type=origin,
+        metavar="ORIGIN",
+        help="an extra browser Origin allowed to connect, e.g. http://localhost:3000 "
+        "(repeatable; default: only the Mind's own)",
     )
     mind.add_argument(
         "--no-local-hand",
         action="store_true",
-        help="do not start the in-process Hand named 'local'",
+        help="do not start the in-process Hand named 'local' (default: it starts)",
+    )
+    mind.add_argument(
+        "--log-level",
+        default="info",
+        type=str.lower,
+        choices=LOG_LEVELS,
+        help="how much to log on stderr: %(choices)s (default info)",
+    )
+    mind.add_argument(
+        "--approval-ttl",
+        type=positive_seconds,
+        default=Config(home=Path()).approval_ttl_s,
+        metavar="SECONDS",
+        help="how long a tool approval waits for a decision before it expires "
+        "(default %(default).0f)",
     )
     mind.add_argument("--tls-cert", metavar="FILE", help="serve wss://: certificate (PEM chain)")
     mind.add_argument("--tls-key", metavar="FILE", help="the certificate's private key (PEM)")
@@ -280,63 +449,126 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ADDR",
         help="a proxy address whose X-Forwarded-For names the client (repeatable)",
     )
-    mind.add_argument("--log-level", default="info")
     mind.set_defaults(func=cmd_mind)
 
     face = sub.add_parser(
-        "face", help="run a Face (terminal, or --mode headless), or manage Face credentials"
+        "face",
+        help="run a Face (terminal, or --mode headless), or manage Face credentials",
+        description="Run a Face: the terminal face, or with --mode headless the JSON-lines "
+        "face for scripts (docs/faces.md lists its exit codes). Without --url it dials the "
+        "Mind whose home is --home (it reads HOME/mind.json). "
+        "Or manage Face credentials: add, list, revoke.",
     )
-    face.add_argument("--mode", choices=("tui", "headless"), default="tui")
+    face.add_argument(
+        "--mode",
+        choices=("tui", "headless"),
+        default="tui",
+        help="tui: the full-screen terminal face; headless: JSON lines on stdin and stdout "
+        "(default tui)",
+    )
     face.add_argument(
         "--url",
         action="append",
-        help="Mind URL (repeatable; tried in turn). Default $HALFPI_URL or "
-        f"ws://127.0.0.1:{DEFAULT_PORT}/v1/face",
+        help="Mind URL to dial (repeatable; tried in turn; default $HALFPI_URL, else the "
+        f"address in HOME/mind.json, else ws://127.0.0.1:{DEFAULT_PORT}/v1/face)",
+    )
+    face.add_argument("--home", metavar="DIR", help=home_help)
+    face.add_argument(
+        "--conversation",
+        metavar="ID",
+        help="open this conversation; headless: commands without conversation_id go to it "
+        "(default: none)",
     )
     face.add_argument(
         "--token",
         help="Face token; visible in `ps`: prefer --token-file or $HALFPI_TOKEN "
         "(default $HALFPI_TOKEN, $HALFPI_TOKEN_FILE, or HOME/face.token)",
     )
-    face.add_argument("--token-file", metavar="PATH", help="read the Face token from PATH")
+    face.add_argument(
+        "--token-file", metavar="PATH", help="read the Face token from PATH (or $HALFPI_TOKEN_FILE)"
+    )
     face.add_argument(
         "--ca-file", metavar="PATH", help="verify a wss:// Mind with this CA (or $HALFPI_CA_FILE)"
     )
-    face.add_argument("--home")
-    face.add_argument("--conversation", help="open (and for headless: default to) this id")
     face.add_argument(
         "--new-conversation",
         metavar="NAME",
-        help="headless: create a conversation first and default to it",
+        help="headless: create a conversation first and default to it (default: none)",
     )
     face.add_argument(
         "--retry-interrupted",
-        type=int,
+        type=non_negative_int,
         default=0,
         metavar="N",
-        help="headless: ask again (new request_id) up to N times when a chat ends interrupted",
+        help="headless: ask again (new request_id) up to N times when a chat ends "
+        "interrupted (default 0: never)",
+    )
+    face.add_argument(
+        "--connect-timeout",
+        type=positive_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="headless: exit 69 when no Mind could be reached for this long "
+        "(default: keep trying, saying why on stderr)",
     )
     face.set_defaults(func=cmd_face)
-    face_sub = face.add_subparsers(dest="face_command")
-    add = face_sub.add_parser("add", help="create a Face credential; prints its token once")
-    add.add_argument("label")
-    add.add_argument("--profile", choices=sorted(PROFILES), default="operator")
-    add.add_argument("--scopes", help=f"extra scopes, comma-separated: {sorted(ALL_FACE_SCOPES)}")
-    add.add_argument("--approve", action="store_true", help="may resolve tool approvals")
-    add.add_argument("--home")
+    face_sub = face.add_subparsers(dest="face_command", metavar="{add,list,revoke}")
+    add = face_sub.add_parser(
+        "add",
+        help="create a Face credential; prints its token once",
+        description="Create a Face credential. Its token is printed once on stdout "
+        "(only its hash is stored); the details go to stderr.",
+    )
+    add.add_argument("label", help="the credential's name, e.g. phone")
+    add.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default="operator",
+        help="operator acts; observer only watches, in summary detail (default operator)",
+    )
+    add.add_argument(
+        "--scopes",
+        help=f"extra scopes, comma-separated, from {', '.join(sorted(ALL_FACE_SCOPES))} "
+        "(default: the profile's)",
+    )
+    add.add_argument(
+        "--approve",
+        action="store_true",
+        help="may resolve tool approvals (default: off)",
+    )
+    add.add_argument("--home", metavar="DIR", help=home_help)
     add.set_defaults(func=cmd_face_add)
-    lst = face_sub.add_parser("list", help="list Face credentials (never their tokens)")
-    lst.add_argument("--home")
+    lst = face_sub.add_parser(
+        "list",
+        help="list Face credentials (never their tokens)",
+        description="List Face credentials: label, profile, state, principal, scopes.",
+    )
+    lst.add_argument("--home", metavar="DIR", help=home_help)
     lst.set_defaults(func=lambda a: _list_credentials(a, "face"))
-    rev = face_sub.add_parser("revoke", help="revoke a credential; closes its connections")
-    rev.add_argument("label")
-    rev.add_argument("--home")
+    rev = face_sub.add_parser(
+        "revoke",
+        help="revoke a credential; closes its connections",
+        description="Revoke a Face credential; its live connections close within a second.",
+    )
+    rev.add_argument("label", help="the label of the credential to revoke")
+    rev.add_argument("--home", metavar="DIR", help=home_help)
     rev.set_defaults(func=lambda a: _revoke(a, "face"))
-    hand = sub.add_parser("hand", help="run a Hand, or manage Hand credentials")
-    hand.add_argument("--mind", help=f"the Mind (default ws://127.0.0.1:{DEFAULT_PORT}/v1/hand)")
+    hand = sub.add_parser(
+        "hand",
+        help="run a Hand, or manage Hand credentials",
+        description="Run a Hand: an executor on this device that connects out to the Mind "
+        "and runs its tools. Or manage Hand credentials: add, list, revoke.",
+    )
+    hand.add_argument(
+        "--mind",
+        metavar="URL",
+        help="the Mind's Hand URL (default: the address in HOME/mind.json, else "
+        f"ws://127.0.0.1:{DEFAULT_PORT}/v1/hand)",
+    )
     hand.add_argument(
         "--token",
-        help="Hand token; visible in `ps`: prefer --token-file or $HALFPI_HAND_TOKEN",
+        help="Hand token, from `halfpi hand add`; visible in `ps`: prefer --token-file or "
+        "$HALFPI_HAND_TOKEN",
     )
     hand.add_argument(
         "--token-file",
@@ -346,20 +578,35 @@ def build_parser() -> argparse.ArgumentParser:
     hand.add_argument(
         "--ca-file", metavar="PATH", help="verify a wss:// Mind with this CA (or $HALFPI_CA_FILE)"
     )
-    hand.add_argument("--id", help="this Hand's name (its credential's label)")
-    hand.add_argument("--home")
+    hand.add_argument(
+        "--id",
+        help="this Hand's name: its credential's label (no default: required to run a Hand)",
+    )
+    hand.add_argument("--home", metavar="DIR", help=home_help)
     hand.set_defaults(func=cmd_hand)
-    hand_sub = hand.add_subparsers(dest="hand_command")
-    hadd = hand_sub.add_parser("add", help="create a Hand credential; prints its token once")
-    hadd.add_argument("label")
-    hadd.add_argument("--home")
+    hand_sub = hand.add_subparsers(dest="hand_command", metavar="{add,list,revoke}")
+    hadd = hand_sub.add_parser(
+        "add",
+        help="create a Hand credential; prints its token once",
+        description="Create a Hand credential. Its token is printed once on stdout.",
+    )
+    hadd.add_argument("label", help="the Hand's name, e.g. pi (run it with --id pi)")
+    hadd.add_argument("--home", metavar="DIR", help=home_help)
     hadd.set_defaults(func=cmd_hand_add)
-    hlist = hand_sub.add_parser("list", help="list Hand credentials")
-    hlist.add_argument("--home")
+    hlist = hand_sub.add_parser(
+        "list",
+        help="list Hand credentials",
+        description="List Hand credentials (never their tokens).",
+    )
+    hlist.add_argument("--home", metavar="DIR", help=home_help)
     hlist.set_defaults(func=lambda a: _list_credentials(a, "hand"))
-    hrev = hand_sub.add_parser("revoke", help="revoke a Hand credential")
-    hrev.add_argument("label")
-    hrev.add_argument("--home")
+    hrev = hand_sub.add_parser(
+        "revoke",
+        help="revoke a Hand credential",
+        description="Revoke a Hand credential; its live connection closes.",
+    )
+    hrev.add_argument("label", help="the label of the Hand credential to revoke")
+    hrev.add_argument("--home", metavar="DIR", help=home_help)
     hrev.set_defaults(func=lambda a: _revoke(a, "hand"))
     return parser
 
@@ -370,19 +617,23 @@ def cmd_hand(args: argparse.Namespace) -> int:
     token = _token(args, "HALFPI_HAND_TOKEN")
     ca_file = _ca_file(args)
     if not token or not args.id:
-        print(
-            "halfpi: a Hand needs --id NAME and a token (from `halfpi hand add NAME`): "
+        raise UserError(
+            "a Hand needs --id NAME and a token (from `halfpi hand add NAME`): "
             "--token-file, $HALFPI_HAND_TOKEN or --token",
-            file=sys.stderr,
+            EXIT_USAGE,
         )
-        return 2
-    url = args.mind or f"ws://127.0.0.1:{DEFAULT_PORT}/v1/hand"
+    home = _home(args.home)
+    prepare_home(home)  # the Hand keeps its runs' state there
+    url = args.mind
+    if not url:
+        address = _mind_address(home)
+        url = address.hand_url if address else f"ws://127.0.0.1:{DEFAULT_PORT}/v1/hand"
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    state_dir = _home(args.home) / "hands"
+    state_dir = home / "hands"
     served = True
     with contextlib.suppress(KeyboardInterrupt):
         served = asyncio.run(run_hand(url, token, args.id, state_dir, ca_file=ca_file))
@@ -395,8 +646,7 @@ def cmd_hand_add(args: argparse.Namespace) -> int:
     try:
         added = add_credential(_db(args), "hand", args.label, "hand", time.time())
     except ValueError as exc:
-        print(f"halfpi: {exc}", file=sys.stderr)
-        return 2
+        raise UserError(str(exc)) from None
     print(f"hand:         {added.credential.label}", file=sys.stderr)
     print(f"principal_id: {added.credential.principal_id}", file=sys.stderr)
     print("token (shown once, store it now):", file=sys.stderr)
@@ -406,7 +656,19 @@ def cmd_hand_add(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except (UserError, CannotStart) as exc:
+        print(f"halfpi: {exc}", file=sys.stderr)
+        return exc.code if isinstance(exc, UserError) else EXIT_FAILURE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (``halfpi face list | head -1``): not an error
+        # worth a traceback; stop writing to the closed pipe.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILURE
 
 
 if __name__ == "__main__":

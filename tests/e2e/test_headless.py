@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from halfpi.face.client import FaceClient as SdkClient
 from tests.support.mind import MindProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,3 +105,205 @@ def test_pipeline_survives_a_mind_restart_mid_reply(tmp_path: Path) -> None:
         assert "reconnecting" in states
     finally:
         mind.kill()
+
+
+# -- exit codes and reasons on stderr (docs/faces.md) -------------------------------------
+
+EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_CANCELLED = 0, 1, 2, 3
+EXIT_DENIED, EXIT_EXPIRED, EXIT_INTERRUPTED, EXIT_USAGE, EXIT_UNREACHABLE = 4, 5, 6, 64, 69
+
+
+def headless(*args: str) -> list[str]:
+    return [sys.executable, "-m", "halfpi.cli", "face", "--mode", "headless", *args]
+
+
+def lines_in(*commands: dict) -> str:  # type: ignore[type-arg]
+    return "".join(json.dumps(c) + "\n" for c in commands)
+
+
+def reasons(stderr: str) -> list[str]:
+    """stderr holds only ``halfpi: …`` lines, never a traceback."""
+    assert "Traceback" not in stderr, stderr
+    lines = stderr.strip().splitlines()
+    assert all(line.startswith("halfpi: ") for line in lines), stderr
+    return lines
+
+
+@pytest.mark.e2e
+def test_ask_a_failed_chat_exits_1_with_its_reason_on_stderr(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    mind = MindProcess(home).start()
+    try:
+        done = subprocess.run([str(ASK), "/fail", "--url", mind.url],
+                              env=_env(home), capture_output=True, text=True, timeout=60)
+        assert done.returncode == EXIT_FAILED, done.stderr
+        (line,) = reasons(done.stderr)
+        assert "failed" in line and "agent_failed" in line, line
+    finally:
+        mind.kill()
+
+
+@pytest.mark.e2e
+def test_ask_shows_the_waiting_approval_and_exits_5_when_it_expires(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    mind = MindProcess(home, extra_args=("--approval-ttl", "1")).start()
+    try:
+        done = subprocess.run(
+            [str(ASK), '/tool exec_command {"command": "echo never"}', "--url", mind.url],
+            env=_env(home), capture_output=True, text=True, timeout=60,
+        )
+        assert done.returncode == EXIT_EXPIRED, done.stderr
+        waiting, expired = reasons(done.stderr)
+        # Which tool, that it waits for a decision in another Face, and until when.
+        assert "exec_command" in waiting and "approval" in waiting, waiting
+        assert "another Face" in waiting and "until" in waiting, waiting
+        assert "exec_command" in expired and "expired" in expired, expired
+        assert "never" not in done.stdout  # it did not run
+    finally:
+        mind.kill()
+
+
+@pytest.mark.e2e
+async def test_ask_exits_4_when_another_face_denies_the_tool(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    log = tmp_path / "exchange.jsonl"
+    fifo = FifoLog(log)
+    mind = MindProcess(home).start()
+    try:
+        pipeline = subprocess.Popen(
+            [str(ASK), '/tool exec_command {"command": "echo never"}', "--url", mind.url],
+            env=dict(_env(home), HALFPI_ASK_LOG=str(log)),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        requested = await asyncio.to_thread(
+            fifo.wait_for, lambda m: m["type"] == "face.event"
+            and m["payload"]["type"] == "approval.requested", 30)
+        approver = await SdkClient(mind.url, mind.token).connect()
+        try:
+            await approver.request("face.approval.resolve",
+                                   approval_id=requested["payload"]["data"]["approval_id"],
+                                   decision="deny_once", reason="not today")
+        finally:
+            await approver.close()
+        out, err = await asyncio.to_thread(pipeline.communicate, timeout=60)
+        assert pipeline.returncode == EXIT_DENIED, err
+        lines = reasons(err)
+        assert any("denied" in line and "exec_command" in line for line in lines), err
+        assert "never" not in out
+    finally:
+        mind.kill()
+
+
+@pytest.mark.e2e
+def test_a_cancelled_chat_exits_3(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    mind = MindProcess(home).start()
+    try:
+        done = subprocess.run(
+            headless("--url", mind.url, "--new-conversation", "c"),
+            input=lines_in(
+                {"type": "face.chat", "payload": {"request_id": "long", "content": "/sleep 60"}},
+                {"type": "face.chat.cancel", "payload": {"target_request_id": "long"}},
+            ),
+            env=_env(home), capture_output=True, text=True, timeout=60,
+        )
+        assert done.returncode == EXIT_CANCELLED, done.stderr
+        (line,) = reasons(done.stderr)
+        assert "long" in line and "cancelled" in line, line
+    finally:
+        mind.kill()
+
+
+@pytest.mark.e2e
+def test_an_interrupted_chat_not_retried_exits_6(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    mind = MindProcess(home).start()
+    words = " ".join(f"w{i}" for i in range(12))
+    try:
+        face = subprocess.Popen(
+            headless("--url", mind.url, "--new-conversation", "c"),
+            env=_env(home), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+        )
+        assert face.stdin is not None and face.stdout is not None
+        face.stdin.write(lines_in({"type": "face.chat",
+                                   "payload": {"content": f"/pace 150 {words}"}}))
+        face.stdin.flush()  # stdin stays open: communicate() closes it
+        for line in face.stdout:
+            if json.loads(line)["type"] == "face.chat.delta":
+                break
+        mind.restart()
+        _, err = face.communicate(timeout=60)
+        assert face.returncode == EXIT_INTERRUPTED, err
+        assert any("interrupted" in line for line in reasons(err)), err
+    finally:
+        mind.kill()
+
+
+@pytest.mark.e2e
+def test_an_unreachable_mind_is_explained_and_the_bound_exits_69(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again: nothing listens there
+    url = f"ws://127.0.0.1:{port}/v1/face"
+    done = subprocess.run(
+        headless("--url", url, "--token", "hpf_unused", "--connect-timeout", "1.5"),
+        input=lines_in({"type": "face.conversation.list", "payload": {}}),
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == EXIT_UNREACHABLE, done.stderr
+    lines = reasons(done.stderr)
+    # What it tries, why that fails, and that it tries again; then why it stops.
+    assert url in lines[0] and "refused" in lines[0] and "retrying" in lines[0], lines[0]
+    assert "1.5 s" in lines[-1] and "--connect-timeout" in lines[-1], lines[-1]
+
+
+@pytest.mark.e2e
+def test_a_refused_token_exits_2_with_one_line(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    mind = MindProcess(home).start()
+    try:
+        done = subprocess.run(
+            headless("--url", mind.url, "--token", "hpf_not_a_token"),
+            input=lines_in({"type": "face.conversation.list", "payload": {}}),
+            capture_output=True, text=True, timeout=60,
+        )
+        assert done.returncode == EXIT_REFUSED, done.stderr
+        (line,) = reasons(done.stderr)
+        assert "refused" in line and "token" in line, line
+    finally:
+        mind.kill()
+
+
+@pytest.mark.e2e
+def test_a_command_the_mind_refuses_exits_1_and_says_why(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    mind = MindProcess(home).start()
+    try:
+        done = subprocess.run(
+            headless("--url", mind.url),
+            input=lines_in({"type": "face.chat",
+                            "payload": {"conversation_id": "c_nope", "content": "hi"}}),
+            env=_env(home), capture_output=True, text=True, timeout=60,
+        )
+        assert done.returncode == EXIT_FAILED, done.stderr
+        (line,) = reasons(done.stderr)
+        assert "conversation_not_found" in line, line
+    finally:
+        mind.kill()
+
+
+@pytest.mark.e2e
+def test_a_bad_flag_exits_64(tmp_path: Path) -> None:
+    done = subprocess.run(headless("--connect-timeout", "soon"), capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == EXIT_USAGE
+    (line,) = reasons(done.stderr)
+    assert "--connect-timeout" in line

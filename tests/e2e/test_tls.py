@@ -183,6 +183,6 @@ async def test_bad_tls_arguments_are_one_clear_line(tmp_path: Path, tls: Tls, ca
         "not_a_cert": ["--tls-cert", str(bogus), "--tls-key", str(tls.key)],
     }[case]
     run = await halfpi_cli("mind", "--port", "0", "--home", str(tmp_path / "home"), *args)
-    assert run.returncode == 2, run
+    assert run.returncode == 64, run
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("halfpi: "), run.stderr

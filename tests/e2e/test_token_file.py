@@ -76,7 +76,7 @@ def test_a_bad_token_file_is_one_clear_line(tmp_path: Path, case: str) -> None:
                              capture_output=True, text=True, timeout=60,
                              env={k: v for k, v in os.environ.items()
                                   if not k.startswith("HALFPI_")}, stdin=subprocess.DEVNULL)
-        assert run.returncode == 2, (command, run)
+        assert run.returncode == 64, (command, run)
         lines = run.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("halfpi: "), (command, run.stderr)
 

@@ -8,7 +8,18 @@ was started with ``--conversation`` or ``--new-conversation``.
 stdout: only JSON lines, each a protocol message — exactly what the SDK
 took as news from the Mind (duplicates from replays removed), plus
 ``face.status`` lines (the one message type that comes from the face itself,
-not from the Mind) whenever the connection state changes. Logs go to stderr.
+not from the Mind) whenever the connection state changes.
+
+stderr: for the person running the script, one ``halfpi: …`` line each —
+what it tries while no Mind answers and why that fails, a tool that waits
+for an approval in another Face (until when), and the reason of every
+command that did not succeed.
+
+The exit status tells the outcomes apart (docs/faces.md): 0 succeeded,
+1 failed, 2 refused (token or permission), 3 cancelled, 4 a tool's approval
+was denied, 5 it expired, 6 interrupted, 64 usage, 69 no Mind reachable
+within ``--connect-timeout``. With several commands, the first command
+that did not succeed gives the status.
 
 Everything the SDK does applies: reconnect, exact resume, and re-sending of
 replay-safe commands under the same ``request_id``. A chat that ends
@@ -20,19 +31,48 @@ script says so with ``--retry-interrupted N`` — asking again is a decision
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
+import socket
 import sys
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from halfpi.face.client import FaceClient, Result, Status, new_request_id
-from halfpi.face.errors import AuthError, CommandError, FaceError
+from halfpi.face.errors import AuthError, ClientClosed, CommandError, FaceError
+from halfpi.face.transport import ConnectionLost, Transport, websocket_connector
 
 log = logging.getLogger("halfpi.face.headless")
 
-EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2, 64
+EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_CANCELLED = 0, 1, 2, 3
+EXIT_DENIED, EXIT_EXPIRED, EXIT_INTERRUPTED = 4, 5, 6
+EXIT_USAGE, EXIT_UNREACHABLE = 64, 69
+
+# A terminal face.result's status → the exit status it gives.
+STATUS_EXIT = {
+    "succeeded": EXIT_OK,
+    "failed": EXIT_FAILED,
+    "timed_out": EXIT_FAILED,
+    "cancelled": EXIT_CANCELLED,
+    "interrupted": EXIT_INTERRUPTED,
+}
+# A face.error's code → the exit status it gives (any other: EXIT_FAILED).
+ERROR_EXIT = {
+    "unauthorized": EXIT_REFUSED,
+    "forbidden": EXIT_REFUSED,
+    "approval_expired": EXIT_EXPIRED,
+}
+# A tool call of a chat that ended without running, by its status.
+TOOL_EXIT = {"denied": EXIT_DENIED, "expired": EXIT_EXPIRED}
+CHAT_FIELDS = frozenset({"request_id", "conversation_id", "content"})
+ERROR_MEANING = {
+    "agent_failed": "the agent gave up on this message",
+    "agent_bad_input": "the agent could not read this message",
+    "internal_error": "a fault in the Mind; its log says more",
+}
 
 
 @dataclass
@@ -43,6 +83,8 @@ class HeadlessOptions:
     new_conversation: str | None = None
     until_done: bool = True
     retry_interrupted: int = 0
+    # Give up (EXIT_UNREACHABLE) after this long without a Mind; None: never.
+    connect_timeout: float | None = None
 
 
 class Output:
@@ -61,66 +103,224 @@ class Output:
         self.stream.flush()
 
 
+@dataclass
+class _ChatTools:
+    """What happened to one chat's tool calls, as far as it changes the exit status."""
+
+    approvals: dict[str, str] = field(default_factory=dict)  # tool_call_id -> decided_by
+    blocked: list[tuple[int, str]] = field(default_factory=list)  # (exit, reason)
+    seen: set[str] = field(default_factory=set)  # tool_call_ids already in ``blocked``
+
+
 class Headless:
-    def __init__(self, options: HeadlessOptions, out: Output) -> None:
+    def __init__(self, options: HeadlessOptions, out: Output, err: TextIO = sys.stderr) -> None:
         self.options = options
         self.out = out
+        self.err = err
         self.client = FaceClient(
             options.urls,
             options.token,
             client_name="halfpi-headless",
+            connector=self._connect,
             on_status=self._status,
-            on_message=out,
+            on_message=self._message,
         )
         self.conversation = options.conversation
-        self.failed = False
+        self.exit_code = EXIT_OK
         self._work: set[asyncio.Task[None]] = set()
+        self._chats: dict[str, _ChatTools] = {}  # request_id -> its tool outcomes
+        self._url = options.urls[0] if options.urls else ""
+        self._why = ""  # why the last connection attempt failed
+        self._last_failure = ("", "")  # (url, why) last reported in full
+        self._complained = False  # a failure to connect was reported since the last success
+        self._deadline: asyncio.TimerHandle | None = None
+        self._gave_up = False
+        self._body: asyncio.Future[int] | None = None
+
+    # -- stderr: for the person running the script ----------------------------------
+
+    def _note(self, text: str) -> None:
+        self.err.write(f"halfpi: {text}\n")
+        self.err.flush()
+
+    def _fail(self, code: int, text: str) -> None:
+        """Say why something did not succeed; the first failure sets the status."""
+        self._note(text)
+        if self.exit_code == EXIT_OK:
+            self.exit_code = code
+
+    def _refused(self, exc: AuthError) -> None:
+        if self.exit_code == EXIT_REFUSED:
+            return  # said once
+        self.exit_code = EXIT_REFUSED
+        what = (
+            "the credential was revoked"
+            if exc.close_code == 4003
+            else "pass a valid --token (or HALFPI_TOKEN), or use HOME/face.token"
+        )
+        self._note(f"the Mind at {self._url} refused the token ({exc.close_code}): {what}")
+
+    # -- connecting: what is tried, and why it fails --------------------------------
+
+    async def _connect(self, url: str) -> Transport:
+        self._url = url
+        try:
+            return await websocket_connector(url)
+        except ConnectionLost as exc:
+            self._why = describe_failure(exc)
+            raise
 
     def _status(self, status: Status) -> None:
-        self.out(
-            "face.status",
-            {
-                "state": status.state,
-                "text": status.describe(),
-                "attempt": status.attempt,
-                "next_in": status.next_in,
-                "replayed": status.replayed,
-            },
+        payload: dict[str, Any] = {
+            "state": status.state,
+            "text": status.describe(),
+            "attempt": status.attempt,
+            "next_in": status.next_in,
+            "replayed": status.replayed,
+            "url": self._url,
+        }
+        if status.detail:
+            payload["detail"] = status.detail
+        self.out("face.status", payload)
+        if status.state == "reconnecting":
+            self._arm()
+            retry = f"retrying in {status.next_in:.1f} s" if status.next_in is not None else ""
+            if self._why and (self._url, self._why) == self._last_failure:
+                self._note(f"still cannot reach {self._url}; {retry} (attempt {status.attempt})")
+            elif self._why:
+                self._last_failure = (self._url, self._why)
+                self._note(
+                    f"cannot reach the Mind at {self._url}: {self._why}; "
+                    f"{retry} (attempt {status.attempt})"
+                )
+            else:
+                why = f" ({status.detail})" if status.detail else ""
+                self._note(f"lost the connection to {self._url}{why}; {retry}")
+            self._why = ""
+            self._complained = True
+        elif status.state in ("live", "resuming"):
+            self._disarm()
+            self._last_failure = ("", "")
+            if self._complained:
+                self._note(f"connected to {self._url}")
+            self._complained = False
+
+    def _arm(self) -> None:
+        bound = self.options.connect_timeout
+        if bound is None or self._deadline is not None:
+            return
+        self._deadline = asyncio.get_running_loop().call_later(bound, self._give_up)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _give_up(self) -> None:
+        self._deadline = None
+        self._gave_up = True
+        urls = ", ".join(self.options.urls)
+        self._note(
+            f"gave up: no Mind could be reached at {urls} for "
+            f"{self.options.connect_timeout:g} s (--connect-timeout)"
         )
+        if self._body is not None:
+            self._body.cancel()
+
+    # -- stdout: every message, and what it means for the exit status ---------------
+
+    def _message(self, type_: str, payload: dict[str, Any]) -> None:
+        self.out(type_, payload)
+        if type_ == "face.event":
+            self._event(payload.get("type"), payload.get("data") or {})
+        elif type_ in ("face.snapshot", "face.reset"):
+            snap = payload.get("snapshot", payload) if type_ == "face.reset" else payload
+            for approval in snap.get("pending_approvals") or ():
+                self._event("approval.requested", approval)
+            for call in snap.get("tool_history") or ():
+                self._event("chat.tool_completed", call)
+
+    def _event(self, type_: Any, data: dict[str, Any]) -> None:
+        tools = self._chats.get(str(data.get("request_id", "")))
+        if type_ == "approval.requested" and tools is not None:
+            if data.get("tool_call_id") in tools.approvals:
+                return  # seen already (a replay, or the snapshot and then the event)
+            tools.approvals[str(data.get("tool_call_id"))] = ""
+            expires = float(data.get("expires_at") or time.time())
+            until = time.strftime("%H:%M:%S", time.localtime(expires))
+            left = max(0, round(expires - time.time()))
+            self._note(
+                f"{data.get('tool')} waits for an approval in another Face "
+                f"(approval {data.get('approval_id')}, chat {data.get('request_id')}): "
+                f"allow or deny it there, e.g. in `halfpi face` with ctrl+a / ctrl+d, "
+                f"until {until} (in {left} s)"
+            )
+        elif type_ == "approval.resolved":
+            call = str(data.get("tool_call_id"))
+            for chat in self._chats.values():
+                if call in chat.approvals and not chat.approvals[call]:
+                    who = str(data.get("decided_by") or "")
+                    chat.approvals[call] = who or "another Face"
+                    if data.get("status") == "allowed":
+                        self._note(f"approval {data.get('approval_id')} allowed by {who}: it runs")
+        elif type_ == "chat.tool_completed" and tools is not None:
+            status, call = str(data.get("status")), str(data.get("tool_call_id"))
+            if status not in TOOL_EXIT or call in tools.seen:
+                return
+            tools.seen.add(call)
+            tool = data.get("tool")
+            if status == "denied":
+                who = tools.approvals.get(call) or "another Face"
+                why = f"{tool} did not run: its approval was denied by {who}"
+            else:
+                why = f"{tool} did not run: its approval expired (nobody decided in time)"
+            tools.blocked.append((TOOL_EXIT[status], why))
+
+    # -- the run ---------------------------------------------------------------------
 
     async def run(self, lines: asyncio.Queue[str | None]) -> int:
+        body = asyncio.ensure_future(self._run(lines))
+        self._body = body
+        self._arm()  # the first connection counts too
         try:
-            await self.client.connect()
-        except AuthError as exc:
-            log.error("%s", exc)
-            return EXIT_REFUSED
+            return await body
+        except asyncio.CancelledError:
+            if self._gave_up:
+                return EXIT_UNREACHABLE
+            raise
+        finally:
+            self._disarm()
+            await self.client.close()
+
+    async def _run(self, lines: asyncio.Queue[str | None]) -> int:
         try:
+            await self.client.connect(timeout=None)
             if self.options.new_conversation is not None:
                 self.conversation = await self.client.create_conversation(
                     self.options.new_conversation or None
                 )
             if self.conversation is not None:
                 await self.client.subscribe(self.conversation)
+            number = 0
             while (line := await lines.get()) is not None:
+                number += 1
                 if line.strip():
-                    await self._command(line)
+                    await self._command(number, line)
             if self._work:
                 await asyncio.wait(self._work)
         except AuthError as exc:
-            log.error("%s", exc)
-            return EXIT_REFUSED
-        finally:
-            await self.client.close()
-        return EXIT_FAILED if self.failed else EXIT_OK
+            self._refused(exc)
+        except CommandError as exc:  # creating the --new-conversation was refused
+            self._fail(ERROR_EXIT.get(exc.code, EXIT_FAILED), f"refused: {exc}")
+        return self.exit_code
 
-    async def _command(self, line: str) -> None:
+    async def _command(self, number: int, line: str) -> None:
         try:
             frame = json.loads(line)
             type_, payload = frame["type"], dict(frame.get("payload") or {})
             if not isinstance(type_, str) or set(frame) - {"type", "payload"}:
                 raise ValueError("a command is {type, payload}")
-        except (ValueError, KeyError, TypeError) as exc:
-            self.failed = True
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             self.out(
                 "face.error",
                 {
@@ -129,6 +329,7 @@ class Headless:
                     "message": f"not a command line: {exc}",
                 },
             )
+            self._fail(EXIT_FAILED, f"stdin line {number} is not a command: {exc}")
             return
         if (
             "conversation_id" not in payload
@@ -154,31 +355,112 @@ class Headless:
         retries = self.options.retry_interrupted if type_ == "face.chat" else 0
         while True:
             payload.setdefault("request_id", new_request_id("h"))
+            request_id = payload["request_id"]
             try:
-                outcome = await self.client.request(type_, **payload)
-            except CommandError:
-                self.failed = True  # the face.error line is already out
+                if (
+                    type_ == "face.chat"
+                    and set(payload) <= CHAT_FIELDS
+                    and ("conversation_id" in payload)
+                ):
+                    outcome: Any = await self._chat(payload)
+                else:
+                    outcome = await self.client.request(type_, **payload)
+            except CommandError as exc:  # its face.error line is already out
+                self._fail(
+                    ERROR_EXIT.get(exc.code, EXIT_FAILED), f"{type_} {request_id} refused: {exc}"
+                )
                 return
+            except AuthError as exc:
+                self._refused(exc)
+                return
+            except ClientClosed:
+                return  # the face is stopping (gave up): that is the reason given
             except FaceError as exc:
-                self.failed = True
                 self.out(
                     "face.error",
                     {
-                        "request_id": payload["request_id"],
+                        "request_id": request_id,
                         "code": "outcome_unknown",
                         "retryable": False,
                         "message": str(exc),
                     },
                 )
+                self._fail(EXIT_FAILED, str(exc))
                 return
-            if isinstance(outcome, Result) and outcome.status == "interrupted" and retries > 0:
+            if not isinstance(outcome, Result):
+                return  # a snapshot: a read that succeeded
+            if type_ != "face.chat":
+                if not outcome.ok:
+                    self._fail(
+                        STATUS_EXIT.get(outcome.status, EXIT_FAILED),
+                        f"{type_} {request_id} ended {outcome.status}{_code(outcome)}",
+                    )
+                return
+            if outcome.status == "interrupted" and retries > 0:
                 retries -= 1
-                log.warning("chat %s was interrupted; asking again as asked", payload["request_id"])
+                self._note(
+                    f"chat {request_id} was interrupted (the Mind restarted during the reply); "
+                    f"asking again as --retry-interrupted says ({retries} more allowed)"
+                )
                 payload = {k: v for k, v in payload.items() if k != "request_id"}
                 continue
-            if isinstance(outcome, Result) and not outcome.ok:
-                self.failed = True
+            self._chat_ended(request_id, outcome)
             return
+
+    async def _chat(self, payload: dict[str, Any]) -> Result:
+        """A chat, followed: its conversation is subscribed once the Mind has
+        admitted it, so its approvals and tool outcomes reach the script."""
+        request_id, cid = payload["request_id"], payload["conversation_id"]
+        self._chats.setdefault(request_id, _ChatTools())
+        handle = await self.client.chat(cid, payload.get("content", ""), request_id=request_id)
+        await handle.accepted()
+        if cid not in self.client.views:
+            await self.client.subscribe(cid)
+        return await handle.result()
+
+    def _chat_ended(self, request_id: str, result: Result) -> None:
+        status = result.status
+        if status == "succeeded":
+            tools = self._chats.get(request_id)
+            for code, why in tools.blocked if tools is not None else ():
+                self._fail(code, f"chat {request_id}: {why}")
+            return
+        if status == "failed":
+            meaning = ERROR_MEANING.get(result.error_code or "")
+            detail = f" ({result.error_code}: {meaning})" if meaning else _code(result)
+            self._fail(EXIT_FAILED, f"chat {request_id} failed{detail}")
+        elif status == "interrupted":
+            self._fail(
+                EXIT_INTERRUPTED,
+                f"chat {request_id} was interrupted: the Mind restarted during the reply "
+                "(not asked again; --retry-interrupted N would)",
+            )
+        elif status == "cancelled":
+            self._fail(EXIT_CANCELLED, f"chat {request_id} was cancelled")
+        else:
+            self._fail(STATUS_EXIT.get(status, EXIT_FAILED), f"chat {request_id} {status}")
+
+
+def _code(result: Result) -> str:
+    return f" ({result.error_code})" if result.error_code else ""
+
+
+def describe_failure(exc: ConnectionLost) -> str:
+    """Why a connection attempt failed, for a person (the underlying error
+    is kept as the exception's context by the transport)."""
+    cause = exc.__context__
+    if isinstance(cause, socket.gaierror):
+        return f"cannot resolve the host ({cause.strerror or cause})"
+    refused = f"[Errno {errno.ECONNREFUSED}]"
+    if isinstance(cause, ConnectionRefusedError) or (
+        isinstance(cause, OSError) and refused in str(cause)
+    ):
+        return "connection refused: nothing listens there (is `halfpi mind` running?)"
+    if isinstance(cause, TimeoutError):
+        return "no answer in time"
+    if isinstance(cause, OSError) and cause.strerror:
+        return cause.strerror.lower()
+    return exc.reason or str(exc)
 
 
 def _read_lines(
@@ -191,7 +473,10 @@ def _read_lines(
 
 
 async def run_headless(
-    options: HeadlessOptions, stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout
+    options: HeadlessOptions,
+    stdin: TextIO = sys.stdin,
+    stdout: TextIO = sys.stdout,
+    stderr: TextIO = sys.stderr,
 ) -> int:
     lines: asyncio.Queue[str | None] = asyncio.Queue()
     threading.Thread(
@@ -200,4 +485,4 @@ async def run_headless(
         name="headless stdin",
         daemon=True,
     ).start()
-    return await Headless(options, Output(stdout)).run(lines)
+    return await Headless(options, Output(stdout), stderr).run(lines)

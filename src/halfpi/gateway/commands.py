@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 
 Handler = Callable[["FaceSession", Any], Awaitable[None]]
 
+# What ``face.subscribe.transient_types`` may name (docs/protocol.md §6):
+# ``face.run.progress`` is reserved for background tasks.
+TRANSIENT_TYPES = ("face.chat.delta", "face.chat.tool.progress", "face.run.progress")
+
 
 async def ping(s: FaceSession, p: wire.Ping) -> None:
     s.send_reliable("face.pong", {"request_id": p.request_id} if p.request_id else {})
@@ -99,6 +103,13 @@ async def subscribe(s: FaceSession, p: wire.Subscribe) -> None:
             f"since names {sorted(unknown)[0]} which is not subscribed", field="since"
         )
     cursors = {cid: parse_cursor(text, field=f"since.{cid}") for cid, text in since.items()}
+    for name in p.transient_types or ():
+        if name not in TRANSIENT_TYPES:
+            raise InvalidRequest(
+                f"transient_types names {name!r}, which is not a transient message type; "
+                f"known: {', '.join(TRANSIENT_TYPES)}",
+                field="transient_types",
+            )
     transient = frozenset(p.transient_types) if p.transient_types is not None else None
     limit = s.mind.config.snapshot_messages
     plans: list[tuple[ConversationActor, int]] = []

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
+import os
 import signal
+import socket
+import sqlite3
 import sys
+import time
 from collections.abc import AsyncIterator
 
 from halfpi.agents.base import Agent
@@ -16,6 +21,7 @@ from halfpi.config import Config
 from halfpi.face.transport import pinned_tls_context, tls_connector
 from halfpi.gateway.native import FaceServer
 from halfpi.journal.memory import MemoryJournal
+from halfpi.mind.home import Address, CannotStart, prepare_home, remove_address, write_address
 from halfpi.mind.service import Mind
 from halfpi.store.sqlite import SQLiteStore
 
@@ -39,23 +45,28 @@ async def running_mind(
     connected to it; on exit: stop accepting, drain the Mind (close Faces
     with 1012, end chats as ``interrupted``, close the store), wait a bounded
     time for connections to close."""
-    config.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    prepare_home(config.home)
+    check_listen(config.host, config.port)  # before the Mind touches its store
     mind = build_mind(config, agent)
-    await mind.start()
+    try:
+        await mind.start()
+    except sqlite3.DatabaseError as exc:
+        raise CannotStart(f"cannot open the database {config.db_path}: {exc}") from None
     server = FaceServer(mind)
-    await server.start()
+    try:
+        await server.start()
+    except OSError as exc:  # lost a race for the port since check_listen
+        await mind.drain()
+        raise CannotStart(_listen_error(config.host, config.port, exc)) from None
     if config.local_hand:
-        # The local Hand dials the address the server listens on (loopback
-        # when it listens on every address).
-        host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "[::1]"}.get(
-            config.host, f"[{config.host}]" if ":" in config.host else config.host
-        )
+        # The local Hand dials the address the server listens on; over TLS
+        # too, trusting exactly the Mind's own certificate.
+        hand_url = dial_url(config, server.port, "/v1/hand")
         if config.tls_cert is not None:
-            # Over TLS too, trusting exactly the Mind's own certificate.
             connector = tls_connector(pinned_tls_context(config.tls_cert))
-            mind.start_local_hand(f"wss://{host}:{server.port}/v1/hand", connector)
+            mind.start_local_hand(hand_url, connector)
         else:
-            mind.start_local_hand(f"ws://{host}:{server.port}/v1/hand")
+            mind.start_local_hand(hand_url)
     try:
         yield mind, server
     finally:
@@ -64,9 +75,60 @@ async def running_mind(
         await server.wait_closed(close_wait_s)
 
 
+def dial_url(config: Config, port: int, path: str) -> str:
+    """The URL a client on this machine dials to reach the Mind (loopback
+    when it listens on every address)."""
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "[::1]"}.get(
+        config.host, f"[{config.host}]" if ":" in config.host else config.host
+    )
+    scheme = "wss" if config.tls_cert is not None else "ws"
+    return f"{scheme}://{host}:{port}{path}"
+
+
+def check_listen(host: str, port: int) -> None:
+    """Fail early, with one line, when ``host:port`` cannot be listened on."""
+    try:
+        infos = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+        for family, type_, proto, _, address in infos:
+            with socket.socket(family, type_, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(address)
+    except (OSError, OverflowError) as exc:
+        raise CannotStart(_listen_error(host, port, exc)) from None
+
+
+def _listen_error(host: str, port: int, exc: Exception) -> str:
+    where = f"cannot listen on {f'[{host}]' if ':' in host else host}:{port}"
+    if isinstance(exc, socket.gaierror):
+        return f"{where}: cannot resolve the host {host!r} (check --host)"
+    code = exc.errno if isinstance(exc, OSError) else None
+    if code == errno.EADDRINUSE:
+        return (
+            f"{where}: the address is already in use (another halfpi mind?); "
+            "choose another --port, or --port 0 for a free one"
+        )
+    if code == errno.EADDRNOTAVAIL:
+        return f"{where}: {host} is not an address of this machine (check --host)"
+    if code == errno.EACCES:
+        return f"{where}: permission denied (ports below 1024 need privileges; check --port)"
+    why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return f"{where}: {why}"
+
+
 async def serve(config: Config) -> None:
-    """Serve until SIGINT/SIGTERM, then drain (see :func:`running_mind`)."""
+    """Serve until SIGINT/SIGTERM, then drain (see :func:`running_mind`).
+
+    While it serves, ``HOME/mind.json`` says where (DESIGN §12)."""
     async with running_mind(config) as (mind, server):
+        address = Address(
+            os.getpid(),
+            dial_url(config, server.port, "/v1/face"),
+            dial_url(config, server.port, "/v1/hand"),
+            time.time(),
+        )
+        write_address(config.home, address)
         ready = {
             "event": "listening",
             "url": f"{'wss' if config.tls else 'ws'}://{config.host}:{server.port}/v1/face",
@@ -80,6 +142,9 @@ async def serve(config: Config) -> None:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        await stop.wait()
+        try:
+            await stop.wait()
+        finally:
+            remove_address(config.home, address.pid)
         log.info("draining")
     log.info("stopped")

@@ -429,12 +429,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long a tool approval waits for a decision before it expires "
         "(default %(default).0f)",
     )
-    mind.add_argument("--tls-cert", metavar="FILE", help="serve wss://: certificate (PEM chain)")
-    mind.add_argument("--tls-key", metavar="FILE", help="the certificate's private key (PEM)")
+    mind.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        help="serve wss://: certificate (PEM chain; default: none, plain ws://)",
+    )
+    mind.add_argument(
+        "--tls-key", metavar="FILE", help="the certificate's private key (PEM; default: none)"
+    )
     mind.add_argument(
         "--insecure",
         action="store_true",
-        help="allow plain ws:// on a non-loopback --host (behind a TLS proxy)",
+        help="allow plain ws:// on a non-loopback --host, behind a TLS proxy (default: refuse)",
     )
     mind.add_argument(
         "--max-connections-per-principal",
@@ -447,7 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--trusted-proxy",
         action="append",
         metavar="ADDR",
-        help="a proxy address whose X-Forwarded-For names the client (repeatable)",
+        help="a proxy address whose X-Forwarded-For names the client (repeatable; default: none)",
     )
     mind.set_defaults(func=cmd_mind)
 
@@ -482,13 +488,17 @@ def build_parser() -> argparse.ArgumentParser:
     face.add_argument(
         "--token",
         help="Face token; visible in `ps`: prefer --token-file or $HALFPI_TOKEN "
-        "(default $HALFPI_TOKEN, $HALFPI_TOKEN_FILE, or HOME/face.token)",
+        "(default $HALFPI_TOKEN, $HALFPI_TOKEN_FILE, else HOME/face.token)",
     )
     face.add_argument(
-        "--token-file", metavar="PATH", help="read the Face token from PATH (or $HALFPI_TOKEN_FILE)"
+        "--token-file",
+        metavar="PATH",
+        help="read the Face token from PATH (default $HALFPI_TOKEN_FILE)",
     )
     face.add_argument(
-        "--ca-file", metavar="PATH", help="verify a wss:// Mind with this CA (or $HALFPI_CA_FILE)"
+        "--ca-file",
+        metavar="PATH",
+        help="verify a wss:// Mind with this CA (default $HALFPI_CA_FILE, else the system CAs)",
     )
     face.add_argument(
         "--new-conversation",
@@ -567,16 +577,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     hand.add_argument(
         "--token",
-        help="Hand token, from `halfpi hand add`; visible in `ps`: prefer --token-file or "
-        "$HALFPI_HAND_TOKEN",
+        help="Hand token, from `halfpi hand add`; visible in `ps`: prefer --token-file "
+        "(default $HALFPI_HAND_TOKEN)",
     )
     hand.add_argument(
         "--token-file",
         metavar="PATH",
-        help="read the Hand token from PATH (or $HALFPI_HAND_TOKEN_FILE)",
+        help="read the Hand token from PATH (default $HALFPI_HAND_TOKEN_FILE)",
     )
     hand.add_argument(
-        "--ca-file", metavar="PATH", help="verify a wss:// Mind with this CA (or $HALFPI_CA_FILE)"
+        "--ca-file",
+        metavar="PATH",
+        help="verify a wss:// Mind with this CA (default $HALFPI_CA_FILE, else the system CAs)",
     )
     hand.add_argument(
         "--id",

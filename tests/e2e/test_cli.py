@@ -95,7 +95,7 @@ def test_port_in_use_is_one_line_naming_the_port(tmp_path: Path) -> None:
 
 
 def test_an_unknown_host_is_one_line(tmp_path: Path) -> None:
-    done = halfpi("mind", "--host", "no-such-host.invalid", "--port", "0",
+    done = halfpi("mind", "--host", "no-such-host.invalid", "--port", "0", "--insecure",
                   "--home", str(tmp_path / "home"))
     one_line_error(done, EXIT_FAILURE, "no-such-host.invalid", "--host")
 

@@ -288,7 +288,13 @@ async def read_file(
         digest = hashlib.sha256()
         kept = bytearray()
         size = 0
-        with os.fdopen(open_file(path), "rb") as handle:
+        fd = open_file(path)
+        try:
+            handle = os.fdopen(fd, "rb")
+        except BaseException:
+            os.close(fd)  # not owned by a file object yet
+            raise
+        with handle:
             while chunk := handle.read(65536):
                 size += len(chunk)
                 digest.update(chunk)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from halfpi.config import DEFAULT_PORT, Config, default_home, env_delta_ms
+from halfpi.core.policy import Rule, parse_approval
 from halfpi.core.scopes import ALL_FACE_SCOPES, PROFILES
 
 
@@ -29,6 +30,8 @@ def cmd_mind(args: argparse.Namespace) -> int:
         scripted_delta_ms=env_delta_ms() if args.delta_ms is None else args.delta_ms,
         allowed_origins=tuple(args.allow_origin or ()),
         local_hand=not args.no_local_hand,
+        hand_roots=tuple(args.hand_root or ()),
+        hand_approval=tuple((tool, rule.value) for tool, rule in args.hand_approval or ()),
     )
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
@@ -173,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not start the in-process Hand named 'local'",
     )
+    _policy_flags(mind, "--hand-root", "--hand-approval", "the local Hand's")
     mind.add_argument("--log-level", default="info")
     mind.set_defaults(func=cmd_mind)
 
@@ -222,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     hand.add_argument("--token", help="Hand token (default $HALFPI_HAND_TOKEN)")
     hand.add_argument("--id", help="this Hand's name (its credential's label)")
     hand.add_argument("--home")
+    _policy_flags(hand, "--root", "--approval", "this Hand's")
     hand.set_defaults(func=cmd_hand)
     hand_sub = hand.add_subparsers(dest="hand_command")
     hadd = hand_sub.add_parser("add", help="create a Hand credential; prints its token once")
@@ -236,6 +241,40 @@ def build_parser() -> argparse.ArgumentParser:
     hrev.add_argument("--home")
     hrev.set_defaults(func=lambda a: _revoke(a, "hand"))
     return parser
+
+
+def _root_dir(value: str) -> str:
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"not a directory: {value}")
+    return str(path.resolve())
+
+
+def _approval(value: str) -> tuple[str, Rule]:
+    try:
+        return parse_approval(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _policy_flags(parser: argparse.ArgumentParser, root: str, approval: str, whose: str) -> None:
+    """The tool policy flags (docs/hands.md, "Tool policy")."""
+    parser.add_argument(
+        root,
+        action="append",
+        type=_root_dir,
+        metavar="DIR",
+        help=f"{whose} root: read_file runs there without approval (repeatable; "
+        "default: the working directory)",
+    )
+    parser.add_argument(
+        approval,
+        action="append",
+        type=_approval,
+        metavar="TOOL=RULE",
+        help=f"{whose} approval rule for TOOL: always, outside_roots or never "
+        "(repeatable; defaults: exec_command=always, read_file=outside_roots)",
+    )
 
 
 def cmd_hand(args: argparse.Namespace) -> int:
@@ -254,10 +293,21 @@ def cmd_hand(args: argparse.Namespace) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    state_dir = _home(args.home) / "hands"
+    home = _home(args.home)
+    state_dir = home / "hands"
     served = True
     with contextlib.suppress(KeyboardInterrupt):
-        served = asyncio.run(run_hand(url, token, args.id, state_dir))
+        served = asyncio.run(
+            run_hand(
+                url,
+                token,
+                args.id,
+                state_dir,
+                roots=args.root or (),
+                rules=dict(args.approval or ()),
+                protected=(home,),
+            )
+        )
     return 0 if served else 3  # 3: refused by the Mind (bad or revoked token)
 
 

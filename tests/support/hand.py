@@ -8,7 +8,12 @@ a test that wants a lying Hand changes one field on purpose.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from halfpi.core.hand_wire import HAND_PROTOCOL, output_digest
@@ -92,3 +97,35 @@ def honest_result(
 def allow_check(check: dict[str, Any]) -> dict[str, Any]:
     """The ``hand.checked`` answer that lets a checked call run."""
     return {"check_id": check["check_id"], "verdict": "allow", "reason": "test Hand"}
+
+
+class HandProcess:
+    """``halfpi hand`` as a child process; its token travels in the environment."""
+
+    def __init__(self, url: str, token: str, hand_id: str, log_path: Path,
+                 extra_args: tuple[str, ...] = ()) -> None:
+        self.log_path = log_path
+        # One Hand home per test: a restarted Hand finds what its previous
+        # instance left running there.
+        env = dict(os.environ, HALFPI_HAND_TOKEN=token, PYTHONUNBUFFERED="1",
+                   HALFPI_HOME=str(log_path.parent / "hand-home"))
+        # Started in the test's directory: that is the Hand's root, where
+        # read_file runs without approval.
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "halfpi.cli", "hand", "--mind", url, "--id", hand_id,
+                 *extra_args],
+                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=log_path.parent,
+            )
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        """``kill -9``: no goodbye, no cleanup."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def log(self) -> str:
+        return self.log_path.read_text()[-4000:] if self.log_path.exists() else ""

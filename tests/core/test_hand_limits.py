@@ -72,7 +72,7 @@ def test_progress_budget_takes_chunks_up_to_the_bounds() -> None:
 
 def test_progress_chunk_over_4_kib_of_utf8_is_a_violation() -> None:
     assert ProgressBudget().take("x" * (CHUNK_BYTES + 1)) is not None
-    # Counted in UTF-8 bytes, not characters: 1366 × "é€" is 4 KiB + 2 bytes.
+    # Counted in UTF-8 bytes, not characters: 1366 euro signs are 4 KiB + 2 bytes.
     assert ProgressBudget().take("€" * 1366) is not None
     assert ProgressBudget().take("€" * 1365) is None
 

@@ -92,7 +92,8 @@ async def hand(tmp_path: Path, tools: dict[str, ToolFn] | None = None,
                     policy=HandPolicy([root], rules, [home]))
     task = asyncio.create_task(node.run_forever())
     await mind.expect("hand.hello")
-    mind.tell("hand.welcome", hand_id="dev", generation=1, adopted=[], abandon=[], protect=list(protect))
+    mind.tell("hand.welcome", hand_id="dev", generation=1, adopted=[], abandon=[],
+              protect=list(protect))
     await asyncio.wait_for(node.connected.wait(), 10)
     try:
         yield World(mind, node, root, home, token)

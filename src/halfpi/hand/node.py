@@ -232,9 +232,9 @@ class HandNode:
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The arguments and keywords a tool runs with under the policy."""
         try:
-            accepts = inspect.signature(tool).parameters
-        except (TypeError, ValueError):
-            accepts = {}  # type: ignore[assignment]
+            accepts = set(inspect.signature(tool).parameters)
+        except (TypeError, ValueError):  # a callable Python cannot introspect
+            accepts = set()
         keywords: dict[str, Any] = {}
         if "deny_paths" in accepts:
             keywords["deny_paths"] = self.policy.deny_paths()

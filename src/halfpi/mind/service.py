@@ -16,10 +16,10 @@ from typing import Any, Protocol
 from halfpi.agents.base import Agent
 from halfpi.config import Config
 from halfpi.core.ids import new_conversation_id, new_node_id
+from halfpi.core.policy import parse_rule
 from halfpi.core.requests import RequestRecord, Tombstone
 from halfpi.core.scopes import scopes_for
 from halfpi.errors import CloseCode, ErrorCode, NotFound
-from halfpi.core.policy import parse_rule
 from halfpi.hand.node import HandNode
 from halfpi.hand.policy import HandPolicy
 from halfpi.journal.base import Journal

@@ -42,7 +42,8 @@ class Scene:
         return f"/tool {name} " + json.dumps({**args, "hand": HAND})
 
 
-async def listed_hand(face: FaceClient, timeout: float = 15.0) -> dict[str, Any]:
+async def listed_hand(face: FaceClient, hand_id: str = HAND,
+                      timeout: float = 15.0) -> dict[str, Any]:
     """Poll ``face.hand.list`` until the Hand is connected."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -50,7 +51,7 @@ async def listed_hand(face: FaceClient, timeout: float = 15.0) -> dict[str, Any]
         request_id = await face.command("face.hand.list")
         reply = await face.reply(request_id)
         for hand in reply["payload"]["data"]["hands"]:
-            if hand["hand_id"] == HAND and hand["connected"]:
+            if hand["hand_id"] == hand_id and hand["connected"]:
                 return dict(hand)
         assert loop.time() < deadline, f"the Hand never connected: {reply}"
         await asyncio.sleep(0.05)  # poll interval
@@ -176,15 +177,20 @@ async def test_a_credential_that_may_not_approve_cannot_read_the_token_that_may(
     tmp_path: Path,
 ) -> None:
     """The original escalation, against the embedded set-up (the local Hand in
-    the Mind's process, the Mind's home on the same disk)."""
+    the Mind's process, the Mind's home on the same disk) — even with the
+    local Hand told to read anything without asking, the home in its root."""
     home = tmp_path / "home"
     home.mkdir()
-    mind = MindProcess(home).start()
+    mind = MindProcess(home, extra_args=("--hand-root", str(tmp_path),
+                                         "--hand-approval", "read_file=never")).start()
     try:
         secret = mind.token
         plain = await face_add(home, "intruder")  # an operator without face:approve
         face = await connect_new_credential(mind.url, plain.token)
         assert "face:approve" not in face.welcome["payload"]["scopes"]  # type: ignore[index]
+        local = await listed_hand(face, "local")
+        assert local["roots"] == [str(tmp_path.resolve())]
+        assert local["rules"]["read_file"] == "never"
         cid = await face.create_conversation("escalation")
         await face.subscribe(cid)
         targets = [home / "face.token", home / "hand.token", home / "halfpi.db",

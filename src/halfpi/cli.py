@@ -23,6 +23,7 @@ from typing import NoReturn
 
 from halfpi import __version__
 from halfpi.config import DEFAULT_PORT, Config, default_home, env_delta_ms
+from halfpi.core.policy import Rule, parse_approval
 from halfpi.core.scopes import ALL_FACE_SCOPES, PROFILES
 from halfpi.mind.home import Address, CannotStart, StaleAddress, prepare_home, read_address
 
@@ -175,6 +176,8 @@ def cmd_mind(args: argparse.Namespace) -> int:
         tls_cert=Path(args.tls_cert) if args.tls_cert else None,
         tls_key=Path(args.tls_key) if args.tls_key else None,
         approval_ttl_s=args.approval_ttl,
+        hand_roots=tuple(args.hand_root or ()),
+        hand_approval=tuple((tool, rule.value) for tool, rule in args.hand_approval or ()),
     )
     logging.basicConfig(
         level=args.log_level.upper(),
@@ -455,6 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ADDR",
         help="a proxy address whose X-Forwarded-For names the client (repeatable; default: none)",
     )
+    _policy_flags(mind, "--hand-root", "--hand-approval", "the local Hand's")
     mind.set_defaults(func=cmd_mind)
 
     face = sub.add_parser(
@@ -595,6 +599,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="this Hand's name: its credential's label (no default: required to run a Hand)",
     )
     hand.add_argument("--home", metavar="DIR", help=home_help)
+    _policy_flags(hand, "--root", "--approval", "this Hand's")
     hand.set_defaults(func=cmd_hand)
     hand_sub = hand.add_subparsers(dest="hand_command", metavar="{add,list,revoke}")
     hadd = hand_sub.add_parser(
@@ -623,6 +628,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _root_dir(value: str) -> str:
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"not a directory: {value}")
+    return str(path.resolve())
+
+
+def _approval(value: str) -> tuple[str, Rule]:
+    try:
+        return parse_approval(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _policy_flags(parser: argparse.ArgumentParser, root: str, approval: str, whose: str) -> None:
+    """The tool policy flags (docs/hands.md, "Tool policy")."""
+    parser.add_argument(
+        root,
+        action="append",
+        type=_root_dir,
+        metavar="DIR",
+        help=f"{whose} root: read_file runs there without approval (repeatable; "
+        "default: the working directory)",
+    )
+    parser.add_argument(
+        approval,
+        action="append",
+        type=_approval,
+        metavar="TOOL=RULE",
+        help=f"{whose} approval rule for TOOL: always, outside_roots or never "
+        "(repeatable; defaults: exec_command=always, read_file=outside_roots)",
+    )
+
+
 def cmd_hand(args: argparse.Namespace) -> int:
     from halfpi.hand.node import run_hand
 
@@ -648,7 +687,18 @@ def cmd_hand(args: argparse.Namespace) -> int:
     state_dir = home / "hands"
     served = True
     with contextlib.suppress(KeyboardInterrupt):
-        served = asyncio.run(run_hand(url, token, args.id, state_dir, ca_file=ca_file))
+        served = asyncio.run(
+            run_hand(
+                url,
+                token,
+                args.id,
+                state_dir,
+                roots=args.root or (),
+                rules=dict(args.approval or ()),
+                protected=(home,),
+                ca_file=ca_file,
+            )
+        )
     return 0 if served else 3  # 3: refused by the Mind (bad or revoked token)
 
 

@@ -78,9 +78,14 @@ class Config:
     hand_grace_s: float = 10.0
     # Start an in-process Hand named "local" so the embedded set-up can run tools.
     local_hand: bool = True
-    # Tools that need a human's approval unless the Hand says otherwise.
+    # This Mind's floor: tools that need a human's approval on every Hand,
+    # whatever the Hand's own rule says (docs/hands.md, "Tool policy").
     approval_required: tuple[str, ...] = ("exec_command",)
     tool_history: int = 50
+    # The local Hand's tool policy (DESIGN §8): its roots (default: the
+    # Mind's working directory) and (tool, rule) pairs over the defaults.
+    hand_roots: tuple[str, ...] = ()
+    hand_approval: tuple[tuple[str, str], ...] = ()
     # -- connections: caps, throttling, TLS (docs/operations.md) ------------------
     # Live connections per principal, Faces and Hands alike (DESIGN §11); 0: no cap.
     max_connections_per_principal: int = 64

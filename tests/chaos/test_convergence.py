@@ -100,9 +100,12 @@ async def run_schedule(mind: MindProcess, steps: list[tuple[Any, ...]]) -> None:
             if action == "chat":
                 handles.append(await client.chat(cid, _content(*args)))
             elif action == "tool":
-                # A tool call on the Mind's local Hand (read_file needs no
-                # approval): its card must converge like the messages.
-                target = json.dumps({"path": str(mind.home / "mind.log"), "max_bytes": 64})
+                # A tool call on the Mind's local Hand (read_file inside its
+                # root, the Mind's working directory, needs no approval): its
+                # card must converge like the messages.
+                notes = mind.home.parent / "notes.txt"
+                notes.write_text("chaos\n")
+                target = json.dumps({"path": str(notes), "max_bytes": 64})
                 handles.append(await client.chat(cid, f"/tool read_file {target}"))
             elif action == "cancel" and handles:
                 handles.append(await client.cancel(cid, handles[-1].request_id))

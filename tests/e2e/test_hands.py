@@ -21,8 +21,6 @@ import platform
 import shlex
 import signal
 import socket
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -32,10 +30,12 @@ import websockets
 
 from halfpi import __version__
 from halfpi.core.backoff import backoff
+from halfpi.core.hand_wire import HAND_PROTOCOL
 from halfpi.face.client import ConnectionLost, Transport, websocket_connector
 from halfpi.hand.node import HandNode
 from tests.support.cli import face_add, hand_add
 from tests.support.client import FaceClient, connect_new_credential
+from tests.support.hand import HandProcess
 from tests.support.mind import MindProcess
 from tests.support.stream import is_event, is_terminal_event
 
@@ -56,34 +56,6 @@ TICKS_STDOUT = "".join(f"tick{i}\n" for i in range(1, 21)).encode()
 
 
 # -- processes ----------------------------------------------------------------------
-
-
-class HandProcess:
-    """``halfpi hand`` as a child process; its token travels in the environment."""
-
-    def __init__(self, url: str, token: str, hand_id: str, log_path: Path) -> None:
-        self.log_path = log_path
-        # One Hand home per test: a restarted Hand finds what its previous
-        # instance left running there.
-        env = dict(os.environ, HALFPI_HAND_TOKEN=token, PYTHONUNBUFFERED="1",
-                   HALFPI_HOME=str(log_path.parent / "hand-home"))
-        with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "halfpi.cli", "hand", "--mind", url, "--id", hand_id],
-                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-            )
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def kill(self) -> None:
-        """``kill -9``: no goodbye, no cleanup."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def log(self) -> str:
-        return self.log_path.read_text()[-4000:] if self.log_path.exists() else ""
 
 
 class World:
@@ -115,9 +87,10 @@ class World:
         return self.url.removesuffix("/v1/face") + "/v1/hand"
 
     def spawn_hand(self, url: str | None = None, token: str | None = None,
-                   hand_id: str = HAND) -> HandProcess:
+                   hand_id: str = HAND, extra_args: tuple[str, ...] = ()) -> HandProcess:
         log_path = self.tmp / f"hand-{len(self.hands)}.log"
-        hand = HandProcess(url or self.hand_url, token or self.hand_token, hand_id, log_path)
+        hand = HandProcess(url or self.hand_url, token or self.hand_token, hand_id, log_path,
+                           extra_args)
         self.hands.append(hand)
         return hand
 
@@ -296,7 +269,7 @@ async def hand_hello(url: str, token: str, hand_id: str) -> str | int | None:
             "instance_id": os.urandom(8).hex(),
             "info": {"hostname": "h", "os": "o", "arch": "a", "version": "0"},
             "tools": [{"name": "exec_command"}],
-            "protocol": 1,
+            "protocol": HAND_PROTOCOL,
             "runs": [],
         }}))
         try:

@@ -38,34 +38,10 @@ from halfpi.mind.hands import HandRegistry, ToolRun
 from tests.support.cli import halfpi_cli
 from tests.support.client import FaceClient
 from tests.support.frames import Frame, event, events_of
+from tests.support.hand import FakeLink, allow_check, hello_payload, honest_result
 from tests.support.mind import LocalMind, MindProcess, local_mind
 
 # -- the registry alone ---------------------------------------------------------------------
-
-
-class FakeLink:
-    """A Hand connection as the registry sees it; records what it is sent.
-
-    Like the real session, closing it tells the registry it is gone."""
-
-    def __init__(self, registry: HandRegistry, hand_id: str = "dev") -> None:
-        self.registry = registry
-        self.hand_id: str | None = hand_id
-        self.sent: list[tuple[str, dict[str, Any]]] = []
-        self.closed: list[tuple[int, str]] = []
-
-    def send(self, type_: str, payload: dict[str, Any]) -> None:
-        self.sent.append((type_, dict(payload)))
-
-    def close(self, code: int, reason: str) -> None:
-        self.closed.append((code, reason))
-        self.registry.disconnect(self)
-
-    def of(self, type_: str) -> list[dict[str, Any]]:
-        return [p for t, p in self.sent if t == type_]
-
-    def acked(self) -> list[str]:
-        return [rid for p in self.of("hand.ack") for rid in p["run_ids"]]
 
 
 def hello(instance: str = "inst-1", runs: tuple[tuple[str, int], ...] = ()) -> HandHello:
@@ -74,17 +50,14 @@ def hello(instance: str = "inst-1", runs: tuple[tuple[str, int], ...] = ()) -> H
         hand_id="dev",
         instance_id=instance,
         info=HandInfo(hostname="h", os="o", arch="a", version="0"),
-        tools=[HandTool(name="exec_command", needs_approval=False)],
+        tools=[HandTool(name="exec_command")],
         protocol=HAND_PROTOCOL,
         runs=[HandRunRef(run_id=r, generation=g) for r, g in runs],
     )
 
 
 def result(run_id: str, generation: int, status: str = "succeeded") -> HandResult:
-    return HandResult(
-        run_id=run_id, generation=generation, status=status,  # type: ignore[arg-type]
-        exit_code=0 if status == "succeeded" else -15, stdout=f"{status}\n",
-    )
+    return HandResult(**honest_result(run_id, generation, status))
 
 
 @dataclass
@@ -292,12 +265,7 @@ async def add_hand(lmind: LocalMind, label: str) -> str:
 async def raw_hand(lmind: LocalMind, token: str, label: str, instance: str,
                    runs: list[dict[str, Any]] | None = None) -> tuple[FaceClient, Frame]:
     hand = await FaceClient.connect(hand_url(lmind), hello=False)
-    await hand.send("hand.hello", {
-        "token": token, "hand_id": label, "instance_id": instance,
-        "info": {"hostname": "h", "os": "o", "arch": "a", "version": "0"},
-        "tools": [{"name": "exec_command", "needs_approval": False}],
-        "protocol": HAND_PROTOCOL, "runs": runs or [],
-    })
+    await hand.send("hand.hello", hello_payload(token, label, instance, runs=runs))
     welcome = await hand.expect(lambda f: f["type"] == "hand.welcome")
     return hand, welcome["payload"]
 
@@ -312,10 +280,7 @@ def of_type(type_: str) -> Callable[[Frame], bool]:
 
 
 def hand_result(run_id: str, generation: int, status: str) -> dict[str, Any]:
-    return {"run_id": run_id, "generation": generation, "status": status,
-            "exit_code": 0 if status == "succeeded" else -15, "stdout": f"{status}\n",
-            "stderr": "", "output_bytes": len(status) + 1, "digest": "sha256:0",
-            "truncated": False}
+    return honest_result(run_id, generation, status)
 
 
 @dataclass
@@ -328,7 +293,9 @@ class Scene:
 
 @contextlib.asynccontextmanager
 async def scene(home: Path, **config: Any) -> AsyncIterator[Scene]:
-    """A Mind with no local Hand, and two Faces subscribed to one conversation."""
+    """A Mind with no local Hand, and two Faces subscribed to one conversation.
+    Its raw Hands run exec_command without approval (their rule, and no floor)."""
+    config.setdefault("approval_required", ())
     async with local_mind(home, local_hand=False, **config) as lmind:
         owner = await FaceClient.connect(lmind.url, lmind.token)
         watcher = await FaceClient.connect(lmind.url, lmind.token)
@@ -343,6 +310,9 @@ async def scene(home: Path, **config: Any) -> AsyncIterator[Scene]:
 
 
 async def dispatched(hand: FaceClient) -> tuple[str, int]:
+    """Answer the policy check, then take the order."""
+    check = await hand.expect(of_type("hand.check"))
+    await hand.send("hand.checked", allow_check(check["payload"]))
     order = await hand.expect(of_type("hand.run"))
     return order["payload"]["run_id"], order["payload"]["generation"]
 
@@ -551,8 +521,7 @@ async def start_hand(lmind: LocalMind, token: str, label: str) -> RunningHand:
         transports.append(transport)
         return transport
 
-    node = HandNode(hand_url(lmind), token, label, connector=connector,
-                    approval_defaults={"exec_command": True, "read_file": False})
+    node = HandNode(hand_url(lmind), token, label, connector=connector)
     task = asyncio.create_task(node.run_forever())
     await asyncio.wait_for(node.connected.wait(), 10)
     assert lmind.mind.hands.connected(label)

@@ -46,7 +46,9 @@ class MindProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "halfpi.cli", "mind", "--port", str(self.port),
                  "--log-level", "warning", *self.extra_args],
-                env=env, stdout=subprocess.PIPE, stderr=log,
+                # The local Hand's root is the Mind's working directory: the
+                # test's own directory, where it keeps the files it reads.
+                env=env, stdout=subprocess.PIPE, stderr=log, cwd=self.home.parent,
             )
         assert self.proc.stdout is not None
 
@@ -97,8 +99,11 @@ class LocalMind:
 @contextlib.asynccontextmanager
 async def local_mind(home: Path, agent: Agent | None = None,
                      **overrides: Any) -> AsyncIterator[LocalMind]:
-    """The same wiring as ``halfpi mind`` (:func:`running_mind`), in this loop."""
-    config = replace(Config(home=home, port=0, scripted_delta_ms=0.0), **overrides)
+    """The same wiring as ``halfpi mind`` (:func:`running_mind`), in this loop.
+    The local Hand's root is the test's directory (the home's parent), as if
+    the Mind had been started there."""
+    config = replace(Config(home=home, port=0, scripted_delta_ms=0.0,
+                            hand_roots=(str(home.parent),)), **overrides)
     async with running_mind(config, agent, close_wait_s=1.0) as (mind, server):
         token = config.face_token_path.read_text().strip()
         yield LocalMind(mind, server, f"ws://127.0.0.1:{server.port}/v1/face", token, config)

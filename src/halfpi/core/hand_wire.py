@@ -1,14 +1,24 @@
-"""Wire types of the Hand protocol (``/v1/hand``), strict like the Face ones.
+"""Wire types of the Hand protocol (``/v1/hand``), strict like the Face ones,
+and the limits the Mind enforces on what a Hand says (DESIGN §6, §8).
 
-Hand → Mind: ``hand.hello``, ``hand.started``, ``hand.progress``,
-``hand.result``, ``hand.ping``. Mind → Hand: ``hand.welcome``, ``hand.run``,
-``hand.cancel``, ``hand.pong``. Every run message carries the connection
-``generation`` the Mind gave when it started (or adopted) the run; a message
-stamped with an older generation is refused (DESIGN §8).
+Hand → Mind: ``hand.hello``, ``hand.checked``, ``hand.started``,
+``hand.progress``, ``hand.result``, ``hand.ping``. Mind → Hand:
+``hand.welcome``, ``hand.check``, ``hand.run``, ``hand.cancel``,
+``hand.pong``. Every run message carries the connection ``generation`` the
+Mind gave when it started (or adopted) the run; a message stamped with an
+older generation is refused (DESIGN §8).
+
+The Mind does not trust a Hand's numbers: :class:`ProgressBudget` and
+:func:`result_violation` say what a frame broke, if anything, and the Mind
+then treats the Hand as faulty. The output digest is defined here once
+(:func:`output_digest`) so that the Hand computes and the Mind verifies the
+same thing.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -16,14 +26,31 @@ import msgspec
 from halfpi.core.wire import Id, Strict
 from halfpi.errors import InvalidRequest
 
-HAND_PROTOCOL = 1
+HAND_PROTOCOL = 2
+
+# DESIGN §6/§8 bounds, in UTF-8 bytes of the text that travels.
+CHUNK_BYTES = 4096
+PROGRESS_BYTES = 1024 * 1024
+PROGRESS_EVENTS = 256
+DISPLAY_BYTES = 1024 * 1024  # per stream of a result
+ERROR_CHARS = 4096
+REASON_CHARS = 1024
 
 Short = Annotated[str, msgspec.Meta(max_length=200)]
+PathText = Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+RuleName = Literal["always", "outside_roots", "never"]
 
 
 class HandTool(Strict, frozen=True):
     name: Short
-    needs_approval: bool | None = None
+
+
+class HandPolicyInfo(Strict, frozen=True):
+    """What a Hand tells about its tool policy: shown to Faces, never trusted
+    to lower the Mind's own floor."""
+
+    roots: Annotated[list[PathText], msgspec.Meta(max_length=64)]
+    rules: Annotated[dict[Short, RuleName], msgspec.Meta(max_length=64)]
 
 
 class HandRunRef(Strict, frozen=True):
@@ -46,6 +73,18 @@ class HandHello(Strict, frozen=True):
     tools: list[HandTool]
     protocol: int
     runs: list[HandRunRef] = []
+    # Optional only so that a Hand of another protocol version still decodes
+    # and is told which version this Mind speaks.
+    policy: HandPolicyInfo | None = None
+
+
+class HandChecked(Strict, frozen=True):
+    """The Hand's verdict on a tool call, before the Mind asks anyone."""
+
+    check_id: Id
+    verdict: Literal["allow", "ask", "deny"]
+    reason: Annotated[str, msgspec.Meta(max_length=REASON_CHARS)]
+    category: Short | None = None
 
 
 class HandStarted(Strict, frozen=True):
@@ -57,7 +96,7 @@ class HandProgress(Strict, frozen=True):
     run_id: Id
     generation: int
     kind: Literal["stdout", "stderr"]
-    data: Annotated[str, msgspec.Meta(max_length=16384)]
+    data: str  # bounded by the frame size; its limit is checked by the Mind
     gap: bool = False
 
 
@@ -82,6 +121,7 @@ class HandPing(Strict, frozen=True):
 
 HAND_MESSAGES: dict[str, type[Strict]] = {
     "hand.hello": HandHello,
+    "hand.checked": HandChecked,
     "hand.started": HandStarted,
     "hand.progress": HandProgress,
     "hand.result": HandResult,
@@ -111,3 +151,87 @@ def decode_hand_message(data: bytes | str) -> tuple[str, Any]:
 
 def encode_hand_message(type_: str, payload: dict[str, Any]) -> bytes:
     return msgspec.json.encode({"type": type_, "payload": payload})
+
+
+# -- output digest ----------------------------------------------------------------
+
+
+def combine_digests(stdout_sha256: bytes, stderr_sha256: bytes, *, stderr_empty: bool) -> str:
+    """The digest of a tool's output, from the sha256 of each stream.
+
+    Without stderr it is the plain sha256 of stdout (``sha256sum FILE``
+    matches what ``read_file`` reports); with stderr it is the sha256 of the
+    two raw stream digests, stdout's first. Each stream is hashed as it is
+    read, so a Hand needs no buffering, and the value does not depend on how
+    the two streams interleaved in time (which the Mind cannot know)."""
+    if stderr_empty:
+        return "sha256:" + stdout_sha256.hex()
+    return "sha256:" + hashlib.sha256(stdout_sha256 + stderr_sha256).hexdigest()
+
+
+def output_digest(stdout: bytes, stderr: bytes) -> str:
+    return combine_digests(
+        hashlib.sha256(stdout).digest(), hashlib.sha256(stderr).digest(), stderr_empty=not stderr
+    )
+
+
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+# -- limits the Mind enforces ------------------------------------------------------
+
+
+class ProgressBudget:
+    """One run's progress allowance: chunks of at most 4 KiB, at most 1 MiB
+    and 256 events in all (DESIGN §8). A Hand drops what is beyond them;
+    one that sends it anyway is faulty."""
+
+    def __init__(self) -> None:
+        self.events = 0
+        self.bytes = 0
+
+    def take(self, data: str) -> str | None:
+        """Count a chunk; what it broke, if anything (then it is not counted)."""
+        size = len(data.encode("utf-8", errors="surrogatepass"))
+        if size > CHUNK_BYTES:
+            return f"a progress chunk of {size} bytes (limit {CHUNK_BYTES})"
+        if self.events + 1 > PROGRESS_EVENTS:
+            return f"more than {PROGRESS_EVENTS} progress events in one run"
+        if self.bytes + size > PROGRESS_BYTES:
+            return f"more than {PROGRESS_BYTES} bytes of progress in one run"
+        self.events += 1
+        self.bytes += size
+        return None
+
+
+def result_violation(result: HandResult) -> str | None:
+    """What a ``hand.result`` broke or lied about, if anything.
+
+    Each stream's text is at most 1 MiB. Where the Mind holds the whole
+    output (not ``truncated``) and the text is what the tool wrote (no
+    U+FFFD: bytes that were not UTF-8 arrive replaced, and the original
+    cannot be recomputed), ``output_bytes`` and ``digest`` must be exactly
+    those of ``stdout`` then ``stderr``; when truncated, ``output_bytes``
+    must at least cover what was sent."""
+    out = result.stdout.encode("utf-8", errors="surrogatepass")
+    err = result.stderr.encode("utf-8", errors="surrogatepass")
+    for name, data in (("stdout", out), ("stderr", err)):
+        if len(data) > DISPLAY_BYTES:
+            return f"a result {name} of {len(data)} bytes (limit {DISPLAY_BYTES})"
+    if result.error is not None and len(result.error) > ERROR_CHARS:
+        return f"a result error of {len(result.error)} characters (limit {ERROR_CHARS})"
+    if result.output_bytes < 0:
+        return f"output_bytes {result.output_bytes}"
+    shown = len(out) + len(err)
+    exact = not result.truncated and "\ufffd" not in result.stdout + result.stderr
+    if exact and result.output_bytes != shown:
+        return f"output_bytes {result.output_bytes} for an output of {shown} bytes"
+    if not exact and "\ufffd" not in result.stdout + result.stderr and result.output_bytes < shown:
+        return f"output_bytes {result.output_bytes} for a truncated output of {shown} bytes"
+    if result.digest == "" and result.output_bytes == 0:
+        return None  # no output, nothing to digest (a tool that could not start)
+    if not _DIGEST.fullmatch(result.digest):
+        return f"a malformed digest {result.digest[:80]!r}"
+    if exact and result.digest != output_digest(out, err):
+        return "a digest that does not match the output"
+    return None

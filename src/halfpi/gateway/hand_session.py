@@ -5,6 +5,8 @@ as a Hand token is refused on ``/v1/face``. Revocation closes the
 connection (4003) like for Faces. Hand handshakes share the Faces'
 per-address throttle and per-principal cap (4029), and their liveness rule
 (WebSocket pings when idle; blocked writes for ``dead_after_s``: 4008).
+The welcome names the Mind's home, which the Hand then protects like its
+own (DESIGN §8: no tool ever reaches it).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from halfpi.core.hand_wire import (
     HAND_PROTOCOL,
+    HandChecked,
     HandHello,
     HandProgress,
     HandResult,
@@ -75,6 +78,8 @@ class HandSession:
             hands.on_progress(self, message)
         elif isinstance(message, HandStarted):
             hands.on_started(self, message)
+        elif isinstance(message, HandChecked):
+            hands.on_checked(self, message)
         elif type_ == "hand.ping":
             self.send("hand.pong", {})
 
@@ -102,6 +107,7 @@ class HandSession:
         self.principal_id = credential.principal_id
         self.hand_id = hello.hand_id
         welcome = self.mind.hands.connect(self, hello, credential.principal_id)
+        welcome["protect"] = [str(self.mind.config.home.resolve())]
         self.send("hand.welcome", welcome)
         log.info("Hand %s connected (generation %s)", hello.hand_id, welcome["generation"])
 

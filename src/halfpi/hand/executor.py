@@ -6,7 +6,10 @@ Output is read in chunks of at most 4 KiB and reported as progress within
 the per-run bounds (1 MiB and 256 events; beyond them progress is dropped
 while execution continues, and the next progress says ``gap``). Lengths and
 sha256 digests always cover the full output; what is kept for display is
-bounded (1 MiB per stream).
+bounded (1 MiB per stream). The bounds hold for the *text* that travels
+(UTF-8 bytes, after undecodable bytes became U+FFFD), because that is what
+the Mind counts; the digest is the one it can verify
+(:func:`halfpi.core.hand_wire.output_digest`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from halfpi.core.hand_wire import ERROR_CHARS, combine_digests
 
 CHUNK = 4096
 PROGRESS_BYTES = 1024 * 1024
@@ -55,18 +60,46 @@ class Outcome:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_wire(self) -> dict[str, Any]:
+        stdout, cut_out = _text(self.stdout)
+        stderr, cut_err = _text(self.stderr)
         return {
             "status": self.status,
             "exit_code": self.exit_code,
-            "stdout": self.stdout.decode("utf-8", errors="replace"),
-            "stderr": self.stderr.decode("utf-8", errors="replace"),
+            "stdout": stdout,
+            "stderr": stderr,
             "output_bytes": self.output_bytes,
             "digest": self.digest,
-            "truncated": self.truncated,
+            "truncated": self.truncated or cut_out or cut_err,
             "error_category": self.error_category,
-            "error": self.error,
+            "error": None if self.error is None else self.error[:ERROR_CHARS],
             **self.extra,
         }
+
+
+def _text(data: bytes, limit: int = DISPLAY_BYTES) -> tuple[str, bool]:
+    """Decoded for the wire, at most ``limit`` UTF-8 bytes (replacement
+    characters take three); True if that cut it."""
+    text = data.decode("utf-8", errors="replace")
+    encoded = text.encode()
+    if len(encoded) <= limit:
+        return text, False
+    return encoded[:limit].decode("utf-8", errors="ignore"), True
+
+
+def _pieces(text: str, limit: int = CHUNK) -> list[str]:
+    """``text`` cut on character boundaries into pieces of at most ``limit``
+    UTF-8 bytes."""
+    encoded = text.encode()
+    if len(encoded) <= limit:
+        return [text]
+    pieces = []
+    while encoded:
+        cut = limit
+        while cut < len(encoded) and (encoded[cut] & 0xC0) == 0x80:
+            cut -= 1  # not inside a character
+        pieces.append(encoded[:cut].decode())
+        encoded = encoded[cut:]
+    return pieces
 
 
 class ProgressGate:
@@ -88,13 +121,15 @@ class ProgressGate:
         text = self._decoders[kind].decode(data, final=final)
         if not text:
             return
-        if self.events >= PROGRESS_EVENTS or self.bytes + len(data) > PROGRESS_BYTES:
-            self.gap = True
-            return
-        self.events += 1
-        self.bytes += len(data)
-        gap, self.gap = self.gap, False
-        self.sink(kind, text, gap)
+        for piece in _pieces(text):
+            size = len(piece.encode())
+            if self.events >= PROGRESS_EVENTS or self.bytes + size > PROGRESS_BYTES:
+                self.gap = True
+                return
+            self.events += 1
+            self.bytes += size
+            gap, self.gap = self.gap, False
+            self.sink(kind, piece, gap)
 
     def close(self) -> None:
         """Flush what the decoders still hold (an incomplete last character)."""
@@ -106,9 +141,11 @@ class _Stream:
     def __init__(self) -> None:
         self.kept = bytearray()
         self.size = 0
+        self.sha256 = hashlib.sha256()  # of the whole stream, for the digest
 
     def add(self, data: bytes) -> None:
         self.size += len(data)
+        self.sha256.update(data)
         room = DISPLAY_BYTES - len(self.kept)
         if room > 0:
             self.kept += data[:room]
@@ -160,13 +197,11 @@ async def exec_command(
     if spawned is not None:
         spawned(proc.pid)  # its own group: recorded so a restarted Hand can kill it
     gate = ProgressGate(progress)
-    digest = hashlib.sha256()
     streams = {"stdout": _Stream(), "stderr": _Stream()}
 
     async def pump(kind: str, reader: asyncio.StreamReader) -> None:
         while chunk := await reader.read(CHUNK):
             streams[kind].add(chunk)
-            digest.update(chunk)
             gate(kind, chunk)
 
     assert proc.stdout is not None and proc.stderr is not None
@@ -203,7 +238,9 @@ async def exec_command(
         stdout=bytes(out.kept),
         stderr=bytes(err.kept),
         output_bytes=out.size + err.size,
-        digest="sha256:" + digest.hexdigest(),
+        digest=combine_digests(
+            out.sha256.digest(), err.sha256.digest(), stderr_empty=err.size == 0
+        ),
         truncated=out.size > len(out.kept) or err.size > len(err.kept),
         error_category={
             "failed": "nonzero_exit",
@@ -225,12 +262,21 @@ async def _kill_group(proc: asyncio.subprocess.Process) -> None:
             continue
 
 
+def _open_plain(path: str) -> int:
+    return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+
 async def read_file(
     args: dict[str, Any],
     progress: Progress,
     cancelled: asyncio.Event,
     spawned: Callable[[int], None] | None = None,
+    *,
+    open_file: Callable[[str], int] = _open_plain,
 ) -> Outcome:
+    """Read a file; ``open_file`` opens it and may refuse it: the Hand passes
+    one that judges the file actually opened against its policy (so a path
+    swapped after the check cannot win)."""
     path = args.get("path")
     if not isinstance(path, str) or not path:
         raise ToolError("bad_arguments", "path must be a non-empty string")
@@ -242,7 +288,13 @@ async def read_file(
         digest = hashlib.sha256()
         kept = bytearray()
         size = 0
-        with open(path, "rb") as handle:
+        fd = open_file(path)
+        try:
+            handle = os.fdopen(fd, "rb")
+        except BaseException:
+            os.close(fd)  # not owned by a file object yet
+            raise
+        with handle:
             while chunk := handle.read(65536):
                 size += len(chunk)
                 digest.update(chunk)

@@ -12,17 +12,23 @@ produced while disconnected is dropped and the next progress says ``gap``.
 
 A Hand process that restarts has a new ``instance_id``: the Mind marks every
 run of the previous instance ``lost`` (I11).
+
+Every tool call passes the Hand's tool policy (DESIGN §8,
+:mod:`halfpi.hand.policy`): the Mind asks for a verdict first
+(``hand.check``), and the run is judged again when it starts — ``deny``
+never runs, ``ask`` runs only if the Mind says a human approved it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import os
 import platform
 import socket
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -30,7 +36,8 @@ from typing import Any
 
 from halfpi import __version__
 from halfpi.core.backoff import backoff
-from halfpi.core.hand_wire import HAND_PROTOCOL
+from halfpi.core.hand_wire import HAND_PROTOCOL, REASON_CHARS
+from halfpi.core.policy import Rule
 from halfpi.face.transport import (
     ConnectionLost,
     Connector,
@@ -40,15 +47,17 @@ from halfpi.face.transport import (
 )
 from halfpi.hand.executor import TOOLS, Outcome, ToolError
 from halfpi.hand.leftovers import Leftovers
+from halfpi.hand.policy import HandPolicy, scrub_environment, without_secrets
 
 log = logging.getLogger("halfpi.hand")
 
 AUTH_CLOSE_CODES = frozenset({4001, 4003})
 
-ToolFn = Callable[
-    [dict[str, Any], Callable[[str, str, bool], None], asyncio.Event, Callable[[int], None]],
-    Awaitable[Outcome],
-]
+ToolFn = Callable[..., Awaitable[Outcome]]
+# Called as ``tool(args, progress, cancelled, spawned, **policy_keywords)``:
+# the keywords a tool declares among ``deny_paths`` (what a kernel-level
+# confinement refuses), ``open_file`` (an opener that judges the file it
+# opened) and ``env`` (the environment for its processes) are passed.
 
 
 @dataclass
@@ -74,7 +83,7 @@ class HandNode:
         connector: Connector = websocket_connector,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
         delays: Callable[[], Iterator[float]] | None = None,
-        approval_defaults: dict[str, bool] | None = None,
+        policy: HandPolicy | None = None,
         state_dir: Path | None = None,
     ) -> None:
         self.url = url
@@ -85,8 +94,9 @@ class HandNode:
         self.connector = connector
         self.sleep = sleep
         self.delays = delays or (lambda: backoff())
-        self.approval_defaults = approval_defaults or {}
+        self.policy = policy or HandPolicy()
         self.runs: dict[str, HandRun] = {}
+        self._checks: set[asyncio.Task[None]] = set()
         self.leftovers = Leftovers(state_dir / f"{hand_id}.runs.json" if state_dir else None)
         self.generation = 0
         self.connected = asyncio.Event()
@@ -98,6 +108,8 @@ class HandNode:
     async def run_forever(self) -> bool:
         """Serve until stopped (True) or refused by the Mind (False)."""
         self.leftovers.kill_all()  # commands of a previous instance of this Hand
+        for root in self.policy.protected_roots():
+            log.warning("root %s is a protected path: tools are refused there", root)
         delays = self.delays()
         while not self._stopping:
             try:
@@ -138,6 +150,7 @@ class HandNode:
             raise ConnectionLost(None, f"expected hand.welcome, got {welcome.get('type')}")
         payload = welcome["payload"]
         self.generation = int(payload["generation"])
+        self.policy.protect(str(p) for p in payload.get("protect", []))  # the Mind's home
         for run_id in payload.get("abandon", []):
             run = self.runs.pop(run_id, None)
             if run is not None:
@@ -160,7 +173,11 @@ class HandNode:
                 continue
             message = json.loads(text)
             kind, body = message.get("type"), message.get("payload") or {}
-            if kind == "hand.run":
+            if kind == "hand.check":
+                check = asyncio.create_task(self._check(body))
+                self._checks.add(check)
+                check.add_done_callback(self._checks.discard)
+            elif kind == "hand.run":
                 self._start(body)
             elif kind == "hand.cancel":
                 run = self.runs.get(body.get("run_id", ""))
@@ -184,10 +201,8 @@ class HandNode:
                 "arch": platform.machine()[:200],
                 "version": __version__,
             },
-            "tools": [
-                {"name": name, "needs_approval": self.approval_defaults.get(name)}
-                for name in sorted(self.tools)
-            ],
+            "tools": [{"name": name} for name in sorted(self.tools)],
+            "policy": self.policy.advertised(),
             "protocol": HAND_PROTOCOL,
             "runs": [{"run_id": r.run_id, "generation": r.generation} for r in self.runs.values()],
         }
@@ -202,6 +217,41 @@ class HandNode:
             return False
         return True
 
+    # -- policy ----------------------------------------------------------------------
+
+    async def _check(self, body: dict[str, Any]) -> None:
+        """Answer ``hand.check``: the verdict on the paths as they resolve now."""
+        tool, args = str(body.get("tool")), dict(body.get("args") or {})
+        if tool in self.tools:
+            decision = (await asyncio.to_thread(self.policy.check, tool, args)).to_wire()
+        else:
+            decision = {
+                "verdict": "deny",
+                "reason": f"this Hand has no tool {tool[:100]!r}",
+                "category": "unknown_tool",
+            }
+        decision["reason"] = decision["reason"][:REASON_CHARS]
+        await self._send("hand.checked", {"check_id": body.get("check_id"), **decision})
+
+    def _policy_keywords(
+        self, tool: ToolFn, name: str, args: dict[str, Any], approved: bool
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The arguments and keywords a tool runs with under the policy."""
+        try:
+            accepts = set(inspect.signature(tool).parameters)
+        except (TypeError, ValueError):  # a callable Python cannot introspect
+            accepts = set()
+        keywords: dict[str, Any] = {}
+        if "deny_paths" in accepts:
+            keywords["deny_paths"] = self.policy.deny_paths()
+        if "open_file" in accepts:
+            keywords["open_file"] = partial(self.policy.open_checked, name, approved)
+        if "env" in accepts:
+            keywords["env"] = scrub_environment(os.environ)
+        elif name == "exec_command":
+            args = without_secrets(args, os.environ)
+        return args, keywords
+
     # -- runs ------------------------------------------------------------------------
 
     def _start(self, body: dict[str, Any]) -> None:
@@ -211,10 +261,17 @@ class HandNode:
         run = HandRun(run_id, str(body["tool"]), int(body["generation"]))
         self.runs[run_id] = run
         run.task = asyncio.create_task(
-            self._execute(run, dict(body.get("args") or {}), body.get("timeout_s"))
+            self._execute(
+                run,
+                dict(body.get("args") or {}),
+                body.get("timeout_s"),
+                body.get("approved") is True,
+            )
         )
 
-    async def _execute(self, run: HandRun, args: dict[str, Any], timeout_s: Any) -> None:
+    async def _execute(
+        self, run: HandRun, args: dict[str, Any], timeout_s: Any, approved: bool = False
+    ) -> None:
         await self._send("hand.started", {"run_id": run.run_id, "generation": run.generation})
         tool = self.tools.get(run.tool)
         if timeout_s is not None and "timeout_s" not in args:
@@ -244,8 +301,15 @@ class HandNode:
         try:
             if tool is None:
                 raise ToolError("unknown_tool", f"this Hand has no tool {run.tool!r}")
+            # Judged again now, whatever the check said: the disk may have changed.
+            await asyncio.to_thread(self.policy.enforce, run.tool, args, approved=approved)
+            args, keywords = self._policy_keywords(tool, run.tool, args, approved)
             outcome = await tool(
-                args, progress, run.cancelled, partial(self.leftovers.spawned, run.run_id)
+                args,
+                progress,
+                run.cancelled,
+                partial(self.leftovers.spawned, run.run_id),
+                **keywords,
             )
             result = outcome.to_wire()
         except ToolError as exc:
@@ -267,16 +331,26 @@ class HandNode:
 
 
 async def run_hand(
-    url: str, token: str, hand_id: str, state_dir: Path, *, ca_file: str | None = None
+    url: str,
+    token: str,
+    hand_id: str,
+    state_dir: Path,
+    *,
+    roots: Iterable[str] = (),
+    rules: Mapping[str, Rule] | None = None,
+    protected: Iterable[str | Path] = (),
+    ca_file: str | None = None,
 ) -> bool:
+    """Serve as a standalone Hand. Its roots default to the working directory;
+    its home (``protected``) and state are never reachable by a tool."""
     node = HandNode(
         url,
         token,
         hand_id,
         state_dir=state_dir,
-        approval_defaults={"exec_command": True, "read_file": False},
         # wss:// is verified against the system's CAs, or this CA file.
         connector=tls_connector(ca_file) if ca_file else websocket_connector,
+        policy=HandPolicy(roots, rules, [*protected, state_dir]),
     )
     try:
         return await node.run_forever()

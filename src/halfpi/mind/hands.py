@@ -7,23 +7,45 @@ it, and a message stamped with another generation is refused. A Hand that
 stays away longer than the grace period, or comes back as a new process
 (new ``instance_id``), loses its runs: they become ``lost`` and are never
 re-run (I11).
+
+The Mind does not trust a Hand (DESIGN §8): a Hand that breaks the progress
+or result limits, or lies about its output's length or digest, is faulty —
+the frame is refused, the Hand is closed with 4009 and every run it had
+becomes ``lost``. Before a tool call the Mind asks the Hand for its policy
+verdict (``hand.check``): only the Hand can resolve paths on its disk.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from halfpi.core.hand_wire import HandHello, HandProgress, HandResult, HandStarted
+from halfpi.core.hand_wire import (
+    HandChecked,
+    HandHello,
+    HandProgress,
+    HandResult,
+    HandStarted,
+    ProgressBudget,
+    result_violation,
+)
+from halfpi.core.policy import Decision, Verdict
 from halfpi.core.states import RUN
+from halfpi.errors import CloseCode, Unavailable
 
 log = logging.getLogger("halfpi.hands")
 
 ENDED_KEPT = 4096
+CHECK_TIMEOUT_S = 30.0
+
+
+class HandUnavailable(Unavailable):
+    """The Hand a tool call needs is gone, or did not answer in time."""
 
 
 class HandLink(Protocol):
@@ -40,7 +62,9 @@ class HandState:
     principal_id: str
     instance_id: str
     info: dict[str, Any]
-    tools: dict[str, bool | None]
+    tools: list[str]
+    roots: list[str] = field(default_factory=list)
+    rules: dict[str, str] = field(default_factory=dict)
     link: HandLink | None = None
     generation: int = 0
     connected_at: float = 0.0
@@ -53,6 +77,8 @@ class HandState:
             "connected": self.link is not None,
             "info": self.info,
             "tools": sorted(self.tools),
+            "roots": list(self.roots),
+            "rules": dict(self.rules),
             "generation": self.generation,
             "connected_at": self.connected_at,
             "disconnected_at": self.disconnected_at,
@@ -70,20 +96,38 @@ class ToolRun:
     tool_call_id: str
     on_progress: Callable[[str, str, bool], None] | None = None
     on_state: Callable[[str], None] | None = None
+    approved: bool = False  # a human allowed it (the Hand re-checks its policy)
     generation: int = 0
     state: str = RUN.initial
     done: asyncio.Future[dict[str, Any]] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
     deadline: asyncio.TimerHandle | None = None
+    progress: ProgressBudget = field(default_factory=ProgressBudget)
+
+
+@dataclass
+class PolicyCheck:
+    hand_id: str
+    done: asyncio.Future[Decision]
+    timer: asyncio.TimerHandle | None = None
 
 
 class HandRegistry:
-    def __init__(self, clock: Callable[[], float], grace_s: float) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        grace_s: float,
+        *,
+        check_timeout_s: float = CHECK_TIMEOUT_S,
+    ) -> None:
         self.clock = clock
         self.grace_s = grace_s
+        self.check_timeout_s = check_timeout_s
         self.hands: dict[str, HandState] = {}
         self.runs: dict[str, ToolRun] = {}
+        self.checks: dict[str, PolicyCheck] = {}
+        self._check_ids = itertools.count(1)
         # Terminal states of the latest runs, kept while their records commit:
         # a cancel that arrives just after the end learns the state that stands.
         self.ended: OrderedDict[str, str] = OrderedDict()
@@ -118,7 +162,9 @@ class HandRegistry:
                 "arch": hello.info.arch,
                 "version": hello.info.version,
             },
-            {t.name: t.needs_approval for t in hello.tools},
+            [t.name for t in hello.tools],
+            list(hello.policy.roots) if hello.policy else [],
+            dict(hello.policy.rules) if hello.policy else {},
             link,
             generation,
             self.clock(),
@@ -159,6 +205,9 @@ class HandRegistry:
             return
         hand.link = None
         hand.disconnected_at = self.clock()
+        for check_id, check in list(self.checks.items()):
+            if check.hand_id == hand.hand_id:
+                self._end_check(check_id, HandUnavailable(f"Hand {hand.hand_id!r} went away"))
         self._presence(hand.hand_id, False)
         loop = asyncio.get_running_loop()
         hand.grace = loop.call_later(
@@ -180,9 +229,56 @@ class HandRegistry:
             return "local"
         return connected[0] if connected else None
 
-    def needs_approval(self, hand_id: str | None, tool: str) -> bool | None:
-        hand = self.hands.get(hand_id or "")
-        return None if hand is None else hand.tools.get(tool)
+    def fault(self, link: HandLink, what: str) -> None:
+        """A Hand broke the protocol's limits or lied (DESIGN §8): refuse the
+        frame (the caller does not pass it on), close it, lose its runs."""
+        hand_id = link.hand_id or "?"
+        log.warning("Hand %s is faulty: it sent %s; closing it (4009)", hand_id, what)
+        self._lose_runs(hand_id, f"the Hand broke the protocol: it sent {what}")
+        link.close(CloseCode.PROTOCOL_VIOLATION, "hand limits broken")
+
+    # -- policy checks -----------------------------------------------------------
+
+    def check(self, hand_id: str, tool: str, args: dict[str, Any]) -> asyncio.Future[Decision]:
+        """Ask the Hand for its policy verdict on a tool call (``hand.check``).
+        Fails with :class:`HandUnavailable` if the Hand is gone or silent."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Decision] = loop.create_future()
+        hand = self.hands.get(hand_id)
+        if hand is None or hand.link is None:
+            done.set_exception(HandUnavailable(f"Hand {hand_id!r} is not connected"))
+            return done
+        check_id = f"k{next(self._check_ids)}"
+        check = PolicyCheck(hand_id, done)
+        check.timer = loop.call_later(
+            self.check_timeout_s,
+            self._end_check,
+            check_id,
+            HandUnavailable(f"Hand {hand_id!r} did not answer the policy check in time"),
+        )
+        self.checks[check_id] = check
+        hand.link.send("hand.check", {"check_id": check_id, "tool": tool, "args": args})
+        return done
+
+    def on_checked(self, link: HandLink, msg: HandChecked) -> None:
+        check = self.checks.get(msg.check_id)
+        if check is None or check.hand_id != link.hand_id:
+            log.warning("refused a verdict for unknown check %s", msg.check_id)
+            return
+        self._end_check(msg.check_id, Decision(Verdict(msg.verdict), msg.reason, msg.category))
+
+    def _end_check(self, check_id: str, outcome: Decision | Exception) -> None:
+        check = self.checks.pop(check_id, None)
+        if check is None:
+            return
+        if check.timer is not None:
+            check.timer.cancel()
+        if check.done.done():  # the caller stopped waiting (its chat was cancelled)
+            return
+        if isinstance(outcome, Exception):
+            check.done.set_exception(outcome)
+        else:
+            check.done.set_result(outcome)
 
     # -- runs ------------------------------------------------------------------------
 
@@ -213,6 +309,7 @@ class HandRegistry:
                 "tool": run.tool,
                 "args": run.args,
                 "timeout_s": run.timeout_s,
+                "approved": run.approved,
             },
         )
 
@@ -237,7 +334,7 @@ class HandRegistry:
             # still running it, it is told to abandon it.
             self.finish(run, "cancelled", {"error_category": "cancelled"})
 
-    def _check(self, link: HandLink, run_id: str, generation: int) -> ToolRun | None:
+    def _run_of(self, link: HandLink, run_id: str, generation: int) -> ToolRun | None:
         run = self.runs.get(run_id)
         if run is None or run.hand_id != link.hand_id:
             log.warning("refused a message for unknown run %s", run_id)
@@ -253,15 +350,21 @@ class HandRegistry:
         return run
 
     def on_started(self, link: HandLink, msg: HandStarted) -> None:
-        run = self._check(link, msg.run_id, msg.generation)
+        run = self._run_of(link, msg.run_id, msg.generation)
         if run is not None and run.state == "queued":
             run.state = RUN.check(run.state, "running")
             if run.on_state is not None:
                 run.on_state("running")
 
     def on_progress(self, link: HandLink, msg: HandProgress) -> None:
-        run = self._check(link, msg.run_id, msg.generation)
-        if run is not None and not RUN.is_terminal(run.state) and run.on_progress is not None:
+        run = self._run_of(link, msg.run_id, msg.generation)
+        if run is None or RUN.is_terminal(run.state):
+            return
+        broken = run.progress.take(msg.data)
+        if broken is not None:
+            self.fault(link, f"{broken} for run {run.run_id}")
+            return
+        if run.on_progress is not None:
             run.on_progress(msg.kind, msg.data, msg.gap)
 
     def on_result(self, link: HandLink, msg: HandResult) -> None:
@@ -279,6 +382,10 @@ class HandRegistry:
                 run.generation if run else None,
             )
             return  # not acked: the Hand re-sends it once the run is adopted
+        broken = result_violation(msg)
+        if broken is not None:
+            self.fault(link, f"{broken} in the result of run {msg.run_id}")
+            return
         if run is not None and run.hand_id == link.hand_id:
             result = {
                 k: getattr(msg, k)

@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from halfpi.agents.base import Agent
 from halfpi.config import Config
 from halfpi.core.ids import new_conversation_id, new_node_id
+from halfpi.core.policy import parse_rule
 from halfpi.core.requests import RequestRecord, Tombstone
 from halfpi.core.scopes import scopes_for
 from halfpi.core.throttle import HandshakeThrottle
 from halfpi.errors import CloseCode, ErrorCode, NotFound, RateLimited
 from halfpi.hand.node import HandNode
+from halfpi.hand.policy import HandPolicy
 from halfpi.journal.base import Journal
 from halfpi.mind.actor import ConversationActor
 from halfpi.mind.approvals import Approvals
@@ -127,12 +129,16 @@ class Mind:
         ``/v1/hand`` path as any other, so there is one code path to trust
         (over TLS too, when the Mind serves wss://: ``connector``)."""
         token = self.config.hand_token_path.read_text().strip()
+        config = self.config
+        rules = {tool: parse_rule(rule) for tool, rule in config.hand_approval}
         self.local_hand = HandNode(
             url,
             token,
             "local",
-            approval_defaults=dict.fromkeys(self.config.approval_required, True),
-            state_dir=self.config.home / "hands",
+            # In this process: the Mind's home (and so its database and
+            # tokens) is this Hand's own, and never reachable by a tool.
+            policy=HandPolicy(config.hand_roots, rules, [config.home]),
+            state_dir=config.home / "hands",
         )
         if connector is not None:
             self.local_hand.connector = connector

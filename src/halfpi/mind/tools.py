@@ -3,9 +3,14 @@
 1. Project the arguments (DESIGN §6) and record the call — ``chat.tool_called``
    and the first step of its display record — in the chat's detail mode,
    frozen when the chat was admitted (I9).
-2. If the tool needs approval, ask and wait (DESIGN §7).
-3. Run it on a Hand (DESIGN §8), relaying bounded progress to transparent
-   viewers of a transparent admission only.
+2. Ask the Hand for its policy verdict (``hand.check``, DESIGN §8): only
+   the Hand can resolve the paths the call names. ``deny`` fails the call
+   (``forbidden_path``); ``ask`` — or ``allow`` where this Mind's own floor
+   (``Config.approval_required``) requires approval — asks a human and waits
+   (DESIGN §7).
+3. Run it on the Hand (DESIGN §8), telling it whether a human approved (the
+   Hand judges again and refuses what its policy does not permit), relaying
+   bounded progress to transparent viewers of a transparent admission only.
 4. Record the result — ``chat.tool_completed`` and the second step of the
    record — and hand the full result back to the agent.
 
@@ -23,11 +28,13 @@ import msgspec
 
 from halfpi.core.ids import new_id
 from halfpi.core.outbound import PROGRESS, Message
+from halfpi.core.policy import FORBIDDEN_PATH, Decision, Verdict, with_floor
 from halfpi.core.projection import project_args, summary_data, truncate_output
-from halfpi.mind.hands import ToolRun
+from halfpi.mind.hands import HandUnavailable, ToolRun
 from halfpi.store.base import ToolCallRow, ToolRunRow, WriteTx
 
 if TYPE_CHECKING:
+    from halfpi.config import Config
     from halfpi.mind.actor import ChatRun, ConversationActor
 
 # Per-tool display rules for argument fields (DESIGN §6); secrets are masked
@@ -87,21 +94,32 @@ async def call_tool(
     call = dataclasses.replace(call, called_seq=message.seq)
     try:
         await actor._commit(WriteTx(events=[event], tool_calls=[call]), [(message, None)])
-        state = await _approve(actor, run, call, tool, hand_id)
-        if state != "allowed":
-            return await _complete(actor, run, call, None, state, {"error_category": state})
         if hand_id is None or not host.hands.connected(hand_id):
             why = f"no connected Hand {hand_id!r}" if hand_id else "no Hand is connected"
+            return await _unavailable(actor, run, call, why)
+        timeout_s = _timeout_of(args)
+        try:
+            decision = await host.hands.check(hand_id, tool, args)
+        except HandUnavailable as exc:
+            return await _unavailable(actor, run, call, exc.message)
+        decision = with_floor(decision, tool, required=_floor(host.config, hand_id, tool))
+        if decision.verdict is Verdict.DENY:
+            category = decision.category or FORBIDDEN_PATH
             return await _complete(
                 actor,
                 run,
                 call,
                 None,
                 "failed",
-                {"error_category": "hand_unavailable", "error": why},
+                {"error_category": category, "error": decision.reason},
             )
-        timeout_s = _timeout_of(args)
-        return await _run_on_hand(actor, run, call, hand_id, tool, args, timeout_s)
+        approved = False
+        if decision.verdict is Verdict.ASK:
+            state = await _approve(actor, run, call, tool, decision)
+            if state != "allowed":
+                return await _complete(actor, run, call, None, state, {"error_category": state})
+            approved = True
+        return await _run_on_hand(actor, run, call, hand_id, tool, args, timeout_s, approved)
     except BadArguments as exc:
         return await _complete(
             actor,
@@ -125,6 +143,25 @@ async def call_tool(
 
 class BadArguments(ValueError):
     """Arguments the Mind itself must read are not what they must be."""
+
+
+def _floor(config: Config, hand_id: str, tool: str) -> bool:
+    """Whether this Mind requires approval for ``tool`` on ``hand_id``
+    whatever the Hand's own rule says (a Hand can never lower it). The
+    rules its operator gave the local Hand (``--hand-approval``) are that
+    operator's own choice, so they stand for that Hand."""
+    if tool not in config.approval_required:
+        return False
+    own = dict(config.hand_approval)
+    return not (hand_id == "local" and config.local_hand and tool in own)
+
+
+async def _unavailable(
+    actor: ConversationActor, run: ChatRun, call: ToolCallRow, why: str
+) -> dict[str, Any]:
+    return await _complete(
+        actor, run, call, None, "failed", {"error_category": "hand_unavailable", "error": why}
+    )
 
 
 def _timeout_of(args: dict[str, Any]) -> float:
@@ -160,16 +197,10 @@ async def _complete(
 
 
 async def _approve(
-    actor: ConversationActor, run: ChatRun, call: ToolCallRow, tool: str, hand_id: str | None
+    actor: ConversationActor, run: ChatRun, call: ToolCallRow, tool: str, decision: Decision
 ) -> str:
-    """``allowed`` without asking if the tool needs no approval; else the
-    decision that stands (DESIGN §7)."""
+    """Ask a human; the decision that stands (DESIGN §7)."""
     host = actor.host
-    needs = host.hands.needs_approval(hand_id, tool)
-    if needs is None:
-        needs = tool in host.config.approval_required
-    if not needs:
-        return "allowed"
     approval = await host.approvals.request(
         actor,
         request_id=run.request_id,
@@ -178,7 +209,7 @@ async def _approve(
         args_digest=call.args_digest,
         args=call.args,
         detail_mode=run.detail_mode,
-        reason=f"the agent wants to run {tool}",
+        reason=f"the agent wants to run {tool}: {decision.reason}",
     )
     return await asyncio.shield(approval.decided)
 
@@ -191,6 +222,7 @@ async def _run_on_hand(
     tool: str,
     args: dict[str, Any],
     timeout_s: float,
+    approved: bool,
 ) -> dict[str, Any]:
     host = actor.host
     now = host.now()
@@ -221,6 +253,7 @@ async def _run_on_hand(
         call.tool_call_id,
         on_progress=on_progress,
         on_state=on_state,
+        approved=approved,
     )
     # The display record learns its run as the run is created, in one write.
     _run_changed(actor, record, dataclasses.replace(call, run_id=record.run_id))

@@ -1,0 +1,212 @@
+"""A HandNode applies its tool policy (DESIGN §8), driven through a scripted Mind.
+
+The Mind's end of the connection is a queue pair (no sockets): the test
+says what the Mind sends and reads what the Hand answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from halfpi.core.policy import Rule
+from halfpi.face.transport import ConnectionLost, Transport
+from halfpi.hand.executor import TOOLS, Outcome, Progress
+from halfpi.hand.node import HandNode, ToolFn
+from halfpi.hand.policy import HandPolicy
+
+Frame = dict[str, Any]
+
+
+@dataclass
+class ScriptedMind:
+    """The Mind's end of one Hand connection."""
+
+    to_hand: asyncio.Queue[Frame | None] = field(default_factory=asyncio.Queue)
+    from_hand: list[Frame] = field(default_factory=list)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def send(self, text: str) -> None:  # the Hand sends
+        self.from_hand.append(json.loads(text))
+        self.arrived.set()
+
+    async def recv(self) -> str:  # the Hand receives
+        frame = await self.to_hand.get()
+        if frame is None:
+            raise ConnectionLost(1000, "test over")
+        return json.dumps(frame)
+
+    async def close(self) -> None:
+        self.to_hand.put_nowait(None)
+
+    def tell(self, type_: str, **payload: Any) -> None:
+        self.to_hand.put_nowait({"type": type_, "payload": payload})
+
+    async def expect(self, type_: str, timeout: float = 10.0, **match: Any) -> Frame:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            for frame in self.from_hand:
+                body = frame["payload"]
+                if frame["type"] == type_ and all(body.get(k) == v for k, v in match.items()):
+                    return body
+            self.arrived.clear()
+            await asyncio.wait_for(self.arrived.wait(), deadline - loop.time())
+
+
+@dataclass
+class World:
+    mind: ScriptedMind
+    node: HandNode
+    root: Path
+    home: Path
+    token: Path
+
+
+@contextlib.asynccontextmanager
+async def hand(tmp_path: Path, tools: dict[str, ToolFn] | None = None,
+               protect: Sequence[str] = (), **rules: Rule) -> AsyncIterator[World]:
+    root, home = tmp_path / "work", tmp_path / "home"
+    root.mkdir()
+    home.mkdir()
+    token = home / "hand.token"
+    token.write_text("hph_secret\n")
+    mind = ScriptedMind()
+
+    async def connector(url: str) -> Transport:
+        return mind
+
+    async def stop_instead_of_retrying(seconds: float) -> None:
+        await node.stop()
+
+    node = HandNode("ws://mind/v1/hand", "hph_x", "dev", tools=tools, connector=connector,
+                    sleep=stop_instead_of_retrying,
+                    policy=HandPolicy([root], rules, [home]))
+    task = asyncio.create_task(node.run_forever())
+    await mind.expect("hand.hello")
+    mind.tell("hand.welcome", hand_id="dev", generation=1, adopted=[], abandon=[],
+              protect=list(protect))
+    await asyncio.wait_for(node.connected.wait(), 10)
+    try:
+        yield World(mind, node, root, home, token)
+    finally:
+        await node.stop()
+        await mind.close()
+        await asyncio.wait_for(task, 10)
+
+
+async def test_hello_advertises_the_roots_and_rules(tmp_path: Path) -> None:
+    async with hand(tmp_path, read_file=Rule.ALWAYS) as w:
+        hello = await w.mind.expect("hand.hello")
+        assert hello["policy"] == {
+            "roots": [str(w.root.resolve())],
+            "rules": {"exec_command": "always", "read_file": "always"},
+        }
+        assert hello["tools"] == [{"name": "exec_command"}, {"name": "read_file"}]
+
+
+@pytest.mark.parametrize(
+    ("where", "verdict"),
+    [("inside", "allow"), ("outside", "ask"), ("token", "deny")],
+)
+async def test_check_is_answered_with_the_hands_verdict(
+    tmp_path: Path, where: str, verdict: str
+) -> None:
+    async with hand(tmp_path) as w:
+        paths = {"inside": w.root / "a.txt", "outside": tmp_path / "b.txt", "token": w.token}
+        w.mind.tell("hand.check", check_id="k1", tool="read_file",
+                    args={"path": str(paths[where])})
+        checked = await w.mind.expect("hand.checked", check_id="k1")
+        assert checked["verdict"] == verdict, checked
+        if verdict == "deny":
+            assert checked["category"] == "forbidden_path"
+
+
+async def run(w: World, run_id: str, tool: str, args: dict[str, Any],
+              approved: bool) -> Frame:
+    w.mind.tell("hand.run", run_id=run_id, generation=1, tool=tool, args=args,
+                timeout_s=30, approved=approved)
+    return await w.mind.expect("hand.result", run_id=run_id)
+
+
+async def test_a_run_that_needs_approval_is_refused_unless_approved(tmp_path: Path) -> None:
+    async with hand(tmp_path) as w:
+        outside = tmp_path / "outside.txt"
+        outside.write_text("far\n")
+        refused = await run(w, "x_1", "read_file", {"path": str(outside)}, approved=False)
+        assert refused["status"] == "failed"
+        assert refused["error_category"] == "approval_required"
+        allowed = await run(w, "x_2", "read_file", {"path": str(outside)}, approved=True)
+        assert allowed["status"] == "succeeded" and allowed["stdout"] == "far\n"
+        (w.root / "in.txt").write_text("in\n")
+        inside = await run(w, "x_3", "read_file", {"path": str(w.root / "in.txt")},
+                           approved=False)
+        assert inside["status"] == "succeeded"
+
+
+async def test_the_token_is_refused_even_when_approved(tmp_path: Path) -> None:
+    async with hand(tmp_path, read_file=Rule.NEVER, exec_command=Rule.NEVER) as w:
+        link = w.root / "t"
+        link.symlink_to(w.token)
+        for n, args in enumerate([{"path": str(w.token)}, {"path": str(link)}]):
+            result = await run(w, f"x_{n}", "read_file", args, approved=True)
+            assert result["error_category"] == "forbidden_path", result
+            assert "hph_secret" not in json.dumps(result)
+        result = await run(w, "x_9", "exec_command", {"argv": ["cat", str(w.token)]},
+                           approved=True)
+        assert result["error_category"] == "forbidden_path", result
+
+
+async def test_the_minds_home_named_at_welcome_is_protected(tmp_path: Path) -> None:
+    mind_home = tmp_path / "mind-home"
+    mind_home.mkdir()
+    (mind_home / "notes").write_text("x")
+    (tmp_path / "plain").write_text("y")
+    async with hand(tmp_path, protect=[str(mind_home)], read_file=Rule.NEVER) as w:
+        for check_id, path, verdict in (("k1", mind_home / "notes", "deny"),
+                                        ("k2", tmp_path / "plain", "allow")):
+            w.mind.tell("hand.check", check_id=check_id, tool="read_file",
+                        args={"path": str(path)})
+            assert (await w.mind.expect("hand.checked", check_id=check_id))["verdict"] == verdict
+
+
+async def test_exec_command_is_given_the_protected_paths_to_confine_it(
+    tmp_path: Path,
+) -> None:
+    """When exec_command takes ``deny_paths`` (a kernel-level confinement),
+    the Hand passes its protected paths."""
+    given: list[Sequence[str]] = []
+
+    async def confined_exec(args: dict[str, Any], progress: Progress,
+                            cancelled: asyncio.Event, spawned: Any = None, *,
+                            deny_paths: Sequence[str] = ()) -> Outcome:
+        given.append(tuple(deny_paths))
+        return Outcome("succeeded")
+
+    async with hand(tmp_path, tools={**TOOLS, "exec_command": confined_exec}) as w:
+        result = await run(w, "x_1", "exec_command", {"argv": ["true"]}, approved=True)
+        assert result["status"] == "succeeded", result
+        assert given and str(w.home.resolve()) in given[0]
+        assert f"/proc/{os.getpid()}" in given[0]
+
+
+async def test_exec_command_children_never_see_the_hands_secrets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HALFPI_HAND_TOKEN", "hph_must_not_leak")
+    monkeypatch.setenv("DEPLOY_PASSWORD", "pw_must_not_leak")
+    async with hand(tmp_path) as w:
+        for n, args in enumerate([{"command": "env; cat /proc/$$/environ"},
+                                  {"argv": ["env"]}]):
+            result = await run(w, f"x_{n}", "exec_command", args, approved=True)
+            assert result["status"] == "succeeded", result
+            assert "PATH=" in result["stdout"]
+            assert "must_not_leak" not in result["stdout"], result["stdout"]

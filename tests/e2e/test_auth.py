@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import websockets
 
+from halfpi.core.hand_wire import HAND_PROTOCOL
 from halfpi.core.throttle import ThrottleLimits
 from tests.support.cli import face_add, face_revoke, hand_add
 from tests.support.client import FaceClient
@@ -243,7 +244,7 @@ async def test_hand_handshakes_are_throttled_too(tmp_path: Path) -> None:
             await ws.send(json.dumps({"type": "hand.hello", "payload": {
                 "token": "hph_wrong", "hand_id": "h", "instance_id": "i",
                 "info": {"hostname": "h", "os": "o", "arch": "a", "version": "0"},
-                "tools": [], "protocol": 1, "runs": []}}))
+                "tools": [], "protocol": HAND_PROTOCOL, "runs": []}}))
             with pytest.raises(websockets.ConnectionClosed) as closed:
                 await asyncio.wait_for(ws.recv(), 10)
             assert closed.value.rcvd is not None
@@ -315,7 +316,7 @@ async def test_hand_connections_count_against_the_cap_too(tmp_path: Path) -> Non
             await ws.send(json.dumps({"type": "hand.hello", "payload": {
                 "token": added.token, "hand_id": "laptop", "instance_id": "i",
                 "info": {"hostname": "h", "os": "o", "arch": "a", "version": "0"},
-                "tools": [], "protocol": 1, "runs": []}}))
+                "tools": [], "protocol": HAND_PROTOCOL, "runs": []}}))
             return ws
 
         first = await hello()

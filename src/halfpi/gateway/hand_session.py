@@ -39,7 +39,7 @@ class HandSession:
         self.hand_id: str | None = None
         self.closed = False
         self.invalid = 0
-        mind.sessions.add(self)
+        mind.add_session(self)
 
     # transport callbacks -------------------------------------------------------
 
@@ -123,13 +123,22 @@ class HandSession:
         self._cleanup()
 
     def _cleanup(self) -> None:
-        self.mind.sessions.discard(self)
+        self.mind.remove_session(self)
         if self.hand_id:
             self.mind.hands.disconnect(self)
 
-    def tick(self, now: float) -> None:
+    def tick(self, now: float) -> float | None:
+        """Close on hello timeout or silence; returns the next deadline (see
+        ``FaceSession.tick``), None once closed."""
+        if self.closed:
+            return None
         config = self.mind.config
-        if self.hand_id is None and now - self.connected_at >= config.hello_timeout_s:
+        hello_by = self.connected_at + config.hello_timeout_s
+        dead_at = self.last_inbound + config.dead_after_s
+        if self.hand_id is None and now >= hello_by:
             self.close(CloseCode.HELLO_TIMEOUT, "no hello in time")
-        elif now - self.last_inbound >= config.dead_after_s:
+            return None
+        if now >= dead_at:
             self.close(CloseCode.GOING_AWAY, "no traffic: connection presumed dead")
+            return None
+        return min(hello_by, dead_at) if self.hand_id is None else dead_at

@@ -88,7 +88,7 @@ class FaceSession:
         self._inbox: deque[bytes] = deque()
         self._worker: asyncio.Task[None] | None = None
         self.invalid_streak = 0
-        mind.sessions.add(self)
+        mind.add_session(self)
 
     # -- outbound (I7) -----------------------------------------------------------
 
@@ -419,21 +419,27 @@ class FaceSession:
 
     # -- liveness and closing ------------------------------------------------------
 
-    def tick(self, now: float) -> None:
-        """Called by the Mind's maintenance loop; time is passed in."""
+    def tick(self, now: float) -> float | None:
+        """Called by the Mind's maintenance loop when this session's deadline
+        came; time is passed in. Returns the next deadline (None once closed):
+        traffic only moves deadlines later, so one computed now is never late."""
         if self.closed:
-            return
+            return None
         config = self.mind.config
         if self.state == "awaiting_hello":
-            if now - self.connected_at >= config.hello_timeout_s:
+            hello_by = self.connected_at + config.hello_timeout_s
+            if now >= hello_by:
                 self.close(CloseCode.HELLO_TIMEOUT, "no hello in time")
-            return
-        if now - self.last_inbound >= config.dead_after_s:
+                return None
+            return hello_by
+        dead_at = self.last_inbound + config.dead_after_s
+        if now >= dead_at:
             self.close(CloseCode.GOING_AWAY, "no traffic: connection presumed dead")
-            return
-        if now - self.last_ping >= config.heartbeat_s:
+            return None
+        if now >= self.last_ping + config.heartbeat_s:
             self.last_ping = now
             self.send_reliable("face.ping", {"ts": now})
+        return min(dead_at, self.last_ping + config.heartbeat_s)
 
     def close(self, code: int, reason: str) -> None:
         """Close after writing what is already queued, so the ``face.error``
@@ -460,7 +466,7 @@ class FaceSession:
         for conversation_id in list(self.subscriptions):
             self._drop_subscription(conversation_id)
         self.mind.detach(self)
-        self.mind.sessions.discard(self)
+        self.mind.remove_session(self)
         # The command in progress (if any) runs to its end: a chat admitted on
         # a connection that closes meanwhile must still start (I1). Replies
         # to a closed session are dropped; a replay re-attaches.

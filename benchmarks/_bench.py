@@ -263,6 +263,8 @@ class CpuWindow:
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            "wall_s": self.wall,
+            "server_cpu_s": self.server,
             "server_util": self.server_util,
             "load_util": self.load_util,
             "load_max": self.load_max,
@@ -388,6 +390,7 @@ def figure(
     target: str = "",
     judge: Any = None,
     note: str = "",
+    refuse_when_load_bound: bool = True,
 ) -> dict[str, Any]:
     """One figure: medians of both sides, the median of the per-round ratios
     (round i of halfpi against round i of the baseline, run next to each
@@ -395,7 +398,9 @@ def figure(
     and which side saturated. A ratio is refused when a load process
     saturated in any round of either side: the load generator, not the
     server, would then set the pace. ``judge(halfpi_median, ratio_median)``
-    says whether the target is met (None: no target, or not judged)."""
+    says whether the target is met (None: no target, or not judged). A
+    figure of server CPU per unit of work is not bent by a saturated client
+    (``refuse_when_load_bound=False``)."""
     ours_v = [r[key] for r in ours]
     ours_med = median(ours_v)
     row: dict[str, Any] = {
@@ -430,7 +435,7 @@ def figure(
         load_bound = sum(
             1 for r in (*ours, *base) if r.get("saturated") in ("load", "both")
         )
-        if load_bound:
+        if load_bound and refuse_when_load_bound:
             row["refused"] = f"load saturated in {load_bound} of {len(ours) + len(base)} rounds"
         else:
             row["ratio"] = median(ratios)

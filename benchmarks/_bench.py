@@ -428,7 +428,8 @@ def figure(
         ratios = [a / b for a, b in zip(ours_v, base_v, strict=False) if b]
         row["baseline"] = median(base_v)
         row["cpu_baseline"] = _cpu_text(base)
-        row["saturated"] = f"{_saturated_text(ours)} | {_saturated_text(base)}"
+        if _saturated_text(ours) or _saturated_text(base):
+            row["saturated"] = f"{_saturated_text(ours)} | {_saturated_text(base)}"
         pick = min if lower_is_better else max
         if pick(base_v):
             row["best_ratio"] = pick(ours_v) / pick(base_v)

@@ -102,9 +102,18 @@ class Server:
 
 
 class MindServer(Server):
-    """``halfpi mind --port 0`` with its own data directory."""
+    """``halfpi mind --port 0`` with its own data directory. With ``overrides``
+    (Config fields the command line does not expose, e.g. ``heartbeat_s``)
+    the same ``serve()`` runs through ``_mind.py``."""
 
-    def __init__(self, home: Path, *, delta_ms: float, python: Sequence[str] = (PYTHON,)) -> None:
+    def __init__(
+        self,
+        home: Path,
+        *,
+        delta_ms: float,
+        python: Sequence[str] = (PYTHON,),
+        overrides: dict[str, Any] | None = None,
+    ) -> None:
         home.mkdir(parents=True, exist_ok=True)
         env = dict(
             os.environ,
@@ -112,8 +121,11 @@ class MindServer(Server):
             HALFPI_SCRIPTED_DELTA_MS=str(delta_ms),
             PYTHONUNBUFFERED="1",
         )
-        argv = [*python, "-m", "halfpi.cli", "mind", "--port", "0", "--log-level", "warning",
-                "--max-connections-per-principal", "0"]  # benchmarks open 1,000 with one token
+        if overrides:
+            argv = [*python, str(BENCH_DIR / "_mind.py"), json.dumps(overrides)]
+        else:
+            argv = [*python, "-m", "halfpi.cli", "mind", "--port", "0", "--log-level", "warning",
+                    "--max-connections-per-principal", "0"]  # benchmarks open 1,000 with one token
         super().__init__(argv, env, home / "mind.log")
         self.home = home
 
@@ -123,12 +135,26 @@ class MindServer(Server):
 
 
 class RawServer(Server):
-    """The baseline: a plain ``websockets.asyncio.server`` (``_raw_server.py``)."""
+    """The baseline: the leanest server we can write in the same process model
+    (``_raw_server.py``)."""
+
+    def __init__(self, workdir: Path, *, ping_interval: float = 0.0, durable: bool = False) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        argv = [PYTHON, str(BENCH_DIR / "_raw_server.py")]
+        if ping_interval:
+            argv += ["--ping-interval", str(ping_interval)]
+        if durable:
+            argv += ["--db", str(workdir / "raw.db")]
+        super().__init__(argv, dict(os.environ, PYTHONUNBUFFERED="1"), workdir / "raw.log")
+
+
+class WsServer(Server):
+    """A default ``websockets.asyncio.server`` (``_ws_server.py``)."""
 
     def __init__(self, workdir: Path) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
-        argv = [PYTHON, str(BENCH_DIR / "_raw_server.py")]
-        super().__init__(argv, dict(os.environ, PYTHONUNBUFFERED="1"), workdir / "raw.log")
+        argv = [PYTHON, str(BENCH_DIR / "_ws_server.py")]
+        super().__init__(argv, dict(os.environ, PYTHONUNBUFFERED="1"), workdir / "ws.log")
 
 
 async def stop_all(*servers: Server) -> None:
@@ -180,28 +206,40 @@ def rss_kib(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
-class CpuWindow:
-    """Wall time, server CPU and load-process CPU over one measured window,
-    and what the rest of the machine used meanwhile (other processes, plus
-    kernel work not charged to either side): the noise indicator."""
+SATURATED = 0.85  # of one core: the server's loop and every load process are one thread
 
-    def __init__(self, server_pid: int) -> None:
+
+class CpuWindow:
+    """Wall time and CPU over one measured window: the server process (every
+    thread, from /proc), each load process (/proc) and this process (the
+    driver, ``time.process_time()``), and what the rest of the machine used
+    meanwhile (``/proc/stat`` minus all of those): the noise indicator."""
+
+    def __init__(self, server_pid: int, load_pids: Sequence[int] = ()) -> None:
         self.pid = server_pid
-        self.wall = self.server = self.load = self.others = 0.0
+        self.load_pids = list(load_pids)
+        self.wall = self.server = self.others = 0.0
+        self.loads: list[float] = []  # CPU seconds per load process, this one last
 
     def __enter__(self) -> CpuWindow:
         self._wall = time.perf_counter()
         self._server = cpu_seconds(self.pid)
-        self._load = time.process_time()
+        self._loads = [cpu_seconds(p) for p in self.load_pids]
+        self._self = time.process_time()
         self._machine = machine_busy_seconds()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.wall = time.perf_counter() - self._wall
         self.server = cpu_seconds(self.pid) - self._server
-        self.load = time.process_time() - self._load
+        self.loads = [cpu_seconds(p) - c for p, c in zip(self.load_pids, self._loads, strict=True)]
+        self.loads.append(time.process_time() - self._self)
         machine = machine_busy_seconds() - self._machine
-        self.others = max(0.0, machine - self.server - self.load)
+        self.others = max(0.0, machine - self.server - sum(self.loads))
+
+    @property
+    def load(self) -> float:
+        return sum(self.loads)
 
     @property
     def others_util(self) -> float:
@@ -213,21 +251,43 @@ class CpuWindow:
 
     @property
     def load_util(self) -> float:
+        """All load processes together, as a share of one core."""
         return self.load / self.wall if self.wall else 0.0
 
+    @property
+    def load_max(self) -> float:
+        """The busiest load process: the one that would saturate first."""
+        return max(self.loads) / self.wall if self.wall and self.loads else 0.0
+
     def saturated(self) -> str:
-        return saturation(self.server_util, self.load_util)
+        return saturation(self.server_util, self.load_max, self.load_util)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "wall_s": self.wall,
+            "server_cpu_s": self.server,
+            "server_util": self.server_util,
+            "load_util": self.load_util,
+            "load_max": self.load_max,
+            "load_procs": len(self.loads),
+            "others_util": self.others_util,
+            "saturated": self.saturated(),
+        }
 
 
-def saturation(server_util: float, load_util: float) -> str:
+def saturation(server_util: float, load_max: float, load_util: float = 0.0) -> str:
     """Which side ran out of CPU: one core is 100 % (the Mind's event loop and
-    the load generator are each one thread), 85 % counts as saturated."""
-    s, c = server_util, load_util
-    if s < 0.85 and c < 0.85:
+    each load process are one thread each); 85 % counts as saturated. The
+    load side also counts as saturated when its processes together held
+    85 % of a core while the server had less: on two cores the clients then
+    took the core the server needed."""
+    s, c = server_util, load_max
+    load = c >= SATURATED or (load_util >= SATURATED and s < SATURATED)
+    if s < SATURATED and not load:
         return "neither"
-    if s >= 0.85 and c >= 0.85:
+    if s >= SATURATED and load:
         return "both"
-    return "server" if s >= c else "load"
+    return "server" if s >= SATURATED else "load"
 
 
 # -- statistics and output -----------------------------------------------------------
@@ -245,10 +305,8 @@ def median(values: Sequence[float]) -> float:
 
 
 def best(runs: Sequence[dict[str, Any]], key: str, *, lowest: bool = False) -> dict[str, Any]:
-    """The run with the highest (or lowest) ``key``. Interference from the rest
-    of a shared machine only ever slows a run down, so the best of a few
-    rounds is the closest estimate of what each side can do; the spread and
-    the median ratio are printed beside it."""
+    """The run with the highest (or lowest) ``key``: only a footnote now, the
+    headline is the median of paired ratios (see :func:`figure`)."""
     pick = min if lowest else max
     return pick(runs, key=lambda r: r[key])
 
@@ -302,55 +360,153 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str = ""
     return "\n".join(lines)
 
 
-def summary_row(
+def _cpu_text(runs: Sequence[dict[str, Any]]) -> str:
+    """Median server CPU / median CPU of all load processes (busiest one), % of a core."""
+    if not runs or "server_util" not in runs[0]:
+        return ""
+    srv = median([r["server_util"] for r in runs])
+    load = median([r["load_util"] for r in runs])
+    top = median([r["load_max"] for r in runs])
+    procs = runs[0].get("load_procs", 1)
+    return f"{srv:.0%}/{load:.0%}" + (f" ({procs} procs, max {top:.0%})" if procs > 1 else "")
+
+
+def _saturated_text(runs: Sequence[dict[str, Any]]) -> str:
+    labels = [r.get("saturated", "") for r in runs]
+    if not labels:
+        return ""
+    top = max(set(labels), key=labels.count)
+    return top if labels.count(top) == len(labels) else f"{top} {labels.count(top)}/{len(labels)}"
+
+
+def figure(
     bench: str,
     metric: str,
     unit: str,
-    halfpi: float,
-    baseline: float | None,
+    ours: Sequence[dict[str, Any]],
+    base: Sequence[dict[str, Any]] | None,
+    key: str,
     *,
-    ratio: float | None = None,
+    lower_is_better: bool = False,
     target: str = "",
-    met: bool | None = None,
+    judge: Any = None,
     note: str = "",
+    refuse_when_load_bound: bool = True,
 ) -> dict[str, Any]:
-    """One line of the combined table (see run_all.py)."""
-    if ratio is None and baseline:
-        ratio = halfpi / baseline
-    return {
+    """One figure: medians of both sides, the median of the per-round ratios
+    (round i of halfpi against round i of the baseline, run next to each
+    other) with its spread, the best-of ratio as a footnote, both sides' CPU
+    and which side saturated. A ratio is refused when a load process
+    saturated in any round of either side: the load generator, not the
+    server, would then set the pace. ``judge(halfpi_median, ratio_median)``
+    says whether the target is met (None: no target, or not judged). A
+    figure of server CPU per unit of work is not bent by a saturated client
+    (``refuse_when_load_bound=False``)."""
+    ours_v = [r[key] for r in ours]
+    ours_med = median(ours_v)
+    row: dict[str, Any] = {
         "bench": bench,
         "metric": metric,
         "unit": unit,
-        "halfpi": halfpi,
-        "baseline": baseline,
-        "ratio": ratio,
+        "halfpi": ours_med,
+        "halfpi_spread": spread(ours_v),
+        "baseline": None,
+        "ratio": None,
+        "spread": "",
+        "best_ratio": None,
+        "rounds": len(ours),
+        "cpu_halfpi": _cpu_text(ours),
+        "cpu_baseline": "",
+        "saturated": _saturated_text(ours),
         "target": target,
-        "met": met,
+        "met": None,
+        "refused": "",
+        "lower_is_better": lower_is_better,
         "note": note,
     }
+    if base:
+        base_v = [r[key] for r in base]
+        ratios = [a / b for a, b in zip(ours_v, base_v, strict=False) if b]
+        row["baseline"] = median(base_v)
+        row["cpu_baseline"] = _cpu_text(base)
+        if _saturated_text(ours) or _saturated_text(base):
+            row["saturated"] = f"{_saturated_text(ours)} | {_saturated_text(base)}"
+        pick = min if lower_is_better else max
+        if pick(base_v):
+            row["best_ratio"] = pick(ours_v) / pick(base_v)
+        load_bound = sum(
+            1 for r in (*ours, *base) if r.get("saturated") in ("load", "both")
+        )
+        if load_bound and refuse_when_load_bound:
+            row["refused"] = f"load saturated in {load_bound} of {len(ours) + len(base)} rounds"
+        else:
+            row["ratio"] = median(ratios)
+            row["spread"] = spread(ratios)
+    if judge is not None:
+        verdict = judge(ours_med, row["ratio"])
+        row["met"] = verdict
+        if verdict is None and row["refused"]:
+            row["met"] = None
+    return row
 
 
-SUMMARY_HEADERS = ("metric", "unit", "halfpi", "baseline", "ratio", "target", "met", "note")
+SUMMARY_HEADERS = (
+    "metric",
+    "unit",
+    "halfpi",
+    "baseline",
+    "ratio",
+    "ratio spread",
+    "n",
+    "CPU halfpi srv/load",
+    "CPU base srv/load",
+    "saturated (h | b)",
+    "target",
+    "met",
+)
 
 
 def summary_table(rows: Sequence[dict[str, Any]], title: str = "") -> str:
-    return table(
-        SUMMARY_HEADERS,
-        [
+    body = []
+    notes = []
+    for r in rows:
+        ratio: Any = r["ratio"]
+        if ratio is None and r.get("refused"):
+            ratio = "refused"
+        met = "" if r["met"] is None else r["met"]
+        if r.get("refused") and r["met"] is None and r["target"]:
+            met = "not judged"
+        body.append(
             [
                 r["metric"],
                 r["unit"],
                 r["halfpi"],
                 r["baseline"],
-                r["ratio"],
+                ratio,
+                r["spread"],
+                r["rounds"],
+                r["cpu_halfpi"],
+                r["cpu_baseline"],
+                r["saturated"],
                 r["target"],
-                "" if r["met"] is None else r["met"],
-                r["note"],
+                met,
             ]
-            for r in rows
-        ],
-        title,
-    )
+        )
+        extra = []
+        if r.get("refused"):
+            extra.append(f"ratio refused: {r['refused']}")
+        if r.get("best_ratio") is not None:
+            extra.append(f"best-of ratio {fmt(r['best_ratio'])}")
+        if r.get("halfpi_spread"):
+            extra.append(f"halfpi {r['halfpi_spread']}")
+        if r.get("note"):
+            extra.append(r["note"])
+        if extra:
+            notes.append(f"  {r['metric']}: " + "; ".join(extra))
+    out = table(SUMMARY_HEADERS, body, title)
+    if notes:
+        out += "\n" + "\n".join(notes)
+    return out
 
 
 def write_json(path: str | None, rows: list[dict[str, Any]], extra: dict[str, Any]) -> None:

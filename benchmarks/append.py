@@ -1,20 +1,30 @@
-"""Durable append: SQLiteStore group commit against raw batched ``executemany``.
+"""Durable writes: chat admissions through the actor, and plain event appends,
+each against plain ``sqlite3`` writing the same rows.
 
-``halfpi``: W concurrent writers (one conversation each, as W actors would
-be) each await ``SQLiteStore.write(WriteTx(events=[event]))`` in a loop; the
-store's writer thread commits whatever is queued in one transaction. A write
-counts once its future resolved, i.e. once it is durable.
+**Chats** (the real path): a Mind in this process (``build_mind``: the
+SQLite store with ``synchronous=FULL``, the in-process journal, the
+scripted agent at full speed), no sockets. W concurrent writers, one
+conversation each, as W Faces' sessions would: for each chat the request
+registry lookup (``store.get_request``, a read), then
+``ConversationActor.admit_chat`` — one transaction with the request record,
+the user's message, the run and ``chat.message`` + ``chat.started`` under a
+SAVEPOINT of the group commit — then the agent's one-word reply and the
+end's transaction (``chat.completed``, the assistant's message, the run's
+end, the request's result); a chat counts once its end is durable.
+Baseline: ``_rawsql.py`` — ``BEGIN IMMEDIATE``, W admissions each in a
+SAVEPOINT, ``COMMIT``; then W ends likewise: two commits per W chats, the
+same rows, no futures, threads or event loop.
 
-Baseline, same run, same schema (``halfpi.store.sqlite.SCHEMA``), same
-PRAGMAs (WAL, the same ``synchronous``): the same rows inserted with plain
-``sqlite3`` as ``BEGIN IMMEDIATE; executemany(W rows); COMMIT`` - the best a
-group commit of W writers can do, with the rows built before the clock starts.
+**Event appends**: W writers each awaiting ``SQLiteStore.write(WriteTx(
+events=[event]))`` in a loop (the delta-free event path; merged into one
+``executemany`` per commit) against ``BEGIN IMMEDIATE; executemany(W rows);
+COMMIT`` with the rows built before the clock starts.
 
-Both run with ``synchronous=FULL`` (the store's default: an fsync per commit)
-and ``synchronous=NORMAL``. The database lives in a temporary directory on
-the filesystem of ``--dir`` (default: the system temporary directory).
+Same schema (``halfpi.store.sqlite.SCHEMA``), same PRAGMAs (WAL, the same
+``synchronous``), rounds alternating. CPU is this process's (all threads:
+the store's writer thread included) as a share of one core.
 
-    python benchmarks/append.py [--writers W] [--events N] [--rounds R] [--json PATH]
+    python benchmarks/append.py [--writers W] [--events N] [--chats N] [--rounds R]
 """
 
 from __future__ import annotations
@@ -26,21 +36,24 @@ import sqlite3
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import _rawsql
 from _bench import (
-    best,
+    figure,
     machine_busy_seconds,
-    median,
-    spread,
-    summary_row,
+    saturation,
     summary_table,
     table,
     workdir,
     write_json,
 )
 
+from halfpi.config import Config
+from halfpi.core.requests import RequestRecord
+from halfpi.mind.run import build_mind
 from halfpi.store.base import StoredEvent, WriteTx
 from halfpi.store.sqlite import SCHEMA, SQLiteStore
 
@@ -50,9 +63,114 @@ DATA = (
     b'"content":"a short reply of a few words"}'
 )
 INSERT = "INSERT INTO events (conversation_id, seq, type, data, ts) VALUES (?,?,?,?,?)"
+CONTENT = "hello"  # the scripted agent echoes it: one delta
 
 
-async def store_run(path: Path, synchronous: str, writers: int, per_writer: int) -> dict[str, Any]:
+class Clock:
+    """Wall time, this process's CPU and the machine's over one window."""
+
+    def __enter__(self) -> Clock:
+        self._machine = machine_busy_seconds()
+        self._cpu = time.process_time()
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self._start
+        self.cpu = time.process_time() - self._cpu
+        self.machine = machine_busy_seconds() - self._machine
+
+    def as_dict(self, work: int) -> dict[str, Any]:
+        util = self.cpu / self.seconds
+        return {
+            "per_s": work / self.seconds,
+            "seconds": self.seconds,
+            "server_util": util,
+            "load_util": 0.0,
+            "load_max": 0.0,
+            "others_util": max(0.0, self.machine - self.cpu) / self.seconds,
+            "saturated": saturation(util, 0.0),
+        }
+
+
+# -- chats through the actor ------------------------------------------------------
+
+
+async def chats_halfpi(home: Path, writers: int, per_writer: int) -> dict[str, Any]:
+    config = Config(home=home, port=0, scripted_delta_ms=0.0, local_hand=False,
+                    credential_poll_s=3600.0)
+    home.mkdir(parents=True, exist_ok=True)
+    mind = build_mind(replace(config))
+    await mind.start()
+    principal = "p_bench"
+    try:
+        actors = []
+        for w in range(writers):
+            record = RequestRecord(principal, f"create-{w}", "face.conversation.create",
+                                   _rawsql.DIGEST, "accepted", mind.now())
+            await mind.create_conversation(record, f"c{w}")
+            assert record.conversation_id is not None
+            actors.append(await mind.actor(record.conversation_id))
+
+        async def writer(w: int, first: int, count: int) -> None:
+            actor = actors[w]
+            for i in range(first, first + count):
+                key = (principal, f"chat-{w}-{i}")
+                async with mind.request_lock(key):
+                    if await mind.store.get_request(*key) is not None:
+                        raise RuntimeError(f"{key} exists")
+                    record = RequestRecord(principal, key[1], "face.chat", _rawsql.DIGEST,
+                                           "accepted", mind.now())
+                    await actor.admit_chat(record, CONTENT, lambda _r: None)
+                    run = actor.run
+                assert run is not None
+                if await run.done != "succeeded":
+                    raise RuntimeError(f"chat {key} did not succeed")
+
+        await asyncio.gather(*(writer(w, 0, 2) for w in range(writers)))  # warm-up
+        batches = mind.store.batches  # type: ignore[attr-defined]
+        with Clock() as clock:
+            await asyncio.gather(*(writer(w, 2, per_writer) for w in range(writers)))
+        commits = mind.store.batches - batches  # type: ignore[attr-defined]
+    finally:
+        await mind.drain()
+    chats = writers * per_writer
+    return {**clock.as_dict(chats), "commits": commits, "per_commit": 2 * chats / commits}
+
+
+def chats_raw(path: Path, writers: int, per_writer: int) -> dict[str, Any]:
+    conn = _rawsql.open_db(path)
+    now = time.time()
+    for w in range(writers):
+        _rawsql.add_conversation(conn, f"c{w}", now)
+
+    def batch(i: int) -> list[_rawsql.Chat]:
+        return [_rawsql.Chat(f"c{w}", f"chat-{w}-{i}", f"run-{w}-{i}", 1 + 3 * i, CONTENT)
+                for w in range(writers)]
+
+    def one_round(i: int) -> None:
+        chats = batch(i)
+        t = time.time()
+        _rawsql.commit(conn, lambda: [_rawsql.admit(conn, c, t) for c in chats])
+        t = time.time()
+        _rawsql.commit(conn, lambda: [_rawsql.complete(conn, c, c.seq + 2, CONTENT, t)
+                                      for c in chats])
+
+    for i in range(2):  # warm-up, as for halfpi
+        one_round(i)
+    with Clock() as clock:
+        for i in range(2, 2 + per_writer):
+            one_round(i)
+    conn.close()
+    return {**clock.as_dict(writers * per_writer), "commits": 2 * per_writer,
+            "per_commit": writers}
+
+
+# -- event appends --------------------------------------------------------------------
+
+
+async def events_halfpi(path: Path, synchronous: str, writers: int,
+                        per_writer: int) -> dict[str, Any]:
     store = SQLiteStore(path, synchronous=synchronous)
     await store.open()
     now = time.time()
@@ -64,36 +182,23 @@ async def store_run(path: Path, synchronous: str, writers: int, per_writer: int)
 
     await asyncio.gather(*(writer(w, 1, 5) for w in range(writers)))  # warm-up
     batches = store.batches
-    machine = machine_busy_seconds()
-    cpu = time.process_time()
-    start = time.perf_counter()
-    await asyncio.gather(*(writer(w, 6, per_writer) for w in range(writers)))
-    seconds = time.perf_counter() - start
-    cpu = time.process_time() - cpu
-    machine = machine_busy_seconds() - machine
-    batches = store.batches - batches
+    with Clock() as clock:
+        await asyncio.gather(*(writer(w, 6, per_writer) for w in range(writers)))
+    commits = store.batches - batches
     await store.close()
-    events = writers * per_writer
     check = sqlite3.connect(path)
     stored = check.execute("SELECT COUNT(*) FROM events").fetchone()[0]
     check.close()
     if stored != writers * (per_writer + 5):
         raise RuntimeError(f"{stored} rows stored, {writers * (per_writer + 5)} expected")
-    return {
-        "events_per_s": events / seconds,
-        "seconds": seconds,
-        "commits": batches,
-        "per_commit": events / max(1, batches),
-        "cpu_util": cpu / seconds,
-        "others_util": max(0.0, machine - cpu) / seconds,
-    }
+    events = writers * per_writer
+    return {**clock.as_dict(events), "commits": commits, "per_commit": events / max(1, commits)}
 
 
-def raw_run(path: Path, synchronous: str, writers: int, per_writer: int) -> dict[str, Any]:
+def events_raw(path: Path, synchronous: str, writers: int, per_writer: int) -> dict[str, Any]:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={synchronous}")
-    conn.execute("PRAGMA busy_timeout=30000")
     conn.executescript(SCHEMA)
     now = time.time()
     data = DATA.decode()
@@ -106,164 +211,108 @@ def raw_run(path: Path, synchronous: str, writers: int, per_writer: int) -> dict
         conn.executemany(INSERT, rows)
         conn.execute("COMMIT")
 
-    for seq in range(1, 6):  # warm-up, as for the store
+    for seq in range(1, 6):
         commit(batch(seq))
     batches = [batch(seq) for seq in range(6, 6 + per_writer)]
-    machine = machine_busy_seconds()
-    cpu = time.process_time()
-    start = time.perf_counter()
-    for rows in batches:
-        commit(rows)
-    seconds = time.perf_counter() - start
-    cpu = time.process_time() - cpu
-    machine = machine_busy_seconds() - machine
+    with Clock() as clock:
+        for rows in batches:
+            commit(rows)
     conn.close()
-    events = writers * per_writer
-    return {
-        "events_per_s": events / seconds,
-        "seconds": seconds,
-        "commits": len(batches),
-        "per_commit": writers,
-        "cpu_util": cpu / seconds,
-        "others_util": max(0.0, machine - cpu) / seconds,
-    }
+    return {**clock.as_dict(writers * per_writer), "commits": len(batches),
+            "per_commit": writers}
 
 
 def filesystem(path: Path) -> str:
     try:
-        out = (
-            subprocess.run(["df", "-T", str(path)], capture_output=True, text=True, check=True)
-            .stdout.splitlines()[-1]
-            .split()
-        )
+        out = subprocess.run(["df", "-T", str(path)], capture_output=True, text=True,
+                             check=True).stdout.splitlines()[-1].split()
         return out[1]
     except (OSError, subprocess.CalledProcessError, IndexError):
         return "?"
 
 
-def main_async_runs(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, list[Any]]]:
+def run_all(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, list[Any]]]:
     results: dict[str, dict[str, list[Any]]] = {}
     counter = 0
-    for synchronous in args.modes:
-        per_writer = args.events // args.writers
-        if synchronous != "FULL":
-            per_writer *= args.normal_factor
+    cases = [("chats", "FULL")] + [("events", mode) for mode in args.modes]
+    for kind, synchronous in cases:
         runs: dict[str, list[Any]] = {"halfpi": [], "raw": []}
         for index in range(args.rounds):  # alternate the order so drift hits both
             for side in ("halfpi", "raw") if index % 2 == 0 else ("raw", "halfpi"):
                 counter += 1
-                path = tmp / f"{side}-{synchronous}-{counter}.db"
-                if side == "halfpi":
-                    r = asyncio.run(store_run(path, synchronous, args.writers, per_writer))
+                where = tmp / f"{kind}-{side}-{synchronous}-{counter}"
+                where.mkdir()
+                if kind == "chats":
+                    per = args.chats // args.writers
+                    r = (asyncio.run(chats_halfpi(where, args.writers, per)) if side == "halfpi"
+                         else chats_raw(where / "raw.db", args.writers, per))
                 else:
-                    r = raw_run(path, synchronous, args.writers, per_writer)
+                    per = args.events // args.writers
+                    path = where / "events.db"
+                    r = (asyncio.run(events_halfpi(path, synchronous, args.writers, per))
+                         if side == "halfpi" else events_raw(path, synchronous, args.writers, per))
                 runs[side].append(r)
                 if args.verbose:
-                    print(
-                        f"{synchronous} {side}: {r['events_per_s']:,.0f} events/s, "
-                        f"{r['per_commit']:.1f} per commit, {r['seconds']:.2f} s",
-                        file=sys.stderr,
-                    )
-                for suffix in ("", "-wal", "-shm"):
-                    Path(f"{path}{suffix}").unlink(missing_ok=True)
-        results[synchronous] = runs
+                    print(f"{kind} {synchronous} {side}: {r['per_s']:,.0f}/s, "
+                          f"{r['per_commit']:.1f} per commit", file=sys.stderr)
+        results[f"{kind} {synchronous}"] = runs
     return results
 
 
-def report(
-    results: dict[str, dict[str, list[Any]]], args: argparse.Namespace, fs: str
-) -> list[dict[str, Any]]:
+def report(results: dict[str, dict[str, list[Any]]], args: argparse.Namespace,
+           fs: str) -> list[dict[str, Any]]:
     rows = []
     summary = []
-    for synchronous, runs in results.items():
-        ours, base = runs["halfpi"], runs["raw"]
-        top, btop = best(ours, "events_per_s"), best(base, "events_per_s")
-        ratio = top["events_per_s"] / btop["events_per_s"]
-        median_ratio = median([r["events_per_s"] for r in ours]) / median(
-            [r["events_per_s"] for r in base]
-        )
-        rows.append(
-            [
-                synchronous,
-                args.writers,
-                top["events_per_s"],
-                spread([r["events_per_s"] for r in ours]),
-                top["per_commit"],
-                f"{top['cpu_util']:.0%}",
-                btop["events_per_s"],
-                spread([r["events_per_s"] for r in base]),
-                f"{btop['cpu_util']:.0%}",
-                ratio,
-                median_ratio,
-                f"{top['others_util']:.0%}/{btop['others_util']:.0%}",
-            ]
-        )
+    for case, runs in results.items():
+        kind, synchronous = case.split()
+        for side in ("halfpi", "raw"):
+            for i, r in enumerate(runs[side]):
+                rows.append([f"{case} {side} #{i + 1}", r["per_s"], r["commits"],
+                             r["per_commit"], f"{r['server_util']:.0%}",
+                             f"{r['others_util']:.0%}"])
+        unit = "chats/s" if kind == "chats" else "events/s"
         full = synchronous == "FULL"
-        summary.append(
-            summary_row(
-                "append",
-                f"durable append, synchronous={synchronous}",
-                "events/s",
-                top["events_per_s"],
-                btop["events_per_s"],
-                target="≥ 0.5x raw" if full else "",
-                met=(ratio >= 0.5) if full else None,
-                note=f"median ratio {median_ratio:.2f}; {args.writers} writers, "
-                f"{top['per_commit']:.0f} events/commit",
-            )
-        )
-    print(
-        table(
-            [
-                "synchronous",
-                "writers",
-                "halfpi ev/s",
-                "spread",
-                "ev/commit",
-                "CPU",
-                "raw ev/s",
-                "spread",
-                "CPU",
-                "ratio",
-                "med. ratio",
-                "rest",
-            ],
-            rows,
-            f"Durable append (best of {args.rounds}; WAL; database on {fs}; "
-            f"CPU = this process, share of one core; rest = the rest of the machine)",
-        )
-    )
+        metric = (f"durable chats (admission + end), synchronous={synchronous}" if kind == "chats"
+                  else f"durable event append, synchronous={synchronous}")
+        summary.append(figure(
+            "append", metric, unit, runs["halfpi"], runs["raw"], "per_s",
+            target="≥ 0.5x raw" if full else "",
+            judge=(lambda _m, ratio: None if ratio is None else ratio >= 0.5) if full else None,
+            note=f"{args.writers} writers; halfpi "
+            f"{sum(r['per_commit'] for r in runs['halfpi']) / len(runs['halfpi']):.0f} "
+            f"{'transactions' if kind == 'chats' else 'events'}/commit"
+            + ("; 2 transactions per chat, 3 events" if kind == "chats" else ""),
+        ))
+    print(table(["round", "per s", "commits", "per commit", "CPU", "rest"], rows,
+                f"Durable writes (WAL; database on {fs}; CPU = this process, all threads, "
+                f"share of one core; rest = the rest of the machine)"))
     print()
-    print(summary_table(summary, "Append summary"))
+    print(summary_table(summary, "Durable write summary"))
     return summary
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--writers", type=int, default=100)
-    parser.add_argument(
-        "--events", type=int, default=60_000, help="events per measured run with synchronous=FULL"
-    )
-    parser.add_argument(
-        "--normal-factor",
-        type=int,
-        default=2,
-        help="synchronous=NORMAL runs write this many times more",
-    )
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--modes", nargs="+", default=["FULL", "NORMAL"])
+    parser.add_argument("--events", type=int, default=60_000, help="events per round")
+    parser.add_argument("--chats", type=int, default=3_000, help="chats per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--modes", nargs="+", default=["FULL"],
+                        help="synchronous settings for the event appends")
     parser.add_argument("--dir", default=None, help="where to create the databases")
-    parser.add_argument("--quick", action="store_true", help="a third of the work")
+    parser.add_argument("--quick", action="store_true", help="a third of the work, 3 rounds")
     parser.add_argument("--verbose", action="store_true", help="print every round")
     parser.add_argument("--json", help="write the summary rows to this file")
     args = parser.parse_args()
     if args.quick:
         args.events //= 3
+        args.chats //= 3
+        args.rounds = min(args.rounds, 3)
     if args.dir:
         os.environ["TMPDIR"] = args.dir
     with workdir("halfpi-append-") as tmp:
         fs = filesystem(tmp)
-        results = main_async_runs(args, tmp)
+        results = run_all(args, tmp)
     rows = report(results, args, fs)
     write_json(args.json, rows, {"bench": "append"})
 

@@ -1,28 +1,38 @@
-"""Fan-out: one conversation streaming deltas to 1, 10 and 100 subscribed Faces.
+"""Fan-out: one conversation's chat streamed to 1, 10 and 100 subscribed Faces.
 
-Throughput: a driver Face sends ``/repeat N x`` to a Mind whose scripted agent
-runs at full speed (``HALFPI_SCRIPTED_DELTA_MS=0``); every subscriber counts
-the deltas it receives (a coalesced delta counts ``seq - first_seq + 1``
-events) from the first delta's arrival to the last one's. The baseline, in
-the same run: a plain ``websockets`` server ``broadcast()``-ing frames of the
-same size to the same number of clients, yielding to its loop between frames
-as the scripted agent does.
+Each round is one whole chat. A driver Face (in this process) sends
+``face.chat`` with ``/repeat N x`` to a Mind whose scripted agent runs at
+full speed (``HALFPI_SCRIPTED_DELTA_MS=0``); the subscribers live in
+``--procs`` load processes (``_load.py``) and count the deltas they receive.
+Two figures per round:
 
-Latency: 100 subscribers, a Mind streaming 200 deltas/s (20,000 deliveries/s)
-answering ``/stamp N``; each delta's text is the Mind's ``time.time_ns()`` at
-emission, compared with the arrival time at the client (same machine clock).
-The scripted agent sleeps ``HALFPI_SCRIPTED_DELTA_MS`` *between* deltas, so
-the period is that sleep (rounded up to the loop's millisecond timer) plus
-the work of one fan-out: the script starts at 5 ms, measures the rate it
-gets and restarts the Mind with a corrected sleep until the rate is close to
-200 deltas/s (see paced_mind). The baseline broadcasts stamped frames of the
-same size on a fixed schedule at the rate the Mind actually achieved.
+- **whole chat**: delivered deltas / time from ``face.chat`` sent to
+  ``face.result`` received by the driver *and* ``chat.completed`` received by
+  every subscriber: admission commit, agent, fan-out, completion commit;
+- **delta stream**: delivered deltas / time from the first delta's arrival
+  to the last one's (the display channel alone).
 
-The clients run in this process, the servers in their own; the two share the
-machine's cores, so the CPU time of both sides is reported with the side
-that saturated. For throughput the clients read each socket at most every
-few milliseconds (see READ_PAUSE_S) so that the load generator stays well
-under a core.
+Baseline, same run, alternating round by round: ``_raw_server.py`` (the
+leanest server we can write in the same process model: pre-framed bytes,
+one ``transport.write`` per frame per subscriber) running the same chat: the
+rows of the admission committed with plain ``sqlite3`` (same schema and
+PRAGMAs, ``synchronous=FULL``), N frames of the same size broadcast yielding
+to the loop between frames, the end's rows committed, ``chat.completed`` to
+all, ``face.result`` to the caller.
+
+Latency: 100 subscribers, a Mind streaming 200 deltas/s (20,000
+deliveries/s) answering ``/stamp N``; each delta's text is the Mind's
+``time.time_ns()`` at emission, compared with the arrival time in the load
+process (same machine clock). The agent sleeps ``HALFPI_SCRIPTED_DELTA_MS``
+*between* deltas, so the script calibrates the sleep until the rate is
+close to 200 deltas/s (see paced_mind). The baseline broadcasts stamped
+frames of the same size on a fixed schedule at the rate the Mind achieved.
+
+For throughput the subscribers read each socket at most every few
+milliseconds (READ_PAUSE_S) so that one ``recv()`` carries several frames;
+no socket buffer fills (frames/s = events/s, nothing coalesced). If a load
+process saturates during the warm-up, the load is spread over twice as many
+processes (up to MAX_PROCS) for both sides.
 
     python benchmarks/fanout.py [--quick] [--rounds N] [--json PATH]
 """
@@ -32,20 +42,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from _bench import (
+    SATURATED,
     CpuWindow,
     MindServer,
     RawServer,
-    best,
-    median,
+    figure,
     percentile,
     raise_nofile,
-    spread,
     stop_all,
-    summary_row,
     summary_table,
     table,
     workdir,
@@ -53,184 +62,170 @@ from _bench import (
 )
 from _client import (
     WsClient,
-    chat,
     close_all,
     create_conversation,
     face,
-    is_chat_end,
     is_reply,
-    many,
     rid,
-    subscribe,
 )
+from _load import LoadPool
 
-# Deltas per round, per subscriber count: about 0.5-1.5 s of streaming each.
-DELTAS = {1: 40_000, 10: 10_000, 100: 1_500}
-# The load generator stops reading each socket for this long after every
-# read, so one recv() carries several frames: it then needs well under a
-# core, and the server is what saturates (reading every frame as it comes
-# costs the client about as much CPU as the server spends sending it). Short
-# enough that no socket buffer fills up. Not used for latency.
-READ_PAUSE_S = {1: 0.002, 10: 0.005, 100: 0.005}
+# Deltas per round, per subscriber count: about 0.3-1.5 s of streaming each.
+DELTAS = {1: 40_000, 10: 10_000, 100: 3_000}
+READ_PAUSE_S = {1: 0.002, 10: 0.01, 100: 0.02}
+PROCS = {1: 1, 10: 2, 100: 4}  # load processes to start with
+MAX_PROCS = 8
 LATENCY_SUBSCRIBERS = 100
+LATENCY_PROCS = 4
 LATENCY_PACE_MS = 5.0
 LATENCY_RATE = 200.0  # deltas/s
 LATENCY_DELTAS = 600  # per round: 3 s at 200 deltas/s
-LATENCY_ROUNDS = 2
+P99_TARGET_MS = 5.0
 
 
 class Side:
-    """The subscribers and the driver connected to one server."""
+    """The driver and the load pool attached to one server."""
 
-    def __init__(
-        self,
-        name: str,
-        server: Any,
-        subs: list[WsClient],
-        driver: WsClient,
-        conversation_id: str | None,
-    ) -> None:
+    def __init__(self, name: str, server: Any, driver: WsClient, conversation_id: str | None,
+                 pool: LoadPool) -> None:
         self.name = name
         self.server = server
-        self.subs = subs
         self.driver = driver
         self.conversation_id = conversation_id
+        self.pool = pool
 
-    def start(
-        self, count: int, *, size: int = 0, stamp: bool = False, period_ms: float = 0.0
-    ) -> str:
+    def start(self, request_id: str, count: int, *, size: int, stamp: bool,
+              period_ms: float) -> None:
         if self.conversation_id is not None:  # a Mind
-            command = f"/stamp {count}" if stamp else f"/repeat {count} x"
-            return chat(self.driver, self.conversation_id, command)
-        request_id = rid("bcast")
+            content = f"/stamp {count}" if stamp else f"/repeat {count} x"
+            self.driver.send(
+                "face.chat",
+                {"request_id": request_id, "conversation_id": self.conversation_id,
+                 "content": content},
+            )
+            return
         self.driver.send_json(
-            {
-                "cmd": "broadcast",
-                "request_id": request_id,
-                "count": count,
-                "size": size,
-                "period_ms": period_ms,
-                "stamp": stamp,
-            }
+            {"cmd": "chat", "request_id": request_id, "count": count, "size": size,
+             "period_ms": period_ms, "stamp": stamp, "durable": True,
+             "content": "/stamp" if stamp else f"/repeat {count} x"}
         )
-        return request_id
 
     async def close(self) -> None:
-        await close_all([*self.subs, self.driver])
+        await self.pool.close()
+        await close_all([self.driver])
 
 
-async def connect_mind(mind: MindServer, n: int) -> Side:
+async def connect_mind(mind: MindServer, n: int, procs: int, read_pause: float) -> Side:
     token = mind.token
     driver = await face(mind.url, token)
     conversation_id = await create_conversation(driver, f"fanout-{n}")
-    subs = await many(lambda: face(mind.url, token), n)
-    await asyncio.gather(*(subscribe(s, conversation_id) for s in subs))
-    return Side("halfpi", mind, subs, driver, conversation_id)
+    pool = await LoadPool(procs).connect(
+        "mind", mind.url, n, token=token, conversation_id=conversation_id, read_pause=read_pause
+    )
+    return Side("halfpi", mind, driver, conversation_id, pool)
 
 
-async def connect_raw(raw: RawServer, n: int) -> Side:
-    async def sub() -> WsClient:
-        client = await WsClient.connect(raw.url)
-        request_id = rid("sub")
-        client.send_json({"cmd": "subscribe", "request_id": request_id})
-        await client.expect(is_reply(request_id, "face.accepted"))
-        return client
-
+async def connect_raw(raw: RawServer, n: int, procs: int, read_pause: float) -> Side:
     driver = await WsClient.connect(raw.url)
-    subs = await many(sub, n)
-    return Side("raw", raw, subs, driver, None)
+    pool = await LoadPool(procs).connect("raw", raw.url, n, read_pause=read_pause)
+    return Side("raw", raw, driver, None, pool)
 
 
-async def stream(
-    side: Side, count: int, *, size: int = 0, stamp: bool = False, period_ms: float = 0.0
-) -> dict[str, Any]:
-    """One measured round: start the stream, wait until every subscriber saw it end."""
-    latencies: list[int] = []
-    for s in side.subs:
-        s.reset_counters()
-        s.latencies = latencies if stamp else None
-    with CpuWindow(side.server.pid) as window:
-        request_id = side.start(count, size=size, stamp=stamp, period_ms=period_ms)
-        await asyncio.gather(*(s.expect(is_chat_end(request_id), 300) for s in side.subs))
-    await side.driver.expect(is_reply(request_id, "face.result"), 60)
-    events = sum(s.events for s in side.subs)
-    frames = sum(s.frames for s in side.subs)
-    first = min(s.first_ns for s in side.subs)
-    last = max(s.last_ns for s in side.subs)
-    seconds = max(1e-9, (last - first) / 1e9)
-    latencies.sort()
+async def chat_round(side: Side, count: int, *, size: int = 0, stamp: bool = False,
+                     period_ms: float = 0.0) -> dict[str, Any]:
+    """One measured chat: start it, wait for the result and every subscriber's end."""
+    request_id = rid("chat")
+    await side.pool.arm(request_id, stamp)
+    with CpuWindow(side.server.pid, side.pool.pids) as window:
+        sent = time.time_ns()
+        side.start(request_id, count, size=size, stamp=stamp, period_ms=period_ms)
+        subs = await side.pool.collect()
+        result = await side.driver.expect(is_reply(request_id, "face.result", "face.error"), 120)
+    if result["type"] != "face.result" or result["payload"]["status"] != "succeeded":
+        raise RuntimeError(f"{side.name}: chat failed: {result}")
+    n = sum(side.pool.sizes)
+    events, frames = subs["events"], subs["frames"]
+    stream_s = max(1e-9, (subs["last_ns"] - subs["first_ns"]) / 1e9)
+    chat_s = max(1e-9, (max(result["_at"], subs["end_ns"]) - sent) / 1e9)
+    latencies = sorted(subs["latencies_us"])
     return {
         "events": events,
-        "expected": count * len(side.subs),
+        "expected": count * n,
         "frames": frames,
-        "coalesced": sum(s.coalesced for s in side.subs),
-        "frame_bytes": sum(s.delta_bytes for s in side.subs) / max(1, frames),
-        "seconds": seconds,
-        "events_per_s": events / seconds,
-        "frames_per_s": frames / seconds,
-        "server_util": window.server_util,
-        "load_util": window.load_util,
-        "others_util": window.others_util,
-        "saturated": window.saturated(),
-        "p50_ms": percentile(latencies, 50) / 1e6 if latencies else None,
-        "p99_ms": percentile(latencies, 99) / 1e6 if latencies else None,
-        "max_ms": latencies[-1] / 1e6 if latencies else None,
+        "coalesced": subs["coalesced"],
+        "frame_bytes": subs["delta_bytes"] / max(1, frames),
+        "stream_s": stream_s,
+        "chat_s": chat_s,
+        "stream_eps": events / stream_s,
+        "chat_eps": events / chat_s,
+        "rate": count / stream_s,
+        "p50_ms": percentile(latencies, 50) / 1e3 if latencies else None,
+        "p99_ms": percentile(latencies, 99) / 1e3 if latencies else None,
+        "max_ms": latencies[-1] / 1e3 if latencies else None,
         "samples": len(latencies),
+        **window.as_dict(),
     }
 
 
 def _check(result: dict[str, Any], label: str) -> None:
     if result["events"] != result["expected"]:
-        print(
-            f"warning: {label}: {result['events']:,} events delivered, "
-            f"{result['expected']:,} expected",
-            file=sys.stderr,
-        )
+        print(f"warning: {label}: {result['events']:,} events delivered, "
+              f"{result['expected']:,} expected", file=sys.stderr)
 
 
-async def throughput(
-    mind: MindServer, raw: RawServer, n: int, count: int, rounds: int
-) -> dict[str, Any]:
-    ours = await connect_mind(mind, n)
-    base = await connect_raw(raw, n)
-    for s in (*ours.subs, *base.subs):
-        s.read_pause = READ_PAUSE_S[n]
+async def _sides(mind: MindServer, raw: RawServer, n: int, procs: int) -> tuple[Side, Side]:
+    pause = READ_PAUSE_S[n]
+    return (await connect_mind(mind, n, procs, pause), await connect_raw(raw, n, procs, pause))
+
+
+async def throughput(mind: MindServer, raw: RawServer, n: int, count: int,
+                     rounds: int) -> dict[str, Any]:
+    procs = PROCS[n]
+    ours, base = await _sides(mind, raw, n, procs)
     try:
-        warm = await stream(ours, min(count, 500))  # loads the actor, sizes the frames
-        size = round(warm["frame_bytes"])
-        await stream(base, min(count, 500), size=size)
+        while True:  # warm-up; spread the load further while a load process saturates
+            warm = await chat_round(ours, max(200, count // 4))
+            size = round(warm["frame_bytes"])
+            bwarm = await chat_round(base, max(200, count // 4), size=size)
+            busiest = max(warm["load_max"], bwarm["load_max"])
+            if busiest < SATURATED or procs >= min(MAX_PROCS, n):
+                break
+            print(f"fan-out to {n}: a load process at {busiest:.0%} with {procs} processes; "
+                  f"spreading over {procs * 2}", file=sys.stderr)
+            await ours.close()
+            await base.close()
+            procs *= 2
+            ours, base = await _sides(mind, raw, n, procs)
         runs: dict[str, list[dict[str, Any]]] = {"halfpi": [], "raw": []}
         for index in range(rounds):  # alternate the order so drift hits both sides
-            order = (ours, base) if index % 2 == 0 else (base, ours)
-            for side in order:
-                result = await stream(side, count, size=size)
+            for side in (ours, base) if index % 2 == 0 else (base, ours):
+                result = await chat_round(side, count, size=size)
                 _check(result, f"{side.name} n={n}")
                 runs[side.name].append(result)
     finally:
         await ours.close()
         await base.close()
-    return {"n": n, "count": count, "size": size, **runs}
+    return {"n": n, "count": count, "size": size, "procs": procs, **runs}
 
 
 async def paced_mind(tmp: Path, n: int) -> tuple[MindServer, float]:
-    """A Mind whose scripted agent streams about LATENCY_RATE deltas/s to
-    ``n`` subscribers. The agent sleeps *between* deltas and the event loop's
-    timers wake at whole milliseconds, so the period is the sleep rounded up
-    plus the fan-out work: start at 5 ms and correct the sleep by the measured
-    error until the rate is within -3 %..+10 % of the target (at most four
-    Mind starts; else the closest one)."""
+    """A Mind whose scripted agent streams about LATENCY_RATE deltas/s to ``n``
+    subscribers: the agent sleeps *between* deltas and the loop's timers wake
+    on whole milliseconds, so start at 5 ms and correct the sleep by the
+    measured error until the rate is within -3 %..+10 % (at most four Mind
+    starts; else the closest)."""
     pace = LATENCY_PACE_MS
     target_ms = 1000 / LATENCY_RATE
-    tried: list[tuple[float, float]] = []  # (|error|, pace)
+    tried: list[tuple[float, float]] = []
     for attempt in range(4):
         mind = MindServer(tmp / f"mind-paced-{attempt}", delta_ms=pace).start()
-        side = await connect_mind(mind, n)
+        side = await connect_mind(mind, n, LATENCY_PROCS, 0.0)
         try:
-            await stream(side, 20, stamp=True)
-            probe = await stream(side, 200, stamp=True)
+            await chat_round(side, 20, stamp=True)
+            probe = await chat_round(side, 200, stamp=True)
         finally:
             await side.close()
-        period_ms = probe["seconds"] * 1000 / 199
+        period_ms = probe["stream_s"] * 1000 / 199
         if target_ms / 1.10 <= period_ms <= target_ms * 1.03:
             return mind, pace
         await stop_all(mind)
@@ -240,198 +235,131 @@ async def paced_mind(tmp: Path, n: int) -> tuple[MindServer, float]:
     return MindServer(tmp / "mind-paced", delta_ms=pace).start(), pace
 
 
-async def latency(
-    mind: MindServer, pace_ms: float, raw: RawServer, n: int, count: int, rounds: int
-) -> dict[str, Any]:
-    ours = await connect_mind(mind, n)
-    base = await connect_raw(raw, n)
+async def latency(mind: MindServer, pace_ms: float, raw: RawServer, n: int, count: int,
+                  rounds: int) -> dict[str, Any]:
+    ours = await connect_mind(mind, n, LATENCY_PROCS, 0.0)
+    base = await connect_raw(raw, n, LATENCY_PROCS, 0.0)
     runs: dict[str, list[dict[str, Any]]] = {"halfpi": [], "raw": []}
     try:
-        warm = await stream(ours, 20, stamp=True)
+        warm = await chat_round(ours, 20, stamp=True)
         size = round(warm["frame_bytes"])
-        for _ in range(rounds):
-            result = await stream(ours, count, stamp=True)
-            _check(result, "halfpi latency")
-            runs["halfpi"].append(result)
-            # The baseline runs at the rate the Mind achieved, on a fixed schedule.
-            period_ms = result["seconds"] * 1000 / max(1, count - 1)
-            runs["raw"].append(
-                await stream(base, count, size=size, stamp=True, period_ms=period_ms)
-            )
+        period_ms = 1000 / LATENCY_RATE
+        for index in range(rounds):
+            for side in (ours, base) if index % 2 == 0 else (base, ours):
+                result = await chat_round(side, count, size=size, stamp=True,
+                                          period_ms=period_ms)
+                _check(result, f"{side.name} latency")
+                runs[side.name].append(result)
+                if side is ours:  # the baseline follows the rate the Mind achieved
+                    period_ms = result["stream_s"] * 1000 / max(1, count - 1)
     finally:
         await ours.close()
         await base.close()
     return {"n": n, "count": count, "size": size, "pace_ms": pace_ms, **runs}
 
 
-def _med(runs: list[dict[str, Any]], key: str) -> float:
-    return median([r[key] for r in runs])
-
-
-def _cpu(run: dict[str, Any]) -> str:
-    return f"{run['server_util']:.0%}/{run['load_util']:.0%}"
-
-
 async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
-    raise_nofile(4096)
+    raise_nofile(8192)
     deltas = {n: max(200, int(c * args.scale)) for n, c in DELTAS.items()}
+    sizes = [n for n in (1, 10, 100) if n in args.faces]
     with workdir("halfpi-fanout-") as tmp:
         mind = MindServer(tmp / "mind-fast", delta_ms=0).start()
-        raw = RawServer(tmp / "raw").start()
+        raw = RawServer(tmp / "raw", durable=True).start()
+        lat = None
         try:
-            results = [await throughput(mind, raw, n, deltas[n], args.rounds) for n in (1, 10, 100)]
+            results = [await throughput(mind, raw, n, deltas[n], args.rounds) for n in sizes]
             await stop_all(mind)
-            paced, pace_ms = await paced_mind(tmp, LATENCY_SUBSCRIBERS)
-            try:
-                lat = await latency(
-                    paced,
-                    pace_ms,
-                    raw,
-                    LATENCY_SUBSCRIBERS,
-                    max(200, int(LATENCY_DELTAS * args.scale)),
-                    LATENCY_ROUNDS,
-                )
-            finally:
-                await stop_all(paced)
+            if not args.no_latency:
+                paced, pace_ms = await paced_mind(tmp, LATENCY_SUBSCRIBERS)
+                try:
+                    lat = await latency(paced, pace_ms, raw, LATENCY_SUBSCRIBERS,
+                                        max(200, int(LATENCY_DELTAS * args.scale)), args.rounds)
+                finally:
+                    await stop_all(paced)
         finally:
             await stop_all(mind, raw)
     return report(results, lat, args.rounds)
 
 
-def report(results: list[dict[str, Any]], lat: dict[str, Any], rounds: int) -> list[dict[str, Any]]:
+def _pct(x: float) -> str:
+    return f"{x:.0%}"
+
+
+def report(results: list[dict[str, Any]], lat: dict[str, Any] | None,
+           rounds: int) -> list[dict[str, Any]]:
     rows = []
     summary = []
     for r in results:
         ours, base = r["halfpi"], r["raw"]
-        top, btop = best(ours, "events_per_s"), best(base, "events_per_s")
-        ratio = top["events_per_s"] / btop["events_per_s"]
-        median_ratio = _med(ours, "events_per_s") / _med(base, "events_per_s")
-        rows.append(
-            [
-                r["n"],
-                f"{r['count']:,}x{r['size']}B",
-                top["events_per_s"],
-                top["frames_per_s"],
-                spread([x["events_per_s"] for x in ours]),
-                btop["events_per_s"],
-                spread([x["events_per_s"] for x in base]),
-                ratio,
-                median_ratio,
-                _cpu(top),
-                top["saturated"],
-                _cpu(btop),
-                btop["saturated"],
-                f"{top['others_util']:.0%}/{btop['others_util']:.0%}",
-            ]
-        )
-        summary.append(
-            summary_row(
-                "fanout",
-                f"fan-out to {r['n']} Faces",
-                "events/s",
-                top["events_per_s"],
-                btop["events_per_s"],
-                target="≥ 0.5x raw",
-                met=ratio >= 0.5,
-                note=f"median ratio {median_ratio:.2f}; saturated: {top['saturated']} "
-                f"(raw: {btop['saturated']})",
-            )
-        )
-    print(
-        table(
-            [
-                "Faces",
-                "deltas x frame",
-                "halfpi ev/s",
-                "fr/s",
-                "spread",
-                "raw ev/s",
-                "spread",
-                "ratio",
-                "med. ratio",
-                "halfpi srv/load",
-                "sat.",
-                "raw srv/load",
-                "sat.",
-                "rest",
-            ],
-            rows,
-            f"Fan-out throughput (best of {rounds} rounds; srv/load = CPU of the server "
-            f"and of the load process as a share of one core; rest = CPU the rest of the "
-            f"machine used)",
-        )
-    )
-    ours, base = best(lat["halfpi"], "p99_ms", lowest=True), best(lat["raw"], "p99_ms", lowest=True)
-    print()
-    print(
-        table(
-            [
-                "",
-                "deliveries/s",
-                "p50 ms",
-                "p99 ms",
-                "p99 spread",
-                "max ms",
-                "samples",
-                "srv/load",
-                "sat.",
-                "rest",
-            ],
-            [
-                [
-                    side,
-                    x["events_per_s"],
-                    x["p50_ms"],
-                    x["p99_ms"],
-                    spread([y["p99_ms"] for y in lat[key]]),
-                    x["max_ms"],
-                    x["samples"],
-                    _cpu(x),
-                    x["saturated"],
-                    f"{x['others_util']:.0%}",
-                ]
-                for side, key, x in (("halfpi", "halfpi", ours), ("raw broadcast", "raw", base))
-            ],
-            f"Delivery latency: {lat['n']} Faces, {lat['count']:,} stamped deltas per round, "
-            f"round with the lowest p99 of {len(lat['halfpi'])}, {lat['size']}-byte frames "
+        for side, runs in (("halfpi", ours), ("raw", base)):
+            for i, x in enumerate(runs):
+                rows.append([
+                    f"{r['n']} Faces, {side} #{i + 1}", x["chat_eps"], x["stream_eps"],
+                    x["chat_s"], x["coalesced"], _pct(x["server_util"]), _pct(x["load_util"]),
+                    _pct(x["load_max"]), x["saturated"], _pct(x["others_util"]),
+                ])
+        label = f"{r['n']} Face{'s' if r['n'] > 1 else ''}"
+        procs = f"{r['procs']} load process{'es' if r['procs'] > 1 else ''}"
+        for key, what in (("chat_eps", "whole chat"), ("stream_eps", "delta stream")):
+            summary.append(figure(
+                "fanout", f"fan-out to {label}, {what}", "events/s", ours, base, key,
+                target="≥ 0.5x raw" if key == "chat_eps" else "",
+                judge=(lambda _m, ratio: None if ratio is None else ratio >= 0.5)
+                if key == "chat_eps" else None,
+                note=f"{r['count']:,} deltas x {r['size']} B per round; {procs}"
+                + (f"; coalesced frames {sum(x['coalesced'] for x in ours)}"
+                   if any(x["coalesced"] for x in ours) else ""),
+            ))
+    print(table(
+        ["round", "whole chat ev/s", "stream ev/s", "chat s", "coalesced", "server CPU",
+         "load CPU", "busiest load", "saturated", "rest"],
+        rows,
+        f"Fan-out rounds, in the order run within each size (CPU: share of one core; "
+        f"load = all load processes and the driver; rest = the rest of the machine); "
+        f"{rounds} rounds per side",
+    ))
+    if lat is not None:
+        lrows = []
+        for side in ("halfpi", "raw"):
+            for i, x in enumerate(lat[side]):
+                lrows.append([f"{side} #{i + 1}", x["rate"] * lat["n"], x["p50_ms"], x["p99_ms"],
+                              x["max_ms"], x["samples"], _pct(x["server_util"]),
+                              _pct(x["load_util"]), x["saturated"], _pct(x["others_util"])])
+        print()
+        print(table(
+            ["round", "deliveries/s", "p50 ms", "p99 ms", "max ms", "samples", "server CPU",
+             "load CPU", "saturated", "rest"],
+            lrows,
+            f"Delivery latency: {lat['n']} Faces over {LATENCY_PROCS} load processes, "
+            f"{lat['count']:,} stamped deltas per round, {lat['size']}-byte frames "
             f"(HALFPI_SCRIPTED_DELTA_MS={lat['pace_ms']:.2f})",
-        )
-    )
-    summary.append(
-        summary_row(
-            "fanout",
-            f"delta latency p50 @ {lat['n']} Faces",
-            "ms",
-            ours["p50_ms"],
-            base["p50_ms"],
-            note=f"{ours['events_per_s']:,.0f} deliveries/s",
-        )
-    )
-    summary.append(
-        summary_row(
-            "fanout",
-            f"delta latency p99 @ {lat['n']} Faces",
-            "ms",
-            ours["p99_ms"],
-            base["p99_ms"],
-            target="< 5 ms",
-            met=ours["p99_ms"] < 5.0,
-            note=f"{ours['events_per_s']:,.0f} deliveries/s; p99 of rounds "
-            f"{spread([y['p99_ms'] for y in lat['halfpi']])}",
-        )
-    )
+        ))
+        rate = sum(x["rate"] for x in lat["halfpi"]) / len(lat["halfpi"]) * lat["n"]
+        for key, what in (("p50_ms", "p50"), ("p99_ms", "p99")):
+            summary.append(figure(
+                "fanout", f"delta latency {what} @ {lat['n']} Faces", "ms",
+                lat["halfpi"], lat["raw"], key, lower_is_better=True,
+                target=f"< {P99_TARGET_MS:g} ms" if key == "p99_ms" else "",
+                judge=(lambda m, _r: m < P99_TARGET_MS) if key == "p99_ms" else None,
+                note=f"{rate:,.0f} deliveries/s",
+            ))
     print()
-    print(summary_table(summary, "Fan-out summary"))
+    print(summary_table(summary, "Fan-out summary (medians; ratio = median of per-round "
+                                 "ratios, halfpi / baseline)"))
     return summary
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3, help="measured rounds per size")
-    parser.add_argument("--quick", action="store_true", help="a third of the work")
+    parser.add_argument("--rounds", type=int, default=5, help="measured rounds per side")
+    parser.add_argument("--quick", action="store_true", help="a third of the work, 3 rounds")
+    parser.add_argument("--faces", type=int, nargs="+", default=[1, 10, 100])
+    parser.add_argument("--no-latency", action="store_true")
     parser.add_argument("--json", help="write the summary rows to this file")
     args = parser.parse_args()
     args.scale = 1 / 3 if args.quick else 1.0
+    if args.quick:
+        args.rounds = min(args.rounds, 3)
     rows = asyncio.run(main_async(args))
     write_json(args.json, rows, {"bench": "fanout"})
 

@@ -1,8 +1,10 @@
-"""Memory per idle connection: a Mind holding 1,000 Faces that completed face.hello.
+"""Memory: per idle connection, per conversation, per subscribed conversation.
 
-For each server (a Mind, then the baseline: a plain ``websockets`` server that
-answers a hello of the same size with a reply the size of ``face.welcome``
-and keeps the connection open), in a fresh process:
+Per idle connection, for each server (a Mind; the raw baseline
+``_raw_server.py``, the leanest server of the same process model; and a
+default ``websockets.asyncio.server``, what a typical Python WebSocket
+server holds), each answering a hello of the same size with a reply the
+size of ``face.welcome`` and keeping the connection, in a fresh process:
 
 1. open 50 warm-up connections (so code paths and allocator pools exist);
 2. read VmRSS from ``/proc/<pid>/status`` (before);
@@ -11,6 +13,15 @@ and keeps the connection open), in a fresh process:
 
 and report ``(after - before) / 1000`` in KiB. RLIMIT_NOFILE is raised for
 this process and the servers it starts.
+
+Per conversation, in a fresh Mind: one Face creates 50 conversations
+(warm-up), then 1,000 more (``face.conversation.create``); per subscribed
+conversation: the same Face then subscribes to those 1,000 (which loads one
+actor and one journal window each, and a subscription); then runs one
+one-word chat in each (4 events in each journal window). Conversation state
+is never unloaded while the Mind runs (an actor stays loaded for the life of
+the process), so these grow with every conversation ever touched. No
+baseline: a raw server has no conversations.
 
     python benchmarks/memory.py [--connections N] [--rounds R] [--json PATH]
 """
@@ -28,12 +39,13 @@ from _bench import (
     MindServer,
     RawServer,
     Server,
+    WsServer,
+    figure,
     median,
     raise_nofile,
     rss_kib,
     spread,
     stop_all,
-    summary_row,
     summary_table,
     table,
     workdir,
@@ -42,9 +54,13 @@ from _bench import (
 from _client import (
     HELLO_CLIENT,
     WsClient,
+    chat_to_end,
     close_all,
+    create_conversation,
     face,
+    is_reply,
     many,
+    rid,
 )
 
 WARM = 50
@@ -98,66 +114,103 @@ async def one_round(tmp: Path, index: int, n: int, sizes: dict[str, int]) -> dic
     finally:
         await stop_all(mind)
 
-    raw = RawServer(tmp / f"raw-{index}").start()
+    pad = "p" * max(0, sizes["hello"] - 50)
+    out = {"halfpi": ours}
+    for name, server in (("raw", RawServer(tmp / f"raw-{index}")),
+                         ("websockets", WsServer(tmp / f"ws-{index}"))):
+        server.start()
+        try:
+
+            async def raw_hello(url: str = server.url) -> WsClient:
+                client = await WsClient.connect(url)
+                client.send_json({"cmd": "hello", "reply_size": sizes["welcome"], "pad": pad})
+                await client.expect(lambda m: m["type"] == "face.welcome")
+                return client
+
+            out[name] = await measure(server, raw_hello, n)
+        finally:
+            await stop_all(server)
+    return out
+
+
+async def conversations(tmp: Path, index: int, m: int) -> dict[str, Any]:
+    """RSS per created conversation, then per subscribed one, in a fresh Mind."""
+    mind = MindServer(tmp / f"mind-conv-{index}", delta_ms=0).start()
     try:
-        pad = "p" * max(0, sizes["hello"] - 50)
-
-        async def raw_hello() -> WsClient:
-            client = await WsClient.connect(raw.url)
-            client.send_json({"cmd": "hello", "reply_size": sizes["welcome"], "pad": pad})
-            await client.expect(lambda m: m["type"] == "face.welcome")
-            return client
-
-        base = await measure(raw, raw_hello, n)
+        client = await face(mind.url, mind.token)
+        for i in range(WARM):
+            await create_conversation(client, f"warm-{i}")
+        before = await settled_rss(mind.pid)
+        ids = [await create_conversation(client, f"c-{i}") for i in range(m)]
+        created = await settled_rss(mind.pid)
+        for start in range(0, m, 100):
+            request_id = rid("sub")
+            client.send("face.subscribe", {"request_id": request_id,
+                                           "conversation_ids": ids[start:start + 100]})
+            reply = await client.expect(is_reply(request_id, "face.accepted", "face.error"), 60)
+            if reply["type"] != "face.accepted":
+                raise RuntimeError(f"subscribe failed: {reply}")
+        subscribed = await settled_rss(mind.pid)
+        for cid in ids:  # one short chat each: 4 events in each journal window
+            await chat_to_end(client, cid, "hello")
+        chatted = await settled_rss(mind.pid)
+        await close_all([client])
     finally:
-        await stop_all(raw)
-    return {"halfpi": ours, "raw": base}
+        await stop_all(mind)
+    return {"created_kib": (created - before) / m, "subscribed_kib": (subscribed - created) / m,
+            "chatted_kib": (chatted - subscribed) / m}
 
 
 async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
     raise_nofile(args.connections * 2 + 1024)
     sizes: dict[str, int] = {}
     rounds = []
+    convs = []
     with workdir("halfpi-memory-") as tmp:
         for index in range(args.rounds):
             rounds.append(await one_round(tmp, index, args.connections, sizes))
-    return report(rounds, args.connections, sizes)
+            convs.append(await conversations(tmp, index, args.conversations))
+    return report(rounds, convs, args, sizes)
 
 
-def report(rounds: list[dict[str, Any]], n: int, sizes: dict[str, int]) -> list[dict[str, Any]]:
+def report(rounds: list[dict[str, Any]], convs: list[dict[str, Any]], args: argparse.Namespace,
+           sizes: dict[str, int]) -> list[dict[str, Any]]:
+    n = args.connections
     rows = []
-    per: dict[str, float] = {}
-    for side, label in (("halfpi", "halfpi Mind"), ("raw", "raw websockets server")):
+    for side, label in (("halfpi", "halfpi Mind"), ("raw", "raw (lean Protocol) server"),
+                        ("websockets", "websockets.asyncio.server, defaults")):
         runs = [r[side] for r in rounds]
-        per[side] = median([r["per_conn_kib"] for r in runs])
-        rows.append(
-            [
-                label,
-                median([r["before_kib"] for r in runs]) / 1024,
-                median([r["after_kib"] for r in runs]) / 1024,
-                per[side],
-                spread([r["per_conn_kib"] for r in runs]),
-            ]
-        )
-    print(
-        table(
-            ["server", "RSS before MiB", "RSS after MiB", "KiB/connection", "spread"],
-            rows,
-            f"Memory per idle connection ({n:,} connections after face.hello, median of "
-            f"{len(rounds)}; hello {sizes['hello']} B, welcome {sizes['welcome']} B)",
-        )
-    )
+        rows.append([label, median([r["before_kib"] for r in runs]) / 1024,
+                     median([r["after_kib"] for r in runs]) / 1024,
+                     median([r["per_conn_kib"] for r in runs]),
+                     spread([r["per_conn_kib"] for r in runs])])
+    for key, label in (("created_kib", "halfpi, per created conversation"),
+                       ("subscribed_kib", "halfpi, per subscribed conversation"),
+                       ("chatted_kib", "halfpi, per conversation's first chat")):
+        rows.append([label, "", "", median([c[key] for c in convs]),
+                     spread([c[key] for c in convs])])
+    print(table(
+        ["server", "RSS before MiB", "RSS after MiB", "KiB each", "spread"],
+        rows,
+        f"Memory ({n:,} connections after hello, {args.conversations:,} conversations; median "
+        f"of {len(rounds)}; hello {sizes['hello']} B, welcome {sizes['welcome']} B)",
+    ))
+    ws = median([r["websockets"]["per_conn_kib"] for r in rounds])
     summary = [
-        summary_row(
-            "memory",
-            f"RSS per idle connection ({n:,})",
-            "KiB",
-            per["halfpi"],
-            per["raw"],
-            target=f"≤ {TARGET_KIB:g} KiB",
-            met=per["halfpi"] <= TARGET_KIB,
-            note="baseline: websockets.asyncio.server, default settings",
-        )
+        figure("memory", f"RSS per idle connection ({n:,})", "KiB",
+               [r["halfpi"] for r in rounds], [r["raw"] for r in rounds], "per_conn_kib",
+               lower_is_better=True, target=f"≤ {TARGET_KIB:g} KiB",
+               judge=lambda m, _r: m <= TARGET_KIB,
+               note=f"baseline: the lean raw server; websockets.asyncio.server {ws:.1f} KiB"),
+        figure("memory", f"RSS per conversation created ({args.conversations:,})", "KiB",
+               convs, None, "created_kib", lower_is_better=True,
+               note="never freed while the Mind runs"),
+        figure("memory", f"RSS per subscribed conversation ({args.conversations:,})", "KiB",
+               convs, None, "subscribed_kib", lower_is_better=True,
+               note="actor + journal window + subscription; actors are never unloaded"),
+        figure("memory", "RSS per conversation's first chat", "KiB",
+               convs, None, "chatted_kib", lower_is_better=True,
+               note="a one-word chat: 4 events kept in the journal window, request record"),
     ]
     print()
     print(summary_table(summary, "Memory summary"))
@@ -167,6 +220,7 @@ def report(rounds: list[dict[str, Any]], n: int, sizes: dict[str, int]) -> list[
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--connections", type=int, default=1000)
+    parser.add_argument("--conversations", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="one round")
     parser.add_argument("--json", help="write the summary rows to this file")

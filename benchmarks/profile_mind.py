@@ -55,23 +55,22 @@ async def drive(mind: MindServer, load: str, seconds: float) -> str:
     if load == "resume":
         prep = await resume.prepare(mind)
         while time.perf_counter() < deadline:
-            await resume.resume_once(mind, prep)
+            await resume.resume_lean(mind, prep, decode=False)
             done += 1
         return f"{done} resumes of {resume.MISSED:,} events"
     n = {"fanout1": 1, "fanout100": 100, "latency": 100}[load]
-    side = await fanout.connect_mind(mind, n)
-    for s in side.subs:
-        s.read_pause = 0.0 if load == "latency" else fanout.READ_PAUSE_S[n]
+    pause = 0.0 if load == "latency" else fanout.READ_PAUSE_S[n]
+    side = await fanout.connect_mind(mind, n, fanout.PROCS[n], pause)
     count = {"fanout1": 20_000, "fanout100": 1_000, "latency": 400}[load]
     events = 0
     try:
         while time.perf_counter() < deadline:
-            result = await fanout.stream(side, count, stamp=load == "latency")
+            result = await fanout.chat_round(side, count, stamp=load == "latency")
             events += result["events"]
             done += 1
     finally:
         await side.close()
-    return f"{done} streams, {events:,} deliveries to {n} Faces"
+    return f"{done} chats, {events:,} deliveries to {n} Faces"
 
 
 def print_cprofile(path: Path, top: int) -> None:

@@ -48,7 +48,7 @@ class HandSession:
         self.closed = False
         self.bound = False  # counted against the principal's connection cap
         self.invalid = 0
-        mind.sessions.add(self)
+        mind.add_session(self)
 
     # transport callbacks -------------------------------------------------------
 
@@ -149,25 +149,35 @@ class HandSession:
         self._cleanup()
 
     def _cleanup(self) -> None:
-        self.mind.sessions.discard(self)
+        self.mind.remove_session(self)
         if self.bound and self.principal_id is not None:
             self.bound = False
             self.mind.unbind(self.principal_id)
         if self.hand_id:
             self.mind.hands.disconnect(self)
 
-    def tick(self, now: float) -> None:
-        """The Faces' liveness rule (``FaceSession.tick``); time is passed in."""
+    def tick(self, now: float) -> float | None:
+        """The Faces' liveness rule (``FaceSession.tick``); time is passed in.
+        Returns the next deadline, None once closed."""
         if self.closed:
-            return
+            return None
         config = self.mind.config
-        idle = now - self.last_inbound
-        if self.paused and now - self.paused_at >= config.dead_after_s:
+        blocked_at = self.paused_at + config.dead_after_s if self.paused else float("inf")
+        hello_by = self.connected_at + config.hello_timeout_s
+        dead_at = self.last_inbound + config.dead_after_s
+        if now >= blocked_at:
             self.close(CloseCode.SLOW_CONSUMER, "slow consumer: it does not read")
-        elif self.hand_id is None and now - self.connected_at >= config.hello_timeout_s:
+            return None
+        if self.hand_id is None and now >= hello_by:
             self.close(CloseCode.HELLO_TIMEOUT, "no hello in time")
-        elif idle >= config.dead_after_s:
+            return None
+        if now >= dead_at:
             self.close(CloseCode.GOING_AWAY, "no traffic: connection presumed dead")
-        elif idle >= config.heartbeat_s and now - self.last_wire_ping >= config.heartbeat_s:
+            return None
+        ping_at = max(self.last_inbound, self.last_wire_ping) + config.heartbeat_s
+        if now >= ping_at:
             self.last_wire_ping = now
             self.transport.ping()
+            ping_at = now + config.heartbeat_s
+        nxt = min(dead_at, ping_at, blocked_at)
+        return min(nxt, hello_by) if self.hand_id is None else nxt

@@ -100,7 +100,7 @@ class FaceSession:
         self._inbox: deque[bytes] = deque()
         self._worker: asyncio.Task[None] | None = None
         self.invalid_streak = 0
-        mind.sessions.add(self)
+        mind.add_session(self)
 
     # -- outbound (I7) -----------------------------------------------------------
 
@@ -474,8 +474,12 @@ class FaceSession:
 
     # -- liveness and closing ------------------------------------------------------
 
-    def tick(self, now: float) -> None:
-        """Called by the Mind's maintenance loop; time is passed in.
+    def tick(self, now: float) -> float | None:
+        """Called by the Mind's maintenance loop when this session's deadline
+        came; time is passed in. Returns the next deadline (None once closed):
+        traffic only moves deadlines later, so one computed now is never late,
+        and every open session has one within a heartbeat, so a pause that
+        starts after it was computed is still seen in time.
 
         Liveness (docs/protocol.md §11): a connection idle for a heartbeat
         gets a WebSocket ping, which every client library answers by itself;
@@ -484,28 +488,42 @@ class FaceSession:
         whatever it sends: a peer that does not read is not alive for us.
         """
         if self.closed:
-            return
+            return None
         config = self.mind.config
         if self.paused and now - self.paused_at >= config.dead_after_s:
             if self.state == "awaiting_hello":
                 self.close(CloseCode.SLOW_CONSUMER, "slow consumer: it does not read")
             else:
                 self.evict()
-            return
+            return None
         if self.state == "awaiting_hello":
-            if self.hello_at is None and now - self.connected_at >= config.hello_timeout_s:
+            hello_by = self.connected_at + config.hello_timeout_s
+            if self.hello_at is not None:
+                # The hello is being checked (a throttled one waits its turn).
+                return self._blocked_deadline(now + config.heartbeat_s)
+            if now >= hello_by:
                 self.close(CloseCode.HELLO_TIMEOUT, "no hello in time")
-            return
-        idle = now - self.last_inbound
-        if idle >= config.dead_after_s:
+                return None
+            return self._blocked_deadline(hello_by)
+        dead_at = self.last_inbound + config.dead_after_s
+        if now >= dead_at:
             self.close(CloseCode.GOING_AWAY, "no traffic: connection presumed dead")
-            return
-        if idle >= config.heartbeat_s and now - self.last_wire_ping >= config.heartbeat_s:
+            return None
+        ping_at = max(self.last_inbound, self.last_wire_ping) + config.heartbeat_s
+        if now >= ping_at:
             self.last_wire_ping = now
             self.transport.ping()
-        if now - self.last_ping >= config.heartbeat_s:
+            ping_at = now + config.heartbeat_s
+        if now >= self.last_ping + config.heartbeat_s:
             self.last_ping = now
             self.send_reliable("face.ping", {"ts": now})
+        return self._blocked_deadline(min(dead_at, ping_at, self.last_ping + config.heartbeat_s))
+
+    def _blocked_deadline(self, deadline: float) -> float:
+        """``deadline``, or earlier if blocked writes would close this first."""
+        if self.paused:
+            return min(deadline, self.paused_at + self.mind.config.dead_after_s)
+        return deadline
 
     def close(self, code: int, reason: str) -> None:
         """Close after writing what is already queued, so the ``face.error``
@@ -532,7 +550,7 @@ class FaceSession:
         for conversation_id in list(self.subscriptions):
             self._drop_subscription(conversation_id)
         self.mind.detach(self)
-        self.mind.sessions.discard(self)
+        self.mind.remove_session(self)
         if self.bound and self.principal_id is not None:
             self.bound = False
             self.mind.unbind(self.principal_id)

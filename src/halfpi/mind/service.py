@@ -20,6 +20,7 @@ from halfpi.core.policy import parse_rule
 from halfpi.core.requests import RequestRecord, Tombstone
 from halfpi.core.scopes import scopes_for
 from halfpi.core.throttle import HandshakeThrottle
+from halfpi.core.timers import Deadlines
 from halfpi.errors import CloseCode, ErrorCode, NotFound, RateLimited
 from halfpi.hand.node import HandNode
 from halfpi.hand.policy import HandPolicy
@@ -54,7 +55,7 @@ class Session(Protocol):
 
     def close(self, code: int, reason: str) -> None: ...
 
-    def tick(self, now: float) -> None: ...
+    def tick(self, now: float) -> float | None: ...
 
 
 class Mind:
@@ -85,6 +86,9 @@ class Mind:
         self.local_hand: HandNode | None = None
         self._local_hand_task: asyncio.Task[bool] | None = None
         self.sessions: set[Session] = set()
+        # When each session next needs a maintenance visit (hello timeout,
+        # heartbeat, presumed dead): an idle connection costs nothing per round.
+        self.session_deadlines: Deadlines[Session] = Deadlines()
         self.draining = False
         self._actors: dict[str, ConversationActor] = {}
         self._loading: dict[str, asyncio.Future[ConversationActor]] = {}
@@ -406,6 +410,29 @@ class Mind:
 
     # -- maintenance -------------------------------------------------------------
 
+    def add_session(self, session: Session) -> None:
+        """A new connection: the next maintenance round asks it for its deadline."""
+        self.sessions.add(session)
+        self.session_deadlines.set(session, float("-inf"))
+
+    def remove_session(self, session: Session) -> None:
+        self.sessions.discard(session)
+        self.session_deadlines.discard(session)
+
+    def tick_sessions(self, now: float) -> int:
+        """Visit the sessions whose deadline came (time passed in); each does
+        what is due and names its next deadline. Returns how many were visited."""
+        due = self.session_deadlines.pop_due(now)
+        for session in due:
+            try:
+                at = session.tick(now)
+            except Exception:  # one broken session must not stop the others
+                log.exception("session maintenance failed")
+                at = now + 1.0
+            if at is not None and session in self.sessions:
+                self.session_deadlines.set(session, at)
+        return len(due)
+
     async def _maintain(self) -> None:
         period = self.config.credential_poll_s
         last_prune = 0.0
@@ -414,8 +441,7 @@ class Mind:
             now = self.now()
             try:
                 await self.refresh_credentials()
-                for session in list(self.sessions):
-                    session.tick(now)
+                self.tick_sessions(now)
                 if now - last_prune > 60.0:
                     last_prune = now
                     await self.store.prune_requests(now, self.config.requests)

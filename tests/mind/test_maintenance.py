@@ -180,3 +180,41 @@ async def test_a_session_closed_by_its_peer_leaves_the_schedule(
     assert session not in m.session_deadlines
     clock.now += m.config.heartbeat_s
     assert m.tick_sessions(clock.now) == 0
+
+
+async def test_an_idle_face_gets_a_websocket_ping_each_heartbeat_from_the_schedule(
+    mind: tuple[Mind, Clock],
+) -> None:
+    m, clock = mind
+    _, wire = await open_session(m)
+    m.tick_sessions(clock.now)
+    heartbeat = m.config.heartbeat_s
+    clock.now = T0 + heartbeat - 0.01
+    m.tick_sessions(clock.now)
+    assert wire.pings == 0
+    for beat in (1, 2):
+        clock.now = T0 + beat * heartbeat
+        m.tick_sessions(clock.now)
+        assert wire.pings == beat
+
+
+async def test_writes_blocked_for_dead_after_evict_at_that_moment_not_later(
+    mind: tuple[Mind, Clock],
+) -> None:
+    m, clock = mind
+    session, wire = await open_session(m)
+    m.tick_sessions(clock.now)
+    clock.now = T0 + 1.0
+    session.pause_writing()  # the peer stopped reading after the deadline was computed
+    blocked_until = T0 + 1.0 + m.config.dead_after_s
+    talk_every = m.config.heartbeat_s / 2
+    while clock.now < blocked_until - 0.25:
+        clock.now += 0.25
+        if clock.now - session.last_inbound >= talk_every:
+            session.on_traffic()  # pings from the peer keep it "alive" but do not unblock
+        m.tick_sessions(clock.now)
+    assert wire.closed_with is None
+    clock.now = blocked_until
+    m.tick_sessions(clock.now)
+    assert wire.closed_with == CloseCode.SLOW_CONSUMER
+    assert wire.of_type("face.evicted")

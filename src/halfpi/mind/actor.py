@@ -183,7 +183,7 @@ class ConversationActor:
         cursor = self.cursor(seq)
         message = self._event_message(type_, data, now, seq, cursor)
         if summary is not None:
-            message.summary = self._event_message(type_, summary, now, seq, cursor)
+            message.with_summary(self._event_message(type_, summary, now, seq, cursor))
         return message, StoredEvent(self.id, seq, type_, _encode(data), now)
 
     def _event_message(

@@ -20,6 +20,7 @@ Tree::
     ├── ApprovalExpired               approval_expired no
     └── InternalError                 internal_error  yes
         └── StoreError                (a backend failed; mapped to internal_error)
+            └── TerminalExists        no: a run already has its outcome (I10)
 """
 
 from __future__ import annotations
@@ -132,6 +133,14 @@ class InternalError(HalfpiError):
 
 class StoreError(InternalError):
     """A Store backend failed. The Face sees ``internal_error``."""
+
+
+class TerminalExists(StoreError):
+    """The Store refused a second terminal outcome for one run (a chat, tool
+    call, approval or tool run): the first one stands (I10, DESIGN §12).
+    Not retryable: the caller converges on the outcome that stands."""
+
+    retryable = False
 
 
 class IllegalTransition(InternalError):

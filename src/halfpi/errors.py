@@ -18,6 +18,7 @@ Tree::
     ├── TooLarge                      too_large       no
     ├── Unavailable                   unavailable     yes
     ├── ApprovalExpired               approval_expired no
+    ├── HomeInUse                     unavailable     no (another Mind holds the home)
     └── InternalError                 internal_error  yes
         └── StoreError                (a backend failed; mapped to internal_error)
             └── TerminalExists        no: a run already has its outcome (I10)
@@ -124,6 +125,12 @@ class Unavailable(HalfpiError):
 
 class ApprovalExpired(HalfpiError):
     code = ErrorCode.APPROVAL_EXPIRED
+
+
+class HomeInUse(HalfpiError):
+    """Another Mind holds this home's lock (DESIGN §12): one line, exit."""
+
+    code = ErrorCode.UNAVAILABLE
 
 
 class InternalError(HalfpiError):

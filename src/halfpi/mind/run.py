@@ -15,6 +15,7 @@ from halfpi.agents.scripted import ScriptedAgent
 from halfpi.config import Config
 from halfpi.gateway.native import FaceServer
 from halfpi.journal.memory import MemoryJournal
+from halfpi.mind.home_lock import HomeLock
 from halfpi.mind.service import Mind
 from halfpi.store.sqlite import SQLiteStore
 
@@ -39,6 +40,9 @@ async def running_mind(
     with 1012, end chats as ``interrupted``, close the store), wait a bounded
     time for connections to close."""
     config.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # One Mind per home (DESIGN §12): locked before the store is opened or
+    # anything is written; held until the end (released with this frame).
+    home_lock = HomeLock.take(config.home)
     mind = build_mind(config, agent)
     await mind.start()
     server = FaceServer(mind)
@@ -56,6 +60,7 @@ async def running_mind(
         server.stop_accepting()
         await mind.drain()
         await server.wait_closed(close_wait_s)
+        home_lock.release()
 
 
 async def serve(config: Config) -> None:

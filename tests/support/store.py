@@ -1,4 +1,4 @@
-"""Store wrappers that let a test hold a commit in flight."""
+"""Store wrappers that hold, slow down or fail commits, for as long as a test needs."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from halfpi.errors import StoreError
 from halfpi.store.base import TxOutcome, WriteTx
 
 
@@ -81,3 +82,34 @@ class HeldReads:
         self.arrived.set()
         await self.gate.wait()
         return await self.inner.messages(*args, **kwargs)
+
+
+class FailingWrites:
+    """Wraps the Mind's store: while :meth:`fail` is on, every write matching
+    ``which`` fails as it does on a full disk (the future raises StoreError)
+    and is recorded in :attr:`refused`; :meth:`heal` lets writes through
+    again. Reads always pass."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.which: Callable[[WriteTx], bool] | None = None
+        self.refused: list[WriteTx] = []
+        self.refusal = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def fail(self, which: Callable[[WriteTx], bool] = lambda tx: True) -> None:
+        self.which = which
+
+    def heal(self) -> None:
+        self.which = None
+
+    def write(self, tx: WriteTx) -> asyncio.Future[TxOutcome]:
+        if self.which is None or not self.which(tx):
+            return self.inner.write(tx)
+        self.refused.append(tx)
+        self.refusal.set()
+        future: asyncio.Future[TxOutcome] = asyncio.get_running_loop().create_future()
+        future.set_exception(StoreError("commit failed: database or disk is full"))
+        return future

@@ -66,7 +66,8 @@ class HomeLock:
             os.close(fd)  # closing the last descriptor releases the flock
 
     def __del__(self) -> None:
-        self.release()
+        with contextlib.suppress(Exception):  # also at interpreter exit
+            self.release()
 
 
 def _read(fd: int) -> dict[str, object]:

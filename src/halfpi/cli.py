@@ -184,8 +184,14 @@ def cmd_mind(args: argparse.Namespace) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(config))
+    from halfpi.errors import HomeInUse
+
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve(config))
+    except HomeInUse as exc:  # another Mind owns this home (DESIGN §12)
+        print(f"halfpi: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -18,8 +18,10 @@ Tree::
     ├── TooLarge                      too_large       no
     ├── Unavailable                   unavailable     yes
     ├── ApprovalExpired               approval_expired no
+    ├── HomeInUse                     unavailable     no (another Mind holds the home)
     └── InternalError                 internal_error  yes
         └── StoreError                (a backend failed; mapped to internal_error)
+            └── TerminalExists        no: a run already has its outcome (I10)
 """
 
 from __future__ import annotations
@@ -129,6 +131,12 @@ class ApprovalExpired(HalfpiError):
     code = ErrorCode.APPROVAL_EXPIRED
 
 
+class HomeInUse(HalfpiError):
+    """Another Mind holds this home's lock (DESIGN §12): one line, exit."""
+
+    code = ErrorCode.UNAVAILABLE
+
+
 class InternalError(HalfpiError):
     code = ErrorCode.INTERNAL_ERROR
     retryable = True
@@ -136,6 +144,14 @@ class InternalError(HalfpiError):
 
 class StoreError(InternalError):
     """A Store backend failed. The Face sees ``internal_error``."""
+
+
+class TerminalExists(StoreError):
+    """The Store refused a second terminal outcome for one run (a chat, tool
+    call, approval or tool run): the first one stands (I10, DESIGN §12).
+    Not retryable: the caller converges on the outcome that stands."""
+
+    retryable = False
 
 
 class IllegalTransition(InternalError):

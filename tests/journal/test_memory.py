@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -261,30 +263,110 @@ def test_per_conversation_byte_bound_does_not_touch_other_conversations() -> Non
     assert held(j, "c2") == [1]
 
 
-def test_global_byte_bound_sheds_the_largest_window_first() -> None:
+def test_global_byte_bound_sheds_the_globally_oldest_events_first() -> None:
     j = MemoryJournal(limits(total=500))
     j.open("a", 0)
     j.open("b", 0)
+    j.append(msg("b", 1, size=100), now=0.0)  # the oldest event of all
     for seq in range(1, 5):
         j.append(msg("a", seq, size=100), now=0.0)
-    j.append(msg("b", 1, size=100), now=0.0)
     assert j.total_bytes == 500
     j.append(msg("b", 2, size=100), now=0.0)
     assert j.total_bytes == 500
-    assert held(j, "a") == [2, 3, 4]
-    assert j.window("a")[1] == 1
-    assert held(j, "b") == [1, 2]
+    assert held(j, "b") == [2]  # b's old event went first, though a is larger
+    assert j.window("b")[1] == 1
+    assert held(j, "a") == [1, 2, 3, 4]
+    j.append(msg("b", 3, size=100), now=0.0)
+    assert held(j, "a") == [2, 3, 4]  # then a's oldest
+    assert held(j, "b") == [2, 3]
+    assert j.total_bytes == 500
 
 
-def test_global_byte_bound_keeps_one_event_per_window() -> None:
+def test_global_byte_bound_may_empty_an_idle_window_but_never_drops_the_newest_event() -> None:
     j = MemoryJournal(limits(total=100))
     for conv in ("a", "b", "c"):
         j.open(conv, 0)
         j.append(msg(conv, 1, size=80), now=0.0)
         j.append(msg(conv, 2, size=80), now=0.0)
-    for conv in ("a", "b", "c"):
-        assert held(j, conv) == [2]
-    assert j.total_bytes == 240
+    assert held(j, "a") == []
+    assert held(j, "b") == []
+    assert held(j, "c") == [2]  # alone over the bound, but just appended: kept
+    assert j.total_bytes == 80
+    epoch, floor, head = j.window("a")
+    assert (floor, head) == (2, 2)  # an empty window still resumes from its head
+    assert plan_resume(parse_cursor(f"{epoch}.2"), epoch=epoch, floor=floor, head=head) == Exact(2)
+
+
+def test_I4_cursor_into_what_the_global_bound_shed_gets_cursor_expired() -> None:
+    j = MemoryJournal(limits(total=300))
+    epoch = j.open("idle", 0)
+    j.open("busy", 0)
+    for seq in range(1, 4):
+        j.append(msg("idle", seq, size=100), now=0.0)
+    for seq in range(1, 3):
+        j.append(msg("busy", seq, size=100), now=0.0)
+    e, floor, head = j.window("idle")
+    assert (floor, head) == (2, 3)
+    for seq in (0, 1):  # their next event was shed: never a silent gap
+        plan = plan_resume(parse_cursor(f"{epoch}.{seq}"), epoch=e, floor=floor, head=head)
+        assert plan == Reset(ResetReason.CURSOR_EXPIRED)
+        assert j.read_after("idle", seq, BIG) is None
+    assert seqs(j.read_after("idle", 2, BIG)) == [3]
+
+
+def test_appends_past_the_global_bound_touch_a_constant_number_of_windows() -> None:
+    """The Mind-wide bound reached with many loaded windows: each further
+    append sheds the globally oldest event without looking at every window
+    (it once sorted them all, on every append)."""
+    conversations = 2_000
+    j = MemoryJournal(limits(total=conversations * 3 * 100))
+    for n in range(conversations):
+        j.open(f"c{n}", 0)
+        for seq in range(1, 4):
+            j.append(msg(f"c{n}", seq, size=100), now=0.0)
+    j.open("busy", 0)
+    before = j.windows_touched
+    appends = 3_000
+    for seq in range(1, appends + 1):
+        j.append(msg("busy", seq, size=100), now=0.0)
+    assert j.total_bytes <= conversations * 3 * 100
+    assert j.windows_touched - before <= 3 * appends
+    assert held(j, "c0") == []  # the oldest went first
+    assert held(j, f"c{conversations - 1}") == [1, 2, 3]
+
+
+def test_shed_messages_are_released_at_once() -> None:
+    """The accounting is the memory: an entry the journal sheds is no longer
+    referenced by it (it used to stay in the window until a compaction)."""
+    j = MemoryJournal(limits(events=1, seconds=0.0, total=250))
+    j.open("a", 0)
+    j.open("b", 0)
+    first = msg("a", 1, size=100)
+    baseline = sys.getrefcount(first)
+    j.append(first, now=0.0)
+    assert sys.getrefcount(first) > baseline
+    j.append(msg("a", 2, size=100), now=1.0)  # the count bound sheds a1
+    assert sys.getrefcount(first) == baseline
+    other = msg("b", 1, size=100)
+    baseline = sys.getrefcount(other)
+    j.append(other, now=1.0)
+    j.append(msg("b", 2, size=100), now=1.0)  # the global bound sheds a2, then b1
+    j.append(msg("b", 3, size=100), now=1.0)
+    assert held(j, "b") == [2, 3]
+    assert sys.getrefcount(other) == baseline
+
+
+def test_many_shed_entries_do_not_grow_the_journal() -> None:
+    """Entries shed by a window's own bounds leave no trace in the Mind-wide
+    age order either (it is compacted), however long the Mind runs."""
+    j = MemoryJournal(limits(events=5, seconds=0.0, total=10**9))
+    j.open("idle", 0)
+    j.append(msg("idle", 1), now=0.0)  # the globally oldest, kept for ever
+    j.open("busy", 0)
+    for seq in range(1, 20_001):
+        j.append(msg("busy", seq), now=float(seq))
+    assert held(j, "busy") == list(range(19_996, 20_001))
+    assert j.aged_entries() <= 2 * 6 + 64
 
 
 # -- property -------------------------------------------------------------------
@@ -335,14 +417,18 @@ def test_window_invariants(
     for conv, last in head.items():
         _, floor, h = j.window(conv)
         kept = held(j, conv)
-        # Exactly (floor, head], contiguous, newest always kept.
+        # Exactly (floor, head], contiguous; the global bound may empty a
+        # window, but never drops the event just appended.
         assert h == last
         assert kept == list(range(floor + 1, h + 1))
-        assert kept[-1] == last
         assert j.read_after(conv, floor - 1, BIG) is None
         total_held += sum(sizes[(conv, s)] for s in kept)
+    if appends:
+        last_conv = appends[-1][0]
+        assert held(j, last_conv)[-1] == head[last_conv]
     assert j.total_bytes == total_held
-    assert total_held <= total or all(len(held(j, c)) == 1 for c in head)
+    # Within the Mind-wide bound, unless the newest event alone exceeds it.
+    assert total_held <= total or sum(len(held(j, c)) for c in head) == 1
 
 
 def test_journal_keeps_transient_messages_too() -> None:

@@ -8,6 +8,7 @@ meanwhile provably lands in one group commit.
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -20,16 +21,19 @@ import pytest
 
 from halfpi.config import RequestRetention
 from halfpi.core.requests import RequestRecord, Tombstone, replay_frames
-from halfpi.errors import StoreError
+from halfpi.errors import StoreError, TerminalExists
 from halfpi.mind import auth
 from halfpi.store import sqlite as sqlite_store
 from halfpi.store.base import (
+    ApprovalRow,
     ConversationRow,
     Credential,
     FinishedRequest,
     MessageRow,
     RunRow,
     StoredEvent,
+    ToolCallRow,
+    ToolRunRow,
     TxOutcome,
     WriteTx,
 )
@@ -523,6 +527,171 @@ async def test_I10_a_second_finish_does_not_overwrite_the_first(store: Any) -> N
     assert isinstance(rec, RequestRecord)
     assert (rec.status, rec.finished_at) == ("succeeded", 150.0)
     assert rec.result == {"request_id": "r_1", "status": "succeeded"}
+
+
+# -- one outcome per run (I10, DESIGN §12) ------------------------------------------
+
+
+def outcome(type_: str, seq: int, conv: str = "c_1", **data: Any) -> StoredEvent:
+    return StoredEvent(conv, seq, type_, json.dumps(data).encode(), 100.0 + seq)
+
+
+Outcome = tuple[str, dict[str, Any]]
+
+# Each kind of run, its terminal event, and a second, contradicting one.
+TERMINAL_PAIRS = [
+    pytest.param(
+        ("chat.completed", {"run_id": "run_1", "status": "succeeded"}),
+        ("chat.interrupted", {"run_id": "run_1", "status": "interrupted"}),
+        id="chat",
+    ),
+    pytest.param(
+        ("chat.tool_completed", {"tool_call_id": "t_1", "status": "succeeded"}),
+        ("chat.tool_completed", {"tool_call_id": "t_1", "status": "lost"}),
+        id="tool_call",
+    ),
+    pytest.param(
+        ("approval.resolved", {"approval_id": "a_1", "status": "allowed"}),
+        ("approval.resolved", {"approval_id": "a_1", "status": "expired"}),
+        id="approval",
+    ),
+    pytest.param(
+        ("run.changed", {"run_id": "tr_1", "status": "succeeded"}),
+        ("run.changed", {"run_id": "tr_1", "status": "lost"}),
+        id="tool_run",
+    ),
+]
+
+
+@pytest.mark.parametrize(("first", "second"), TERMINAL_PAIRS)
+async def test_I10_the_store_refuses_a_second_terminal_event_for_one_run(
+    store: Any, first: Outcome, second: Outcome
+) -> None:
+    await commit(store, WriteTx(events=[outcome(first[0], 1, **first[1])]))
+    with pytest.raises(TerminalExists):
+        await commit(store, WriteTx(events=[outcome(second[0], 2, **second[1])]))
+    events = await store.events("c_1", 0, 10)
+    assert [(e.seq, e.type) for e in events] == [(1, first[0])]
+
+
+@pytest.mark.parametrize(("first", "second"), TERMINAL_PAIRS)
+async def test_I10_a_refused_terminal_event_fails_only_its_own_write_in_a_group_commit(
+    store: Any, backend: Backend, first: Outcome, second: Outcome
+) -> None:
+    async with backend.hold_writer(store):
+        winner = store.write(WriteTx(events=[outcome(first[0], 1, **first[1])]))
+        loser = store.write(WriteTx(events=[outcome(second[0], 2, **second[1])]))
+        other = store.write(WriteTx(events=[stored("c_1", 3)]))
+    results = await asyncio.gather(winner, loser, other, return_exceptions=True)
+    assert isinstance(results[0], TxOutcome) and results[0].committed
+    assert isinstance(results[1], TerminalExists)
+    assert isinstance(results[2], TxOutcome) and results[2].committed
+    assert [e.seq for e in await store.events("c_1", 0, 10)] == [1, 3]
+
+
+async def test_terminal_events_of_different_runs_all_commit(store: Any) -> None:
+    await commit(
+        store,
+        WriteTx(
+            events=[
+                outcome("chat.completed", 1, run_id="run_1"),
+                outcome("chat.completed", 2, run_id="run_2"),
+                outcome("run.changed", 3, run_id="run_1", status="succeeded"),  # a tool run
+                outcome("chat.tool_completed", 4, tool_call_id="run_1"),
+                outcome("approval.resolved", 5, approval_id="run_1", status="denied"),
+            ]
+        ),
+    )
+    assert len(await store.events("c_1", 0, 10)) == 5
+
+
+async def test_a_tool_run_may_change_state_until_it_ends(store: Any) -> None:
+    for seq, status in enumerate(["queued", "running", "running", "succeeded"], start=1):
+        await commit(store, WriteTx(events=[outcome("run.changed", seq, run_id="tr_1",
+                                                     status=status)]))
+    with pytest.raises(TerminalExists):
+        await commit(store, WriteTx(events=[outcome("run.changed", 5, run_id="tr_1",
+                                                     status="timed_out")]))
+    assert [e.seq for e in await store.events("c_1", 0, 10)] == [1, 2, 3, 4]
+
+
+async def test_I10_a_refused_end_of_chat_leaves_the_first_end_whole(store: Any) -> None:
+    """The end of a chat is one transaction (run, request, message, event):
+    when its event is refused, none of the rest is written either."""
+    await commit(store, WriteTx(admit=record(), runs=[run_row("run_1")]))
+    first = RunRow("run_1", "c_1", "r_1", "p_1", "succeeded", 100.0, 150.0, "hello", None)
+    await commit(
+        store,
+        WriteTx(
+            events=[outcome("chat.completed", 5, run_id="run_1")],
+            runs=[first],
+            finished=[finished("r_1", 150.0)],
+            messages=[MessageRow("c_1", 5, "assistant", "hello", "r_1", "succeeded", 150.0)],
+        ),
+    )
+    with pytest.raises(TerminalExists):
+        await commit(
+            store,
+            WriteTx(
+                events=[outcome("chat.interrupted", 6, run_id="run_1")],
+                runs=[RunRow("run_1", "c_1", "r_1", "p_1", "interrupted", 100.0, 160.0)],
+                finished=[finished("r_1", 160.0, status="interrupted")],
+                messages=[MessageRow("c_1", 6, "assistant", "", "r_1", "interrupted", 160.0)],
+            ),
+        )
+    assert await store.run_for_request("c_1", "r_1") == first
+    rec = await store.get_request("p_1", "r_1")
+    assert isinstance(rec, RequestRecord) and rec.status == "succeeded"
+    page = await store.messages("c_1", limit=10, before_seq=None, max_seq=None)
+    assert [m.seq for m in page.messages] == [5]
+    assert await store.head_seq("c_1") == 5
+
+
+def approval_row(status: str, decided_at: float | None) -> ApprovalRow:
+    return ApprovalRow("a_1", "c_1", "r_1", "t_1", "exec_command", "why", "d", None,
+                       "summary", status, 100.0, 220.0, decided_at=decided_at)
+
+
+def tool_call_row(status: str, finished_at: float | None) -> ToolCallRow:
+    return ToolCallRow("t_1", "c_1", "run_1", "r_1", "exec_command", "summary", "d", None, (),
+                       1, status, 100.0, finished_at=finished_at)
+
+
+def tool_run_row(status: str, finished_at: float | None) -> ToolRunRow:
+    return ToolRunRow("tr_1", "t_1", "c_1", "local", "exec_command", status, 100.0, finished_at)
+
+
+# Each kind of run row: open, ended, and ended otherwise.
+ROW_STATES = [
+    pytest.param("runs", run_row("run_1"),
+                 RunRow("run_1", "c_1", "r_1", "p_1", "succeeded", 100.0, 150.0),
+                 RunRow("run_1", "c_1", "r_1", "p_1", "interrupted", 100.0, 160.0), id="chat"),
+    pytest.param("tool_runs", tool_run_row("running", None), tool_run_row("succeeded", 150.0),
+                 tool_run_row("lost", 160.0), id="tool_run"),
+    pytest.param("tool_calls", tool_call_row("called", None), tool_call_row("succeeded", 150.0),
+                 tool_call_row("lost", 160.0), id="tool_call"),
+    pytest.param("approvals", approval_row("pending", None), approval_row("allowed", 150.0),
+                 approval_row("cancelled", 160.0), id="approval"),
+]
+
+
+@pytest.mark.parametrize(("field", "opened", "ended", "contradiction"), ROW_STATES)
+async def test_I10_an_ended_row_keeps_its_terminal_status(
+    store: Any, field: str, opened: Any, ended: Any, contradiction: Any
+) -> None:
+    """Even a write with no event cannot turn one outcome into another."""
+    await commit(store, WriteTx(**{field: [opened]}))
+    await commit(store, WriteTx(**{field: [ended]}))
+    await commit(store, WriteTx(**{field: [ended]}))  # the same outcome again: harmless
+    with pytest.raises(TerminalExists):
+        await commit(store, WriteTx(**{field: [contradiction]}))
+
+
+def test_terminal_exists_is_a_store_error_that_no_retry_can_fix() -> None:
+    error = TerminalExists("chat:run_1")
+    assert isinstance(error, StoreError)
+    assert error.retryable is False
+    assert StoreError("disk full").retryable is True
 
 
 async def test_get_request_of_an_unknown_key_is_none(store: Any) -> None:

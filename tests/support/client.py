@@ -158,3 +158,19 @@ async def connect_new_credential(url: str, token: str, timeout: float = 5.0) -> 
         frame["_taken"] = True
         client.welcome = frame
         return client
+
+
+async def approve_next(face: FaceClient, chat_id: str) -> None:
+    """Allow the next approval that ``chat_id`` asks for, and check it applied."""
+    requested = await face.expect(
+        lambda f: f["type"] == "face.event"
+        and f["payload"]["type"] == "approval.requested"
+        and f["payload"]["data"].get("request_id") == chat_id
+    )
+    resolve_id = await face.command(
+        "face.approval.resolve",
+        approval_id=requested["payload"]["data"]["approval_id"],
+        decision="allow_once",
+    )
+    reply = await face.reply(resolve_id)
+    assert reply["payload"]["data"]["outcome"] == "applied", reply

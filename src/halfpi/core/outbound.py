@@ -19,6 +19,7 @@ order, starting at 1 on every connection.
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from typing import Any
 
@@ -40,9 +41,29 @@ def frame_prefix(type_: str) -> bytes:
 _PREFIXES: dict[str, bytes] = {}
 
 
-# Fixed cost of a queued or journaled message beyond its payload bytes (the
-# object, its strings, list slots): measured ~0.5-0.7 KiB per retained delta.
-OVERHEAD = 640
+# What a retained message really holds, so that the journal's byte bounds
+# bound memory (DESIGN §4.2): see Message.__post_init__.
+_BYTES = sys.getsizeof(b"")  # a bytes object's header
+_INT = 32  # an int past the small-int cache (seq, size), as allocated
+# Per entry, a journal keeps three list slots, a float time stamp and an
+# age record: its share of the memory, counted with the message.
+ENTRY = 3 * 8 + 32 + 8
+# A delta's body without its variable parts: '{"conversation_id":"","seq":,…}'.
+_DELTA_JSON = 72
+_STRUCT = 0  # the struct itself: measured once the class exists (below)
+
+
+def exact(body: bytes) -> bytes:
+    """``body`` in a bytes object of its own size. msgspec returns its output
+    buffer with up to 50 % spare capacity, which a retained message would
+    keep alive unseen by every byte bound; a copy costs less than that."""
+    return memoryview(body).tobytes()
+
+
+def allocated(n: int) -> int:
+    """Bytes an object of ``n`` bytes occupies: CPython's small-object
+    allocator rounds to 16; larger objects carry a malloc header."""
+    return (n + 15) & ~15 if n <= 512 else (n + 8 + 15) & ~15
 
 
 class Message(msgspec.Struct, gc=False):
@@ -53,8 +74,17 @@ class Message(msgspec.Struct, gc=False):
 
     A msgspec struct with ``gc=False``: the journal keeps hundreds of
     thousands of these, and they hold no cycles, so the cyclic collector
-    must not walk them (it made full collections cost ~80 ms). ``size``
-    counts the object's overhead too, so the journal's byte bounds are real.
+    must not walk them (it made full collections cost ~80 ms).
+
+    ``size`` is the memory the message keeps alive once it has been framed
+    (the struct, its body and the cached frame tail — two copies of the
+    payload —, its cursor, its text, its int fields, its summary variant)
+    plus a journal entry's own share, each object rounded the way the
+    allocator rounds it. Names shared by many messages (type, prefix,
+    conversation and request ids) are not counted. A delta's body, encoded
+    lazily, is estimated from its parts. Fixed at construction (and when
+    the summary is attached, before the message is shared), so queue and
+    journal accounting always balance.
     """
 
     type: str
@@ -81,7 +111,34 @@ class Message(msgspec.Struct, gc=False):
         if not self.first_seq:
             self.first_seq = self.seq
         body = self.body
-        self.size = OVERHEAD + (len(body) if body is not None else len(self.text or ""))
+        text = self.text
+        if body is not None:
+            body = self.body = exact(body)
+            payload = len(body)
+        else:  # a delta, encoded on first use
+            chars = len(text or "")
+            payload = (
+                _DELTA_JSON
+                + len(self.conversation_id or "")
+                + len(self.cursor or "")
+                + len(self.request_id or "")
+                + 20
+                + (chars if text is None or text.isascii() else 4 * chars)
+            )
+        self.size = (
+            _STRUCT
+            + allocated(_BYTES + payload)  # body
+            + allocated(_BYTES + payload + 1)  # frame tail
+            + (allocated(sys.getsizeof(self.cursor)) if self.cursor is not None else 0)
+            + (allocated(sys.getsizeof(text)) if text is not None else 0)
+            + 2 * _INT
+            + ENTRY
+        )
+
+    def with_summary(self, summary: Message) -> None:
+        """Attach what summary viewers get instead (I9); before sharing."""
+        self.summary = summary
+        self.size += summary.size
 
     def for_mode(self, detail_mode: str) -> Message | None:
         """This message as a viewer in ``detail_mode`` may see it (DESIGN §6):
@@ -94,7 +151,7 @@ class Message(msgspec.Struct, gc=False):
 
     def encoded_body(self) -> bytes:
         if self.body is None:
-            self.body = delta_body(self)
+            self.body = exact(delta_body(self))
         return self.body
 
     def frame(self, event_seq: int) -> bytes:
@@ -105,6 +162,9 @@ class Message(msgspec.Struct, gc=False):
             body = self.encoded_body()
             tail = self.tail = b"," + body[1:] + b"}" if len(body) > 2 else b"}}"
         return b"%b%d%b" % (self.prefix, event_seq, tail)
+
+
+_STRUCT = allocated(sys.getsizeof(Message("", b"")))
 
 
 def message(type_: str, payload: dict[str, Any] | msgspec.Struct) -> Message:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -22,13 +22,14 @@ import msgspec
 
 from halfpi.agents.base import Agent, AgentFailed, ChatInput
 from halfpi.config import Config
+from halfpi.core.backoff import backoff
 from halfpi.core.cursor import encode_cursor
 from halfpi.core.ids import new_run_id
 from halfpi.core.outbound import DELTA, RELIABLE, Message
 from halfpi.core.projection import summary_data, summary_record
 from halfpi.core.requests import RequestRecord, Tombstone
 from halfpi.core.states import CHAT, CHAT_EVENT_FOR_STATUS
-from halfpi.errors import Busy, StoreError
+from halfpi.errors import Busy, StoreError, TerminalExists
 from halfpi.journal.base import Journal
 from halfpi.mind.tools import call_tool, progress_message
 from halfpi.store.base import (
@@ -61,6 +62,9 @@ class ActorHost(Protocol):
     config: Config
     hands: HandRegistry
     approvals: Approvals
+    draining: bool
+    # Waits ``seconds`` (injected: tests advance time themselves).
+    sleep: Callable[[float], Awaitable[object]]
 
     def now(self) -> float: ...
 
@@ -77,8 +81,10 @@ class ChatRun:
         "content",
         "detail_mode",
         "done",
+        "ending",
         "principal_id",
         "request_id",
+        "retry_wait",
         "run_id",
         "started_at",
         "state",
@@ -112,6 +118,11 @@ class ChatRun:
         self.tool_runs: dict[str, ToolRun] = {}
         self.completed_calls: set[str] = set()  # tool calls whose end is recorded
         self.stop_reason: str | None = None
+        # The terminal status decided but not yet committed (``state`` moves
+        # to it once it is): the chat is still pending until then.
+        self.ending: str | None = None
+        # The backoff wait between attempts to commit the end, if one runs.
+        self.retry_wait: asyncio.Future[object] | None = None
         # Resolves with the terminal status once it is committed.
         self.done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
@@ -128,6 +139,11 @@ class ChatRun:
 _OnPublish = Callable[[], None] | None
 
 SEQ_BLOCK = 4096
+
+# Committing a chat's end is retried until the Store takes it (a full disk,
+# a lost database connection): 0.25 s, doubling, at most 30 s apart.
+END_RETRY_INITIAL_S = 0.25
+END_RETRY_CAP_S = 30.0
 
 
 class ConversationActor:
@@ -183,7 +199,7 @@ class ConversationActor:
         cursor = self.cursor(seq)
         message = self._event_message(type_, data, now, seq, cursor)
         if summary is not None:
-            message.summary = self._event_message(type_, summary, now, seq, cursor)
+            message.with_summary(self._event_message(type_, summary, now, seq, cursor))
         return message, StoredEvent(self.id, seq, type_, _encode(data), now)
 
     def _event_message(
@@ -377,6 +393,12 @@ class ConversationActor:
         """
         if CHAT.is_terminal(run.state):
             return False
+        if run.ending is not None:
+            # Its outcome is decided and waits for the Store: try again now
+            # (a drain's last chance; a cancel just wrote, so writes may work).
+            if run.retry_wait is not None:
+                run.retry_wait.cancel()
+            return False
         if run.stop_reason is not None:
             return True  # asked already: one cancellation, so cleanup is never cut short
         if run.state == "running":
@@ -386,14 +408,67 @@ class ConversationActor:
             run.task.cancel()
         return True
 
-    async def finish(self, run: ChatRun, status: str, error_code: str | None) -> None:
+    async def finish(
+        self, run: ChatRun, status: str, error_code: str | None, *, retry: bool = True
+    ) -> None:
         """Commit the chat's terminal state: run, request result, assistant
-        message and the ``chat.*`` event in one transaction; first terminal wins."""
-        if not CHAT.first_terminal_wins(run.state, status):
+        message and the ``chat.*`` event in one transaction; first terminal wins.
+
+        While the Store refuses the write the chat stays pending (its
+        conversation busy) and the commit is retried with backoff until it
+        lands, so every admitted chat reaches a terminal state Faces see. A
+        drain that finds it still failing leaves it to restart recovery
+        (``interrupted``). If the Store already holds another outcome for the
+        run, that one stands and this chat converges on it (I10)."""
+        if run.ending is not None or not CHAT.first_terminal_wins(run.state, status):
             return
-        run.state = status
-        now = self.host.now()
+        run.ending = status
         content = "".join(run.text)
+        delays = backoff(END_RETRY_INITIAL_S, 2.0, END_RETRY_CAP_S, jitter=False)
+        while True:
+            try:
+                try:
+                    await self._commit_end(run, status, error_code, content)
+                except TerminalExists:
+                    await self._converge(run)
+                return
+            except StoreError as exc:
+                if not retry:
+                    raise
+                if self.host.draining:
+                    log.warning(
+                        "could not commit the end of chat %s before shutdown (%s);"
+                        " restart recovery will end it as interrupted",
+                        run.run_id,
+                        exc,
+                    )
+                    if not run.done.done():
+                        run.done.set_result("interrupted")
+                    return
+                delay = next(delays)
+                log.warning(
+                    "could not commit the end of chat %s (%s); retrying in %.2f s",
+                    run.run_id,
+                    exc,
+                    delay,
+                )
+            await self._wait_to_retry(run, delay)
+
+    async def _wait_to_retry(self, run: ChatRun, delay: float) -> None:
+        """Wait ``delay`` (host time), or less if :meth:`stop` wakes us."""
+        waiter = run.retry_wait = asyncio.ensure_future(self.host.sleep(delay))
+        try:
+            await asyncio.wait({waiter})
+        finally:
+            waiter.cancel()
+            run.retry_wait = None
+
+    async def _commit_end(
+        self, run: ChatRun, status: str, error_code: str | None, content: str
+    ) -> None:
+        """One attempt: a fresh event (a new ``seq``: a failed attempt's seq
+        was never shown, and later events may have been shown since)."""
+        now = self.host.now()
         event_type = CHAT_EVENT_FOR_STATUS[status]
         data: dict[str, Any] = {
             "request_id": run.request_id,
@@ -437,24 +512,38 @@ class ConversationActor:
             ],
             finished=[FinishedRequest(run.principal_id, run.request_id, status, result, now)],
         )
+        await self._commit(tx, [(m_done, partial(self._ended, run, status, result))])
 
-        def ended() -> None:
-            self.visible_runs.pop(run.request_id, None)
-            if self.run is run:
-                self.run = None
-            self.host.deliver_result(run.principal_id, run.request_id, result)
-            if not run.done.done():
-                run.done.set_result(status)
+    def _ended(self, run: ChatRun, status: str, result: dict[str, Any]) -> None:
+        """The end is committed (and published, or known to stand): the chat
+        leaves the pending list, the conversation is free, waiters learn it."""
+        run.state = status
+        self.visible_runs.pop(run.request_id, None)
+        if self.run is run:
+            self.run = None
+        self.host.deliver_result(run.principal_id, run.request_id, result)
+        if not run.done.done():
+            run.done.set_result(status)
 
-        future = self._commit(tx, [(m_done, ended)])
-        try:
-            await asyncio.shield(future)
-        except StoreError:
-            log.exception("could not commit the end of chat %s", run.run_id)
-            if self.run is run:
-                self.run = None
-            if not run.done.done():
-                run.done.set_result("interrupted")
+    async def _converge(self, run: ChatRun) -> None:
+        """The Store holds another outcome for this run (I10): it stands.
+        Whoever waits on the chat learns that one, not ours."""
+        store = self.host.store
+        row = await store.run_for_request(self.id, run.request_id, run.principal_id)
+        record = await store.get_request(run.principal_id, run.request_id)
+        status = row.status if row is not None and CHAT.is_terminal(row.status) else "failed"
+        result = getattr(record, "result", None)
+        if not isinstance(result, dict):
+            result = {
+                "request_id": run.request_id,
+                "status": status,
+                "content": (row.content if row is not None else None) or "",
+                "data": {"conversation_id": self.id, "run_id": run.run_id},
+            }
+        log.warning(
+            "chat %s already had an outcome in the store (%s); it stands", run.run_id, status
+        )
+        self._ended(run, str(result.get("status", status)), result)
 
     # -- recovery ----------------------------------------------------------------
 
@@ -462,7 +551,8 @@ class ConversationActor:
         """A run found open at start-up: its outcome is unknown, so it is
         ``interrupted`` (I11) — never resumed, never re-run."""
         run = ChatRun(row.run_id, row.request_id, row.principal_id, "", row.started_at)
-        await self.finish(run, "interrupted", None)
+        # No retry: a Store that refuses writes at start-up fails the start.
+        await self.finish(run, "interrupted", None, retry=False)
 
     # -- reads -------------------------------------------------------------------
 

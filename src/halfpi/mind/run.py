@@ -22,6 +22,7 @@ from halfpi.face.transport import pinned_tls_context, tls_connector
 from halfpi.gateway.native import FaceServer
 from halfpi.journal.memory import MemoryJournal
 from halfpi.mind.home import Address, CannotStart, prepare_home, remove_address, write_address
+from halfpi.mind.home_lock import HomeLock
 from halfpi.mind.service import Mind
 from halfpi.store.sqlite import SQLiteStore
 
@@ -46,33 +47,39 @@ async def running_mind(
     with 1012, end chats as ``interrupted``, close the store), wait a bounded
     time for connections to close."""
     prepare_home(config.home)
-    check_listen(config.host, config.port)  # before the Mind touches its store
-    mind = build_mind(config, agent)
+    # One Mind per home (DESIGN §12): locked before the store is opened or
+    # anything is written; held until the end (released with this frame).
+    home_lock = HomeLock.take(config.home)
     try:
-        await mind.start()
-    except sqlite3.DatabaseError as exc:
-        raise CannotStart(f"cannot open the database {config.db_path}: {exc}") from None
-    server = FaceServer(mind)
-    try:
-        await server.start()
-    except OSError as exc:  # lost a race for the port since check_listen
-        await mind.drain()
-        raise CannotStart(_listen_error(config.host, config.port, exc)) from None
-    if config.local_hand:
-        # The local Hand dials the address the server listens on; over TLS
-        # too, trusting exactly the Mind's own certificate.
-        hand_url = dial_url(config, server.port, "/v1/hand")
-        if config.tls_cert is not None:
-            connector = tls_connector(pinned_tls_context(config.tls_cert))
-            mind.start_local_hand(hand_url, connector)
-        else:
-            mind.start_local_hand(hand_url)
-    try:
-        yield mind, server
+        check_listen(config.host, config.port)  # before the Mind touches its store
+        mind = build_mind(config, agent)
+        try:
+            await mind.start()
+        except sqlite3.DatabaseError as exc:
+            raise CannotStart(f"cannot open the database {config.db_path}: {exc}") from None
+        server = FaceServer(mind)
+        try:
+            await server.start()
+        except OSError as exc:  # lost a race for the port since check_listen
+            await mind.drain()
+            raise CannotStart(_listen_error(config.host, config.port, exc)) from None
+        if config.local_hand:
+            # The local Hand dials the address the server listens on; over TLS
+            # too, trusting exactly the Mind's own certificate.
+            hand_url = dial_url(config, server.port, "/v1/hand")
+            if config.tls_cert is not None:
+                connector = tls_connector(pinned_tls_context(config.tls_cert))
+                mind.start_local_hand(hand_url, connector)
+            else:
+                mind.start_local_hand(hand_url)
+        try:
+            yield mind, server
+        finally:
+            server.stop_accepting()
+            await mind.drain()
+            await server.wait_closed(close_wait_s)
     finally:
-        server.stop_accepting()
-        await mind.drain()
-        await server.wait_closed(close_wait_s)
+        home_lock.release()
 
 
 def dial_url(config: Config, port: int, path: str) -> str:

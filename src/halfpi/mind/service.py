@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from halfpi.agents.base import Agent
@@ -67,12 +67,14 @@ class Mind:
         agent: Agent,
         *,
         clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ) -> None:
         self.config = config
         self.store = store
         self.journal = journal
         self.agent = agent
         self.clock = clock
+        self.sleep = sleep  # the Mind's waits between retries: tests inject time
         self.node_id = new_node_id(clock())
         self.auth = CredentialCache()
         self.throttle = HandshakeThrottle(config.handshake_throttle)
@@ -199,7 +201,9 @@ class Mind:
         stopping = []
         for actor in self._actors.values():
             run = actor.run
-            if run is not None and actor.stop(run, "interrupted"):
+            if run is not None:
+                # Running: interrupted. Ended but not yet committed: one last try.
+                actor.stop(run, "interrupted")
                 stopping.append(run.done)
         if stopping:
             await asyncio.wait(stopping, timeout=self.config.shutdown_grace_s)

@@ -13,8 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import msgspec
+
 from halfpi.config import RequestRetention
 from halfpi.core.requests import RequestRecord, Tombstone
+from halfpi.core.states import CHAT_EVENT_FOR_STATUS, RUN_TERMINAL
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +51,38 @@ class StoredEvent:
     type: str
     data: bytes  # JSON
     ts: float
+
+
+# The events that end a run, and the id naming that run in their data.
+_TERMINAL_EVENTS: dict[str, tuple[str, str]] = {
+    **{t: ("chat", "run_id") for t in CHAT_EVENT_FOR_STATUS.values()},
+    "chat.tool_completed": ("tool", "tool_call_id"),
+    "approval.resolved": ("approval", "approval_id"),
+    "run.changed": ("run", "run_id"),  # terminal only with a terminal status
+}
+
+
+TERMINAL_EVENT_TYPES = frozenset(_TERMINAL_EVENTS)
+
+
+def terminal_of(event: StoredEvent) -> str | None:
+    """The run an event ends, as a key unique across the log
+    (``chat:<run_id>``, ``tool:<tool_call_id>``, ``approval:<approval_id>``,
+    ``run:<tool run id>``), or None if the event ends nothing.
+
+    Every backend stores it under a uniqueness constraint, so no bug can
+    record two outcomes for one run (I10, DESIGN §12). Derived here from the
+    event itself, not passed by callers: a caller cannot forget it."""
+    kind = _TERMINAL_EVENTS.get(event.type)
+    if kind is None:
+        return None
+    data = msgspec.json.decode(event.data)
+    if not isinstance(data, dict):
+        return None
+    if event.type == "run.changed" and data.get("status") not in RUN_TERMINAL:
+        return None
+    ident = data.get(kind[1])
+    return None if ident is None else f"{kind[0]}:{ident}"
 
 
 @dataclass(frozen=True, slots=True)

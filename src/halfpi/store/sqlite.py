@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from halfpi.config import RequestRetention
 from halfpi.core.requests import Finished, RequestRecord, Tombstone, prunable
-from halfpi.errors import StoreError
+from halfpi.errors import StoreError, TerminalExists
 from halfpi.store.base import (
     COMMITTED,
     ApprovalRow,
@@ -56,6 +56,7 @@ from halfpi.store.sqlite_sql import (
     init_schema,
     insert_credential,
     insert_events,
+    is_terminal_refusal,
     lookup_request,
     open_db,
     prepare_private,
@@ -470,6 +471,8 @@ def _in_savepoint(
     except sqlite3.Error as exc:
         conn.execute("ROLLBACK TO tx")
         conn.execute("RELEASE tx")
+        if is_terminal_refusal(exc):
+            return TerminalExists("a second outcome for a run was refused; the first stands")
         return StoreError(f"write failed: {exc}")
     return result if isinstance(result, TxOutcome) else COMMITTED
 

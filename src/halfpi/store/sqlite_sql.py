@@ -7,21 +7,54 @@ so does the CLI (credentials) directly. Nothing here knows about asyncio.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from halfpi.core.requests import RequestRecord, Tombstone
+from halfpi.errors import StoreError
 from halfpi.store.base import (
     COMMITTED,
+    TERMINAL_EVENT_TYPES,
     Credential,
     StoredEvent,
     TxOutcome,
     WriteTx,
+    terminal_of,
+)
+
+log = logging.getLogger("halfpi.store")
+
+# Schema versions (``PRAGMA user_version``):
+#   0  before versioning (no constraint on outcomes)
+#   1  one outcome per run: events.terminal_of under a UNIQUE index, and
+#      triggers that keep an ended row's terminal status (I10, DESIGN §12)
+SCHEMA_VERSION = 1
+
+# The refusal raised by the triggers; the Store maps it (and the unique
+# index's violation) to TerminalExists.
+TERMINAL_REFUSAL = "halfpi: this run already has its outcome"
+
+ONE_OUTCOME_PER_RUN = (
+    "CREATE UNIQUE INDEX IF NOT EXISTS events_terminal_of"
+    " ON events (terminal_of) WHERE terminal_of IS NOT NULL",
+    *(
+        f"CREATE TRIGGER IF NOT EXISTS {table}_first_outcome_stands"
+        f" BEFORE UPDATE ON {table}"
+        f" WHEN OLD.{ended} IS NOT NULL AND NEW.status IS NOT OLD.status"
+        f" BEGIN SELECT RAISE(ABORT, '{TERMINAL_REFUSAL}'); END"
+        for table, ended in (
+            ("runs", "finished_at"),
+            ("tool_runs", "finished_at"),
+            ("tool_calls", "finished_at"),
+            ("approvals", "decided_at"),
+        )
+    ),
 )
 
 SCHEMA = """
@@ -54,6 +87,7 @@ CREATE TABLE IF NOT EXISTS events (
     type TEXT NOT NULL,
     data TEXT NOT NULL,
     ts REAL NOT NULL,
+    terminal_of TEXT,  -- the run this event ends (store.base.terminal_of), else NULL
     PRIMARY KEY (conversation_id, seq)
 );
 CREATE TABLE IF NOT EXISTS messages (
@@ -163,7 +197,7 @@ CREATE TABLE IF NOT EXISTS tool_runs (
 );
 CREATE INDEX IF NOT EXISTS tool_runs_open ON tool_runs (status) WHERE finished_at IS NULL;
 INSERT OR IGNORE INTO meta (key, value) VALUES ('credentials_version', '0');
-"""
+""" + "\n".join(f"{statement};" for statement in ONE_OUTCOME_PER_RUN)
 
 _encode = msgspec.json.encode
 _decode = msgspec.json.decode
@@ -181,7 +215,96 @@ def connect(path: Path, *, synchronous: str = "FULL") -> sqlite3.Connection:
 
 
 def init_schema(conn: sqlite3.Connection) -> None:
-    conn.executescript(SCHEMA)
+    """Create the schema, or upgrade an older one to :data:`SCHEMA_VERSION`
+    (one transaction: all or nothing). A database written by a newer halfpi
+    is refused untouched."""
+    if _user_version(conn) == SCHEMA_VERSION:
+        return  # the usual start: nothing to write
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        found = _user_version(conn)  # another process may have just upgraded it
+        if found > SCHEMA_VERSION:
+            raise StoreError(
+                f"the database has schema version {found}, newer than this halfpi"
+                f" understands ({SCHEMA_VERSION}): upgrade halfpi"
+            )
+        if found < SCHEMA_VERSION:
+            if found == 0 and not _has_table(conn, "events"):
+                for statement in _statements(SCHEMA):
+                    conn.execute(statement)
+            else:
+                for upgrade in _UPGRADES[found:]:
+                    upgrade(conn)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _user_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def _has_table(conn: sqlite3.Connection, name: str) -> bool:
+    row = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+    ).fetchone()
+    return row is not None
+
+
+def _statements(script: str) -> list[str]:
+    """Split a script into statements (``executescript`` would commit)."""
+    statements: list[str] = []
+    pending = ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            statements.append(pending.strip())
+            pending = ""
+    return statements
+
+
+def _upgrade_0_to_1(conn: sqlite3.Connection) -> None:
+    """Mark every event that ends a run; when an old log holds two outcomes
+    for one run (two Minds once shared a home), the first written keeps the
+    mark and stands, the later one stays in the log unmarked."""
+    conn.execute("ALTER TABLE events ADD COLUMN terminal_of TEXT")
+    seen: set[str] = set()
+    marks: list[tuple[str, str, int]] = []
+    duplicates = 0
+    types = tuple(TERMINAL_EVENT_TYPES)
+    rows = conn.execute(
+        f"SELECT conversation_id, seq, type, data, ts FROM events"
+        f" WHERE type IN ({', '.join('?' for _ in types)}) ORDER BY rowid",
+        types,
+    )
+    for conversation_id, seq, type_, data, ts in rows:
+        key = terminal_of(StoredEvent(conversation_id, seq, type_, data.encode(), ts))
+        if key is None:
+            continue
+        if key in seen:
+            duplicates += 1
+            continue
+        seen.add(key)
+        marks.append((key, conversation_id, seq))
+    conn.executemany(
+        "UPDATE events SET terminal_of = ? WHERE conversation_id = ? AND seq = ?", marks
+    )
+    if duplicates:
+        log.warning(
+            "the log holds %d second outcome(s) for runs that had one already;"
+            " the first of each stands",
+            duplicates,
+        )
+    for statement in ONE_OUTCOME_PER_RUN:
+        conn.execute(statement)
+    log.info("upgraded the database schema from version 0 to 1")
+
+
+# _UPGRADES[n] takes a database from version n to n + 1.
+_UPGRADES: tuple[Callable[[sqlite3.Connection], None], ...] = (_upgrade_0_to_1,)
+assert len(_UPGRADES) == SCHEMA_VERSION
 
 
 # -- row mapping -------------------------------------------------------------
@@ -437,8 +560,27 @@ def apply_tx(conn: sqlite3.Connection, tx: WriteTx) -> TxOutcome:
 
 def insert_events(conn: sqlite3.Connection, events: Sequence[StoredEvent]) -> None:
     conn.executemany(
-        "INSERT INTO events (conversation_id, seq, type, data, ts) VALUES (?,?,?,?,?)",
-        [(e.conversation_id, e.seq, e.type, e.data.decode(), e.ts) for e in events],
+        "INSERT INTO events (conversation_id, seq, type, data, ts, terminal_of)"
+        " VALUES (?,?,?,?,?,?)",
+        [
+            (
+                e.conversation_id,
+                e.seq,
+                e.type,
+                e.data.decode(),
+                e.ts,
+                terminal_of(e) if e.type in TERMINAL_EVENT_TYPES else None,
+            )
+            for e in events
+        ],
+    )
+
+
+def is_terminal_refusal(exc: sqlite3.Error) -> bool:
+    """True if ``exc`` is the database refusing a second outcome for a run."""
+    text = str(exc)
+    return isinstance(exc, sqlite3.IntegrityError) and (
+        "events.terminal_of" in text or TERMINAL_REFUSAL in text
     )
 
 

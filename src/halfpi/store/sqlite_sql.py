@@ -64,6 +64,8 @@ CREATE TABLE IF NOT EXISTS messages (
     request_id TEXT,
     status TEXT,
     ts REAL NOT NULL,
+    error_code TEXT,
+    reason TEXT,
     PRIMARY KEY (conversation_id, seq)
 );
 CREATE TABLE IF NOT EXISTS runs (
@@ -180,8 +182,20 @@ def connect(path: Path, *, synchronous: str = "FULL") -> sqlite3.Connection:
     return conn
 
 
+# Columns added after a table first shipped: a database made by an older
+# version gets them on open (SQLite's ADD COLUMN is instant and keeps rows).
+ADDED_COLUMNS = (
+    ("messages", "error_code", "TEXT"),
+    ("messages", "reason", "TEXT"),
+)
+
+
 def init_schema(conn: sqlite3.Connection) -> None:
     conn.executescript(SCHEMA)
+    for table, column, kind in ADDED_COLUMNS:
+        present = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+        if column not in present:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
 
 # -- row mapping -------------------------------------------------------------
@@ -378,6 +392,11 @@ def apply_tx(conn: sqlite3.Connection, tx: WriteTx) -> TxOutcome:
             " VALUES (?,?,?,?)",
             [(c.conversation_id, c.name, c.created_at, c.created_by) for c in tx.conversations],
         )
+    if tx.conversation_names:
+        conn.executemany(
+            "UPDATE conversations SET name = ? WHERE conversation_id = ?",
+            [(name, conversation_id) for conversation_id, name in tx.conversation_names],
+        )
     if tx.seq_reservations:
         conn.executemany(
             "UPDATE conversations SET seq_reserved = MAX(seq_reserved, ?)"
@@ -416,10 +435,20 @@ def apply_tx(conn: sqlite3.Connection, tx: WriteTx) -> TxOutcome:
         )
     if tx.messages:
         conn.executemany(
-            "INSERT INTO messages (conversation_id, seq, role, content, request_id, status, ts)"
-            " VALUES (?,?,?,?,?,?,?)",
+            "INSERT INTO messages (conversation_id, seq, role, content, request_id, status, ts,"
+            " error_code, reason) VALUES (?,?,?,?,?,?,?,?,?)",
             [
-                (m.conversation_id, m.seq, m.role, m.content, m.request_id, m.status, m.ts)
+                (
+                    m.conversation_id,
+                    m.seq,
+                    m.role,
+                    m.content,
+                    m.request_id,
+                    m.status,
+                    m.ts,
+                    m.error_code,
+                    m.reason,
+                )
                 for m in tx.messages
             ],
         )

@@ -119,16 +119,11 @@ class Conv:
                 }
             elif kind in TERMINAL_EVENTS:
                 pending.pop(data["request_id"], None)
-                if data["status"] == "succeeded" or data["content"]:
-                    messages.append(
-                        _message(
-                            e["seq"],
-                            "assistant",
-                            data["content"],
-                            data["request_id"],
-                            data["status"],
-                        )
+                messages.append(
+                    _message(
+                        e["seq"], "assistant", data["content"], data["request_id"], data["status"]
                     )
+                )
         return {
             "conversation": {"id": self.cid, "name": self.cid, "created_at": 1.0},
             "cursor": self.cursor(),

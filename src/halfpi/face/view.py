@@ -139,9 +139,9 @@ class ConversationView:
             )
             self.tool_cards[card.tool_call_id] = card
         for run in snapshot.get("active_runs", []):
-            card = self.tool_cards.get(run.get("tool_call_id", ""))
-            if card is not None:
-                card.run_status = run.get("status")
+            running = self.tool_cards.get(run.get("tool_call_id", ""))
+            if running is not None:
+                running.run_status = run.get("status")
 
     def apply(self, type_: str, payload: dict[str, Any]) -> Applied:
         """Fold one ``face.event`` or ``face.chat.delta`` payload."""

@@ -547,7 +547,7 @@ def test_a_tool_card_says_awaiting_approval_then_running_then_its_end() -> None:
     view.apply("face.event", event(10, "chat.tool_completed", tool_call_id="t1",
                                    status="failed", success=False, output_bytes=4,
                                    result={"stdout": "", "stderr": "no\n", "exit_code": 2}))
-    assert view.tool_phase(card) == "failed (exit 2)"
+    assert view.tool_phase(card) == "failed (exit 2) · allowed by laptop"
 
 
 def test_a_denied_tool_card_says_who_denied_it() -> None:

@@ -71,6 +71,7 @@ class ToolCard:
     run_status: str | None = None  # the Hand run's state (queued, running…) once it has one
     error_category: str | None = None
     decided_by: str | None = None  # who allowed or denied it (a credential label)
+    approval: str | None = None  # how its approval ended: allowed, denied, expired, cancelled
     exit_code: int | None = None
 
 
@@ -223,8 +224,10 @@ class ConversationView:
         elif kind == "approval.resolved":
             self.pending_approvals.pop(data["approval_id"], None)
             decided = self.tool_cards.get(data.get("tool_call_id") or "")
-            if decided is not None and data.get("decided_by"):
-                decided.decided_by = data.get("decided_by_label") or data.get("decided_by")
+            if decided is not None:
+                decided.approval = data.get("status")
+                if data.get("decided_by"):
+                    decided.decided_by = data.get("decided_by_label") or data.get("decided_by")
         elif kind == "task.changed":
             self.tasks[data["task_id"]] = dict(data)
         # Unknown kinds are still positions in the log: the cursor advances.
@@ -241,12 +244,14 @@ class ConversationView:
                 return "awaiting approval"
             return "queued" if card.run_status == "queued" else "running"
         phase = card.status
-        if card.status in ("allowed", "denied") and card.decided_by:
+        if card.status == "denied" and card.decided_by:
             phase += f" by {card.decided_by}"
         elif card.exit_code not in (None, 0):
             phase += f" (exit {card.exit_code})"
         elif card.status == "failed" and card.error_category:
             phase += f" ({card.error_category})"
+        if card.approval == "allowed" and card.decided_by:
+            phase += f" · allowed by {card.decided_by}"
         return phase
 
     def mark_cancel_requested(self, request_id: str) -> None:

@@ -318,7 +318,8 @@ async def test_an_approval_waiting_in_another_conversation_is_shown_and_reached(
             "face.chat", conversation_id=cid, content='/tool exec_command {"argv": ["true"]}'
         )
         screen = await tmux.wait_for(lambda s: "approval waiting in other conversations" in s)
-        assert "in “deploy”" in screen and "ctrl+g go there" in screen and "^g Go to approval" in screen
+        assert "in “deploy”" in screen and "ctrl+g go there" in screen
+        assert "^g Go to approval" in screen
         assert "▸ " in screen and "deploy ⚠" in screen  # marked in the list too
         tmux.keys("C-g")
         await tmux.wait_for(lambda s: "Approve tool exec_command in “deploy”?" in s)

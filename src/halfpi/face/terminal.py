@@ -335,6 +335,7 @@ class TerminalFace(App[int]):
         if not self.ready:
             return
         self._set_status_text(self._status_text(status))
+        self._show_approvals()
         self.refresh_bindings()
 
     def _tick(self) -> None:
@@ -469,6 +470,8 @@ class TerminalFace(App[int]):
                 f"⚠ {count} {noun} waiting in other conversations: {first.get('tool', '?')} "
                 f"in “{where}” ({left} left) — ctrl+g go there"
             )
+        if lines and self.client.status.state in ("reconnecting", "connecting"):
+            lines.append("(as last known: the Mind is unreachable; it re-reads them when back)")
         self.approvals_line.update(Text(escape_controls("\n".join(lines))))
         self.approvals_line.set_class(bool(lines), "shown")
 

@@ -72,8 +72,10 @@ class Tmux:
 
 
 def face_command(home: Path, url: str) -> str:
-    return (f"env HALFPI_HOME={home} TERM=xterm-256color {sys.executable} -m halfpi.cli face "
-            f"--url {url}")
+    # COLUMNS/LINES from the tmux server's environment (whoever started it)
+    # would override the pane's real size: the face must measure the pane.
+    return (f"env -u COLUMNS -u LINES HALFPI_HOME={home} TERM=xterm-256color "
+            f"{sys.executable} -m halfpi.cli face --url {url}")
 
 
 def status_line(screen: str) -> str:

@@ -47,6 +47,7 @@ from halfpi import __version__
 from halfpi.core.backoff import backoff
 from halfpi.core.scopes import SESSIONS_READ
 from halfpi.face.errors import AuthError, ClientClosed, FaceError, OutcomeUnknown, command_error
+from halfpi.face.lists import LiveLists
 from halfpi.face.results import Result, Status
 from halfpi.face.transport import ConnectionLost, Connector, Transport, websocket_connector
 from halfpi.face.view import APPLIED, RESYNC, ConversationView
@@ -152,13 +153,7 @@ class FaceClient:
         self.on_message = on_message
         self.url = self.urls[0] if self.urls else ""
         self.status = Status("connecting", url=self.url)
-        # The live lists (docs/protocol.md §16): conversation id -> {id, name,
-        # created_at}; approval id -> {conversation_id, approval_id, request_id,
-        # tool, reason, expires_at}.
-        self.conversations: dict[str, dict[str, Any]] = {}
-        self.approvals: dict[str, dict[str, Any]] = {}
-        # conversation news that came while a list read was on its way
-        self._conversation_news: dict[str, dict[str, Any]] | None = None
+        self.lists = LiveLists()  # docs/protocol.md §16
         self._wake = asyncio.Event()
         self.views: dict[str, ConversationView] = {}
         self.welcome: dict[str, Any] = {}
@@ -243,13 +238,20 @@ class FaceClient:
         """Skip the rest of the backoff wait: try the next URL at once."""
         self._wake.set()
 
+    @property
+    def conversations(self) -> dict[str, dict[str, Any]]:
+        """Every conversation, live: id -> {id, name, created_at}."""
+        return self.lists.conversations
+
+    @property
+    def approvals(self) -> dict[str, dict[str, Any]]:
+        """Every approval waiting for a decision, in any conversation, live:
+        id -> {conversation_id, approval_id, request_id, tool, reason, expires_at}."""
+        return self.lists.approvals
+
     def conversation_list(self) -> list[dict[str, Any]]:
         """The live list of conversations, newest first."""
-        return sorted(
-            self.conversations.values(),
-            key=lambda c: (c.get("created_at") or 0.0, c["id"]),
-            reverse=True,
-        )
+        return self.lists.conversation_list()
 
     async def wait_view(
         self,
@@ -419,56 +421,38 @@ class FaceClient:
         return result
 
     async def _read_conversations(self, gen: int) -> None:
-        """Re-read the list after a (re)connect; news that arrives while the
-        read is on its way is newer than the read and wins."""
-        self._conversation_news = {}
+        self.lists.reading_conversations()
+        rows = None
         try:
             result = await self._internal_read(gen, "face.conversation.list", {"limit": 200})
+            rows = list(result.data.get("conversations", []))
         except (FaceError, ConnectionLost):
-            return
+            pass
         finally:
-            news, self._conversation_news = self._conversation_news or {}, None
-        if gen != self.generation:
-            return
-        fresh = {c["id"]: dict(c) for c in result.data.get("conversations", [])}
-        fresh.update(news)
-        for cid, known in self.conversations.items():
-            fresh.setdefault(cid, known)  # beyond the first page: conversations never vanish
-        self.conversations = fresh
-        self._notify("conversations", "")
+            self.lists.conversations_read(rows if gen == self.generation else None)
+        if rows is not None and gen == self.generation:
+            self._notify("conversations", "")
 
     async def _read_approvals(self, gen: int) -> None:
-        """The Mind answers this read in its own order with the news, so the
-        answer replaces the list and later news applies on top."""
         try:
             result = await self._internal_read(gen, "face.approval.list", {})
         except (FaceError, ConnectionLost):
             return
-        if gen != self.generation:
-            return
-        self.approvals = {a["approval_id"]: dict(a) for a in result.data.get("approvals", [])}
-        self._notify("approvals", "")
+        if gen == self.generation:
+            self.lists.approvals_read(list(result.data.get("approvals", [])))
+            self._notify("approvals", "")
 
     def _session_news(self, type_: str, payload: dict[str, Any]) -> bool:
-        body = {k: v for k, v in payload.items() if k != "event_seq"}
+        cid = self.lists.apply(type_, payload)
+        if cid is None:
+            return False
         if type_ == "face.conversation.changed":
-            conversation = dict(body["conversation"])
-            cid = conversation["id"]
-            self.conversations[cid] = conversation
-            if self._conversation_news is not None:
-                self._conversation_news[cid] = conversation
             view = self.views.get(cid)
             if view is not None:
-                view.name = conversation.get("name")
+                view.name = self.lists.conversations[cid].get("name")
             self._notify("conversations", cid)
-        elif type_ == "face.approval.pending":
-            self.approvals[body["approval_id"]] = body
-            self._notify("approvals", body["conversation_id"])
-        elif type_ == "face.approval.settled":
-            self.approvals.pop(body["approval_id"], None)
-            self._notify("approvals", body["conversation_id"])
         else:
-            return False
+            self._notify("approvals", cid)
         return True
 
     async def _retry_subscribe(self, gen: int, cid: str) -> None:

@@ -20,17 +20,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import math
 import time
-from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widget import Widget
+from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Input, OptionList, Static
 from textual.widgets.option_list import Option
 
@@ -41,14 +37,10 @@ from halfpi.face.terminal_widgets import (
     UNTITLED,
     ApprovalScreen,
     ConversationList,
-    MessageBox,
+    ConversationLog,
     RenameScreen,
-    SendingBox,
-    StreamingBox,
-    ToolLine,
     clock,
     conversation_label,
-    tool_line,
 )
 from halfpi.face.view import ConversationView
 
@@ -101,7 +93,6 @@ class TerminalFace(App[int]):
         self.initial = conversation
         self.current: str | None = None
         self.prompted: set[str] = set()
-        self._entries: dict[str, Widget] = {}  # log key -> widget (see _sync_log)
         self._sending: dict[str, tuple[str, str | None]] = {}  # key -> (text, request_id)
         self._send_ids = itertools.count(1)
         self._opening = asyncio.Lock()
@@ -115,7 +106,7 @@ class TerminalFace(App[int]):
             yield ConversationList(id="conversations")
             with Vertical(id="chat"):
                 yield Static(id="title")
-                yield VerticalScroll(id="log")
+                yield ConversationLog(id="log")
                 yield Input(placeholder="Type a message; Enter sends", id="input")
         yield Static(id="approvals")
         yield Static(Text("connecting"), id="status")
@@ -124,7 +115,7 @@ class TerminalFace(App[int]):
     async def on_mount(self) -> None:
         self.conversations = self.query_one("#conversations", ConversationList)
         self.conversations.border_title = "Conversations"
-        self.log_view = self.query_one("#log", VerticalScroll)
+        self.log_view = self.query_one("#log", ConversationLog)
         self.log_view.anchor()
         self.message_box = self.query_one("#input", Input)
         self.title_line = self.query_one("#title", Static)
@@ -164,8 +155,7 @@ class TerminalFace(App[int]):
 
     async def _open(self, conversation_id: str) -> None:
         self.current = conversation_id
-        self._entries = {}
-        await self.log_view.remove_children()
+        await self.log_view.clear()
         await self.client.subscribe(conversation_id)
         self._render()
         self.message_box.focus()
@@ -360,49 +350,7 @@ class TerminalFace(App[int]):
         self._prompt_if_needed()
 
     def _sync_log(self) -> None:
-        """Make the log show the view: messages and tool calls in log order
-        (a call sits under its message, before its reply), then the replies
-        still streaming, then what is being sent. Widgets are keyed, so a
-        change updates one line instead of redrawing the conversation."""
-        view = self._view()
-        entries: list[tuple[float, int, str, Callable[[], Widget], Callable[[Widget], None]]] = []
-
-        def keep(_: Widget) -> None:
-            return None
-
-        if view is not None:
-            for m in view.messages:
-                entries.append((m.seq, 0, f"m{m.seq}", partial(MessageBox, m), keep))
-            for card in view.tool_cards.values():
-                text = tool_line(view, card)
-                entries.append((card.seq, 1, f"t{card.tool_call_id}", ToolLine, _shower(text)))
-            for i, reply in enumerate(view.streaming.values()):
-                entries.append((math.inf, i, f"s{reply.request_id}", StreamingBox, _shower(reply)))
-            mine = {m.request_id for m in view.messages}
-        else:
-            mine = set()
-        for i, (key, (text, request_id)) in enumerate(self._sending.items()):
-            if request_id is None or request_id not in mine:
-                entries.append((math.inf, 1000 + i, key, partial(SendingBox, text), keep))
-        entries.sort(key=lambda e: (e[0], e[1]))
-        wanted = {e[2] for e in entries}
-        for key in [k for k in self._entries if k not in wanted]:
-            self._entries.pop(key).remove()
-        previous: Widget | None = None
-        for _, _, key, make, show in entries:
-            widget = self._entries.get(key)
-            if widget is None:
-                widget = make()
-                self._entries[key] = widget
-                if previous is None:
-                    first = next(iter(self.log_view.children), None)
-                    self.log_view.mount(widget, before=first) if first else self.log_view.mount(
-                        widget
-                    )
-                else:
-                    self.log_view.mount(widget, after=previous)
-            show(widget)
-            previous = widget
+        self.log_view.show(self._view(), self._sending)
 
     def _show_title(self) -> None:
         if self.current is None:
@@ -527,14 +475,6 @@ class TerminalFace(App[int]):
     async def on_unmount(self) -> None:
         self.ready = False  # the widgets are going: the SDK's last words are not drawn
         await self.client.close()
-
-
-def _shower(value: Any) -> Callable[[Widget], None]:
-    def show(widget: Widget) -> None:
-        if isinstance(widget, ToolLine | StreamingBox):
-            widget.show(value)
-
-    return show
 
 
 def run_terminal(urls: list[str], token: str, conversation: str | None = None) -> int:

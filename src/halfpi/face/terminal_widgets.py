@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
+from textual.widget import Widget
 from textual.widgets import Button, Footer, Input, Markdown, OptionList, Static
 
 from halfpi.face.render import escape_controls
@@ -160,6 +163,60 @@ class SendingBox(Static):
 
     def __init__(self, text: str) -> None:
         super().__init__(Text(f"you · sending…\n{escape_controls(text)}"))
+
+
+class ConversationLog(VerticalScroll):
+    """The open conversation: messages and tool calls in log order (a call
+    sits under its message, before its reply), then the replies still
+    streaming, then what is being sent. Widgets are keyed, so a change
+    updates one line instead of redrawing the conversation."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.entries: dict[str, Widget] = {}
+
+    async def clear(self) -> None:
+        self.entries = {}
+        await self.remove_children()
+
+    def show(
+        self, view: ConversationView | None, sending: dict[str, tuple[str, str | None]]
+    ) -> None:
+        """``sending``: key -> (text, request_id once known) of messages the
+        Mind has not accepted yet; one leaves once its message is in the view."""
+        entries: list[tuple[float, int, str, Callable[[], Widget], Any]] = []
+        mine: set[str | None] = set()
+        if view is not None:
+            for m in view.messages:
+                entries.append((m.seq, 0, f"m{m.seq}", partial(MessageBox, m), None))
+            for card in view.tool_cards.values():
+                line = tool_line(view, card)
+                entries.append((card.seq, 1, f"t{card.tool_call_id}", ToolLine, line))
+            for i, reply in enumerate(view.streaming.values()):
+                entries.append((math.inf, i, f"s{reply.request_id}", StreamingBox, reply))
+            mine = {m.request_id for m in view.messages}
+        for i, (key, (text, request_id)) in enumerate(sending.items()):
+            if request_id is None or request_id not in mine:
+                entries.append((math.inf, 1000 + i, key, partial(SendingBox, text), None))
+        entries.sort(key=lambda e: (e[0], e[1]))
+        wanted = {e[2] for e in entries}
+        for key in [k for k in self.entries if k not in wanted]:
+            self.entries.pop(key).remove()
+        previous: Widget | None = None
+        for _, _, key, make, state in entries:
+            widget = self.entries.get(key)
+            if widget is None:
+                widget = self.entries[key] = make()
+                first = next(iter(self.children), None)
+                if previous is not None:
+                    self.mount(widget, after=previous)
+                elif first is not None:
+                    self.mount(widget, before=first)
+                else:
+                    self.mount(widget)
+            if isinstance(widget, ToolLine | StreamingBox):
+                widget.show(state)
+            previous = widget
 
 
 # -- the conversation list -------------------------------------------------------------

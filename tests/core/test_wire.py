@@ -17,6 +17,7 @@ from halfpi.errors import ErrorCode, InvalidRequest
 EXAMPLES: dict[str, dict[str, Any]] = {
     "face.hello": {"token": "hpf_x", "client": {"name": "sdk", "version": "1.0"}, "protocol": 3},
     "face.conversation.create": {"request_id": "r1", "name": "notes"},
+    "face.conversation.rename": {"request_id": "r1", "conversation_id": "c_1", "name": "plans"},
     "face.conversation.list": {"request_id": "r1", "limit": 10, "before": "c_1"},
     "face.conversation.snapshot": {
         "request_id": "r1",
@@ -47,6 +48,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "decision": "deny_once",
         "reason": "no",
     },
+    "face.approval.list": {"request_id": "r1"},
     "face.run.cancel": {"request_id": "r1", "run_id": "run_1"},
     "face.task.cancel": {"request_id": "r1", "task_id": "t_1"},
     "face.task.list": {"request_id": "r1", "limit": 5, "hand": "laptop"},
@@ -60,6 +62,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
 MINIMAL: dict[str, dict[str, Any]] = {
     "face.hello": EXAMPLES["face.hello"],
     "face.conversation.create": {"request_id": "r1"},
+    "face.conversation.rename": EXAMPLES["face.conversation.rename"],
     "face.conversation.list": {"request_id": "r1"},
     "face.conversation.snapshot": {"request_id": "r1", "conversation_id": "c_1"},
     "face.conversation.messages": {"request_id": "r1", "conversation_id": "c_1", "limit": 1},
@@ -68,6 +71,7 @@ MINIMAL: dict[str, dict[str, Any]] = {
     "face.chat": {"request_id": "r1", "conversation_id": "c_1", "content": ""},
     "face.chat.cancel": EXAMPLES["face.chat.cancel"],
     "face.approval.resolve": {"request_id": "r1", "approval_id": "a_1", "decision": "allow_once"},
+    "face.approval.list": {"request_id": "r1"},
     "face.run.cancel": EXAMPLES["face.run.cancel"],
     "face.task.cancel": EXAMPLES["face.task.cancel"],
     "face.task.list": {"request_id": "r1"},
@@ -149,6 +153,7 @@ def test_every_command_requires_request_id(type_: str) -> None:
 def test_command_sets() -> None:
     assert {
         "face.conversation.create",
+        "face.conversation.rename",
         "face.chat",
         "face.chat.cancel",
         "face.approval.resolve",
@@ -158,6 +163,7 @@ def test_command_sets() -> None:
     assert not MUTATIONS & READS
     assert set(COMMANDS) - {"face.hello", "face.ping"} == READS | MUTATIONS
     assert list(REPLAY_SAFE) == sorted(MUTATIONS | READS)
+    assert "face.approval.list" in READS
 
 
 # -- errors name the field -------------------------------------------------------

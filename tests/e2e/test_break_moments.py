@@ -14,6 +14,10 @@ reset.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import sqlite3
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -371,11 +375,15 @@ async def test_I11_kill_9_mid_chat_interrupts_it_and_keeps_what_was_committed(
     assert seq_of(snap["cursor"]) == interrupted_seq
     assert snap["pending_chats"] == []
     got = [(m["role"], m["request_id"], m["content"]) for m in snap["messages"]]
+    # The interrupted reply stays, with the text saved before the crash: a few
+    # words at this pace is less than one checkpoint period, so none.
     assert got == [
         ("user", "q-committed", "committed before the crash"),
         ("assistant", "q-committed", "committed before the crash"),
         ("user", "q-crash", crash["content"]),
+        ("assistant", "q-crash", ""),
     ]
+    assert snap["messages"][-1]["status"] == "interrupted"
 
     # The chat.interrupted event itself, read back from the new window.
     probe = await FaceClient.connect(mind_proc.url, mind_proc.token)
@@ -392,6 +400,51 @@ async def test_I11_kill_9_mid_chat_interrupts_it_and_keeps_what_was_committed(
     assert seq_of(after["payload"]["data"]["cursor"]) > interrupted_seq
     await face.close()
     await probe.close()
+
+
+async def test_I11_kill_9_mid_reply_keeps_the_text_saved_so_far(
+    mind_proc: MindProcess,
+) -> None:
+    """DESIGN §5: the text so far is checkpointed while it streams, so a reply
+    cut by a crash keeps what its Faces were shown (never more), marked
+    ``interrupted`` with a reason."""
+    face = await FaceClient.connect(mind_proc.url, mind_proc.token)
+    cid = await face.create_conversation()
+    await face.subscribe(cid)
+    content = f"/pace 100 {' '.join(words(100))}"
+    await face.command("face.chat", "q-long", conversation_id=cid, content=content)
+    db = mind_proc.home / "halfpi.db"
+    saved = await wait_for_checkpoint(db, "q-long")
+    mind_proc.kill()
+    assert await face.closed_with(5) is None  # reads every frame that arrived
+    shown = delta_text(face.seen, "q-long")
+    assert shown.startswith(saved)  # never more than the Faces were shown
+    mind_proc.start()
+
+    face = await FaceClient.connect(mind_proc.url, mind_proc.token)
+    reply = (await snapshot(face, cid))["messages"][-1]
+    assert (reply["role"], reply["request_id"], reply["status"]) == (
+        "assistant", "q-long", "interrupted"
+    )
+    assert reply["content"] == saved
+    assert "stopped" in reply["reason"]
+    await face.close()
+
+
+async def wait_for_checkpoint(db: Path, request_id: str, timeout: float = 20.0) -> str:
+    """Poll the store (read-only) until the running reply has saved some text."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+            row = conn.execute(
+                "SELECT content FROM runs WHERE request_id = ? AND finished_at IS NULL",
+                (request_id,),
+            ).fetchone()
+        if row is not None and row[0]:
+            return str(row[0])
+        assert loop.time() < deadline, "the reply never saved its text"
+        await asyncio.sleep(0.05)
 
 
 async def test_I2_seq_after_kill_9_is_above_every_seq_shown_before(

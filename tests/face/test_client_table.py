@@ -119,16 +119,11 @@ class Conv:
                 }
             elif kind in TERMINAL_EVENTS:
                 pending.pop(data["request_id"], None)
-                if data["status"] == "succeeded" or data["content"]:
-                    messages.append(
-                        _message(
-                            e["seq"],
-                            "assistant",
-                            data["content"],
-                            data["request_id"],
-                            data["status"],
-                        )
+                messages.append(
+                    _message(
+                        e["seq"], "assistant", data["content"], data["request_id"], data["status"]
                     )
+                )
         return {
             "conversation": {"id": self.cid, "name": self.cid, "created_at": 1.0},
             "cursor": self.cursor(),
@@ -236,6 +231,12 @@ class FakeMind:
         self.convs: dict[str, Conv] = {}
         self.auto_subscribe = True
         self.next_link_holds: set[str] = set()
+        # What the welcome grants, and the lists the Mind answers (docs/protocol.md §16).
+        self.scopes: list[str] = []
+        self.features = ["resume", "snapshot", "coalesced_deltas"]
+        self.answer_lists = True
+        self.listed: dict[str, Payload] = {}
+        self.pending_approvals: dict[str, Payload] = {}
 
     @property
     def link(self) -> FakeLink:
@@ -265,13 +266,13 @@ class FakeMind:
                         "principal_id": "p_1",
                         "label": "test",
                         "profile": "operator",
-                        "scopes": [],
+                        "scopes": list(self.scopes),
                         "protocol": 3,
                         "node_id": "n_1",
                         "heartbeat_s": 3600.0,
                         "limits": {},
                         "replay_safe": list(self.replay_safe),
-                        "features": ["resume", "snapshot", "coalesced_deltas"],
+                        "features": list(self.features),
                     },
                     event_seq=1,
                 )
@@ -289,12 +290,23 @@ class FakeMind:
             else:
                 link.push("face.snapshot", {"request_id": payload["request_id"],
                                             **conv.snapshot()})
+        elif type_ == "face.conversation.list" and self.answer_lists:
+            self.answer_list(link, payload["request_id"])
+        elif type_ == "face.approval.list" and self.answer_lists:
+            approvals = list(self.pending_approvals.values())
+            link.push("face.result", {"request_id": payload["request_id"], "status": "succeeded",
+                                      "data": {"approvals": approvals}})
         elif (
             type_ == "face.subscribe"
             and self.auto_subscribe
             and all(cid in self.convs for cid in payload["conversation_ids"])
         ):
             self.answer_subscribe(link, payload)
+
+    def answer_list(self, link: FakeLink, request_id: str) -> None:
+        rows = sorted(self.listed.values(), key=lambda c: c["id"], reverse=True)
+        link.push("face.result", {"request_id": request_id, "status": "succeeded",
+                                  "data": {"conversations": rows, "has_more": False}})
 
     def answer_subscribe(self, link: FakeLink, p: Payload) -> None:
         """DESIGN §4.2: exact replay when the cursor is in the window, else reset."""
@@ -368,6 +380,7 @@ class Rig:
     statuses: list[Status] = field(default_factory=list)
     messages: list[tuple[str, Payload]] = field(default_factory=list)
     clients: list[FaceClient] = field(default_factory=list)
+    updates: list[tuple[str, str]] = field(default_factory=list)
 
     def client(self, urls: str | list[str] = URL, **kw: Any) -> FaceClient:
         def on_status(status: Status) -> None:
@@ -386,7 +399,7 @@ class Rig:
             sleep=self.sleep,
             on_status=on_status,
             on_message=on_message,
-            on_update=lambda kind, cid: self.changes.bump(),
+            on_update=lambda kind, cid: (self.updates.append((kind, cid)), self.changes.bump()),
             **kw,
         )
         self.clients.append(client)
@@ -460,7 +473,7 @@ async def test_hello_is_the_first_frame_on_every_connection(rig: Rig) -> None:
         assert first["payload"]["protocol"] == 3
         assert first["payload"]["client"]["name"] == "table-face"
     assert client.welcome["replay_safe"] == REPLAY_SAFE
-    assert client.status == Status("live")
+    assert client.status == Status("live", url=URL)
 
 
 # -- (a) backoff ---------------------------------------------------------------
@@ -484,7 +497,7 @@ async def test_backoff_delays_follow_the_backoff_generator(rig: Rig) -> None:
     assert [s.attempt for s in reconnecting] == list(range(1, 11))
     assert [s.next_in for s in reconnecting] == rig.sleep.delays
     assert len(rig.mind.attempts) == 11
-    assert client.status == Status("live")
+    assert client.status == Status("live", url=URL)
 
 
 async def test_backoff_ceilings_double_from_a_quarter_second_up_to_thirty(rig: Rig) -> None:
@@ -515,7 +528,7 @@ async def test_backoff_resets_after_a_successful_hello(rig: Rig) -> None:
     assert second[0] <= 0.25 and second[1] <= 0.5 and second[2] <= 1.0
     reconnecting = [s.attempt for s in rig.statuses if s.state == "reconnecting"]
     assert reconnecting == [1, 2, 3, 1, 2, 3]
-    assert client.status == Status("live")
+    assert client.status == Status("live", url=URL)
 
 
 # -- (b) several URLs ---------------------------------------------------------------
@@ -773,7 +786,7 @@ async def test_other_closes_reconnect(rig: Rig, code: int | None) -> None:
     link2 = await rig.relink(link1, code=code)
     assert len(rig.sleep.delays) == 1
     assert [f["request_id"] for f in link2.frames("face.chat")] == ["q-1"]
-    assert client.status == Status("live")
+    assert client.status == Status("live", url=URL)
     link2.push("face.result", {"request_id": "q-1", "status": "succeeded"})
     assert (await asyncio.wait_for(handle.result(), TIMEOUT)).ok
 
@@ -1004,7 +1017,7 @@ async def test_status_is_resumed_with_the_replayed_count_after_a_reconnect(rig: 
     await client.wait_view("c_1", lambda v: v.seq == 6, timeout=TIMEOUT)
     states = [s.state for s in rig.statuses]
     assert "resuming" in states
-    assert client.status == Status("resumed", replayed=3)
+    assert client.status == Status("resumed", replayed=3, url=URL)
     assert client.status.describe() == "resumed: 3 events replayed"
 
 
@@ -1015,13 +1028,13 @@ async def test_status_is_resumed_with_nothing_replayed_when_nothing_was_missed(
     await rig.follow(client, conv_with("c_1", "one"))
     await rig.relink(link1)
     await rig.changes.until(lambda: client.status.state == "resumed", "resumed")
-    assert client.status == Status("resumed", replayed=0)
+    assert client.status == Status("resumed", replayed=0, url=URL)
 
 
 async def test_status_is_live_not_resuming_when_nothing_was_followed(rig: Rig) -> None:
     client, link1 = await rig.live()
     await rig.relink(link1)
-    assert client.status == Status("live")
+    assert client.status == Status("live", url=URL)
 
 
 async def test_status_is_resumed_only_when_every_conversation_has_caught_up(rig: Rig) -> None:
@@ -1051,7 +1064,7 @@ async def test_status_is_resumed_only_when_every_conversation_has_caught_up(rig:
     assert client.status.state == "resuming"
     rig.mind.answer_subscribe(link2, subs["c_1"])
     await client.wait_view("c_1", lambda v: v.seq == 3, timeout=TIMEOUT)
-    assert client.status == Status("resumed", replayed=3)
+    assert client.status == Status("resumed", replayed=3, url=URL)
 
 
 # -- (h) news reaches the caller once ------------------------------------------------
@@ -1203,3 +1216,194 @@ async def test_a_refused_resubscribe_is_tried_again_not_abandoned(rig: Rig) -> N
     again = link.frames("face.subscribe")[-1]
     assert again["request_id"] != refused["request_id"]
     assert again["since"] == refused["since"]
+
+
+# -- honest connection state: where, why, when ------------------------------------------
+
+
+class FakeClock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_status_says_where_why_and_when_the_next_attempt_starts(rig: Rig) -> None:
+    clock = FakeClock()
+    rig.sleep.hold()
+    rig.mind.plan = ["refuse"]
+    client = rig.client(clock=clock, delays=lambda: backoff(jitter=False))
+    connecting = asyncio.ensure_future(client.connect(timeout=TIMEOUT))
+    await rig.changes.until(lambda: client.status.state == "reconnecting", "reconnecting")
+    status = client.status
+    assert status.url == URL
+    assert status.detail == f"{URL}: connection refused"  # the connector's own words
+    assert (status.attempt, status.next_in, status.next_at) == (1, 0.25, 1000.25)
+    assert status.describe(1000.0).startswith("reconnecting (attempt 1, next in 0.2 s)")
+    assert f"to {URL} failed: " in status.describe(1000.0)
+    # The countdown moves with the clock; it never goes below zero.
+    assert status.remaining(1000.2) == pytest.approx(0.05)
+    assert status.remaining(1001.0) == 0.0
+    rig.sleep.release()
+    await connecting
+    assert client.status == Status("live", url=URL)
+
+
+@pytest.mark.parametrize(
+    ("code", "reason", "words"),
+    [
+        (1012, "mind restarting", "the Mind is restarting"),
+        (4008, "slow consumer", "too slow to keep up: the Mind closed the connection"),
+        (None, "", "the connection dropped"),
+        (4321, "odd", "closed with code 4321: odd"),
+    ],
+)
+async def test_a_lost_connection_says_why_in_words(
+    rig: Rig, code: int | None, reason: str, words: str
+) -> None:
+    client, link = await rig.live()
+    rig.sleep.hold()
+    link.cut(code, reason)
+    await rig.changes.until(lambda: client.status.state == "reconnecting", "reconnecting")
+    assert (client.status.detail, client.status.url, client.status.attempt) == (words, URL, 1)
+
+
+async def test_a_mind_on_this_machine_is_retried_at_least_every_two_seconds(rig: Rig) -> None:
+    local = "ws://127.0.0.1:15707/v1/face"
+    rig.mind.plan = ["refuse"] * 8
+    client = rig.client(urls=local)
+    await client.connect(timeout=TIMEOUT)
+    assert client.max_delay_s == 2.0
+    assert rig.sleep.delays == list(
+        itertools.islice(backoff(cap=2.0, rng=random.Random(SEED)), 8)
+    )
+    assert max(rig.sleep.delays) <= 2.0
+
+
+async def test_a_remote_mind_keeps_the_thirty_second_cap(rig: Rig) -> None:
+    assert rig.client(urls=["ws://127.0.0.1/v1/face", URL]).max_delay_s == 30.0
+    assert rig.client(urls="ws://[::1]:15707/v1/face").max_delay_s == 2.0
+
+
+async def test_reconnect_now_skips_the_rest_of_the_wait(rig: Rig) -> None:
+    client, link = await rig.live()
+    rig.sleep.hold()  # no backoff wait ends on its own
+    rig.mind.plan = ["refuse"]
+    link.cut(1012)
+    await rig.changes.until(lambda: client.status.state == "reconnecting", "waiting")
+    assert len(rig.mind.attempts) == 1
+    client.reconnect_now()
+    await rig.changes.until(lambda: client.status.attempt == 2, "the refused retry")
+    assert len(rig.mind.attempts) == 2
+    client.reconnect_now()
+    await rig.changes.until(lambda: client.status.state == "live", "live again")
+    assert len(rig.mind.attempts) == 3
+
+
+# -- the live lists: conversations and approvals (docs/protocol.md §16) ----------------
+
+
+def conversation(cid: str, name: str | None, created_at: float) -> Payload:
+    return {"id": cid, "name": name, "created_at": created_at}
+
+
+def reading_rig(rig: Rig) -> None:
+    rig.mind.scopes = ["face:sessions:read"]
+    rig.mind.features = [*rig.mind.features, "conversation_changes", "approval_summaries"]
+
+
+async def test_the_conversation_list_is_read_on_connect_and_kept_live(rig: Rig) -> None:
+    reading_rig(rig)
+    rig.mind.listed = {"c_1": conversation("c_1", "first", 1.0)}
+    client, link = await rig.live()
+    await rig.changes.until(lambda: "c_1" in client.conversations, "the list")
+    assert ("conversations", "") in rig.updates
+    link.push("face.conversation.changed",
+              {"conversation": conversation("c_2", None, 2.0), "change": "created"})
+    await rig.changes.until(lambda: "c_2" in client.conversations, "the new conversation")
+    assert ("conversations", "c_2") in rig.updates
+    link.push("face.conversation.changed",
+              {"conversation": conversation("c_2", "trip", 2.0), "change": "renamed"})
+    await rig.changes.until(lambda: client.conversations["c_2"]["name"] == "trip", "renamed")
+    assert [c["id"] for c in client.conversation_list()] == ["c_2", "c_1"]
+    # The news is the caller's news too; the client's own reads are not.
+    assert len(rig.received("face.conversation.changed")) == 2
+    assert rig.received("face.result") == []
+
+
+async def test_the_lists_are_read_again_after_every_reconnect(rig: Rig) -> None:
+    reading_rig(rig)
+    client, link1 = await rig.live()
+    await rig.changes.until(lambda: len(link1.frames("face.approval.list")) == 1, "first read")
+    # Created while this Face was away: no news reached it, the re-read finds it.
+    rig.mind.listed["c_9"] = conversation("c_9", "made elsewhere", 9.0)
+    link2 = await rig.relink(link1)
+    await rig.changes.until(lambda: "c_9" in client.conversations, "the re-read list")
+    assert len(link2.frames("face.conversation.list")) == 1
+    assert len(link2.frames("face.approval.list")) == 1
+
+
+async def test_news_that_comes_while_the_list_is_read_wins(rig: Rig) -> None:
+    reading_rig(rig)
+    rig.mind.answer_lists = False
+    client, link = await rig.live()
+    await rig.changes.until(lambda: link.frames("face.conversation.list") != [], "the read")
+    stale = dict(rig.mind.listed)
+    stale["c_1"] = conversation("c_1", "old name", 1.0)
+    link.push("face.conversation.changed",
+              {"conversation": conversation("c_1", "new name", 1.0), "change": "renamed"})
+    link.push("face.conversation.changed",
+              {"conversation": conversation("c_2", None, 2.0), "change": "created"})
+    rig.mind.listed = stale  # the read was answered from before the news
+    rig.mind.answer_list(link, link.frames("face.conversation.list")[0]["request_id"])
+    await rig.changes.until(lambda: ("conversations", "") in rig.updates, "the read applied")
+    assert client.conversations["c_1"]["name"] == "new name"
+    assert "c_2" in client.conversations
+
+
+async def test_a_face_without_read_scope_reads_no_lists(rig: Rig) -> None:
+    client, link = await rig.live()
+    ping = asyncio.ensure_future(client.request("face.ping"))
+    await rig.changes.until(lambda: link.frames("face.ping") != [], "a later frame")
+    ping.cancel()
+    assert link.frames("face.conversation.list") == []
+    assert link.frames("face.approval.list") == []
+
+
+def summary(approval_id: str, cid: str = "c_1") -> Payload:
+    return {"conversation_id": cid, "approval_id": approval_id, "request_id": "q-1",
+            "tool": "exec_command", "reason": "the agent wants to run exec_command",
+            "expires_at": 2000.0}
+
+
+async def test_pending_approvals_across_conversations_stay_live(rig: Rig) -> None:
+    reading_rig(rig)
+    rig.mind.pending_approvals = {"a_1": summary("a_1")}
+    client, link1 = await rig.live()
+    await rig.changes.until(lambda: "a_1" in client.approvals, "the pending list")
+    link1.push("face.approval.pending", summary("a_2", "c_2"))
+    await rig.changes.until(lambda: "a_2" in client.approvals, "a new one")
+    assert client.approvals["a_2"] == summary("a_2", "c_2")
+    assert ("approvals", "c_2") in rig.updates
+    link1.push("face.approval.settled", {"conversation_id": "c_1", "approval_id": "a_1",
+                                         "status": "denied"})
+    await rig.changes.until(lambda: "a_1" not in client.approvals, "settled")
+    # Settled while away: the re-read after the reconnect drops it.
+    rig.mind.pending_approvals = {}
+    await rig.relink(link1)
+    await rig.changes.until(lambda: client.approvals == {}, "the re-read")
+
+
+async def test_a_refused_list_read_leaves_the_client_working(rig: Rig) -> None:
+    reading_rig(rig)
+    rig.mind.answer_lists = False
+    client, link = await rig.live()
+    await rig.changes.until(lambda: link.frames("face.approval.list") != [], "the read")
+    read = link.frames("face.approval.list")[0]
+    link.push("face.error", {"request_id": read["request_id"], "code": "forbidden",
+                             "message": "", "retryable": False})
+    rig.mind.convs["c_1"] = conv_with("c_1", "a")
+    view = await client.subscribe("c_1")
+    await client.wait_view("c_1", lambda v: v.ready, timeout=TIMEOUT)
+    assert [m.content for m in view.messages] == ["a"]

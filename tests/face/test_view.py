@@ -175,9 +175,9 @@ def test_snapshot_then_events_build_messages_and_streaming() -> None:
     assert view.cursor == cursor(6)
     assert view.summary() == {
         "messages": [
-            (1, "user", "hi", "q1", None),
-            (2, "assistant", "hi", "q1", "succeeded"),
-            (3, "user", "hello world", "q2", None),
+            (1, "user", "hi", "q1", None, None),
+            (2, "assistant", "hi", "q1", "succeeded", None),
+            (3, "user", "hello world", "q2", None, None),
         ],
         "streaming": ["q2"],
         "tools": [],
@@ -355,22 +355,22 @@ def test_coalesced_and_single_deltas_give_the_same_text() -> None:
 
 
 @pytest.mark.parametrize(
-    ("kind", "status", "content", "kept"),
+    ("kind", "status", "content"),
     [
-        ("chat.completed", "succeeded", "hello", True),
-        ("chat.completed", "succeeded", "", True),  # a success is always a message
-        ("chat.failed", "failed", "", False),
-        ("chat.failed", "failed", "half a rep", True),
-        ("chat.failed", "timed_out", "", False),
-        ("chat.failed", "timed_out", "slow", True),
-        ("chat.cancelled", "cancelled", "", False),
-        ("chat.cancelled", "cancelled", "said before the cancel", True),
-        ("chat.interrupted", "interrupted", "", False),
-        ("chat.interrupted", "interrupted", "cut short", True),
+        ("chat.completed", "succeeded", ""),  # a success is always a message
+        ("chat.completed", "succeeded", "hello"),
+        ("chat.failed", "failed", ""),  # …and so is every other end, text or not
+        ("chat.failed", "failed", "half a rep"),
+        ("chat.failed", "timed_out", ""),
+        ("chat.failed", "timed_out", "slow"),
+        ("chat.cancelled", "cancelled", ""),
+        ("chat.cancelled", "cancelled", "said before the cancel"),
+        ("chat.interrupted", "interrupted", ""),
+        ("chat.interrupted", "interrupted", "cut short"),
     ],
 )
-def test_terminal_event_ends_streaming_and_keeps_a_message_by_the_minds_rule(
-    kind: str, status: str, content: str, kept: bool
+def test_terminal_event_ends_streaming_and_keeps_every_reply_with_its_status(
+    kind: str, status: str, content: str
 ) -> None:
     assert kind in TERMINAL_EVENTS
     view = streaming_view()
@@ -380,10 +380,23 @@ def test_terminal_event_ends_streaming_and_keeps_a_message_by_the_minds_rule(
     assert view.apply("face.event", p) is APPLIED
     assert "q2" not in view.streaming
     assert view.cursor == cursor(6)
-    if kept:
-        assert view.messages == [*before, ViewMessage(6, "assistant", content, "q2", status)]
-    else:
-        assert view.messages == before
+    assert view.messages == [*before, ViewMessage(6, "assistant", content, "q2", status)]
+
+
+def test_a_failed_reply_keeps_its_code_and_reason_live_and_from_a_snapshot() -> None:
+    view = streaming_view()
+    data = {"status": "failed", "content": "", "error_code": "agent_bad_input",
+            "reason": "tool arguments are not JSON"}
+    view.apply("face.event", event(6, "chat.failed", request_id="q2", run_id="r2", **data))
+    live = view.messages[-1]
+    assert (live.status, live.error_code, live.reason) == (
+        "failed", "agent_bad_input", "tool arguments are not JSON"
+    )
+    wire = {**message(6, "assistant", "", "q2", "failed"),
+            "error_code": "agent_bad_input", "reason": "tool arguments are not JSON"}
+    resynced = ConversationView(CID)
+    resynced.apply_snapshot(snapshot(6, messages=[wire]))
+    assert resynced.messages[-1] == live
 
 
 def test_terminal_content_is_the_events_not_the_streamed_text() -> None:
@@ -504,8 +517,61 @@ def test_event_without_data_is_accepted() -> None:
 
 def test_conversation_changed_renames() -> None:
     view = view_at(1)
-    view.apply("face.event", event(2, "conversation.changed", name="renamed"))
+    conversation = {"id": CID, "name": "renamed", "created_at": 1.0}
+    view.apply("face.event", event(2, "conversation.changed", conversation=conversation,
+                                   change="renamed"))
     assert view.name == "renamed"
+
+
+def tool_called(seq: int, tool_call_id: str = "t1", tool: str = "exec_command") -> Payload:
+    return event(seq, "chat.tool_called", request_id="q2", tool_call_id=tool_call_id, tool=tool)
+
+
+def test_a_tool_card_says_awaiting_approval_then_running_then_its_end() -> None:
+    view = streaming_view()
+    view.apply("face.event", tool_called(5))
+    card = view.tool_cards["t1"]
+    assert card.seq == 5  # placed under its message, before the reply
+    view.apply("face.event", event(6, "approval.requested", approval_id="a1", request_id="q2",
+                                   tool_call_id="t1", tool="exec_command"))
+    assert view.tool_phase(card) == "awaiting approval"
+    view.apply("face.event", event(7, "approval.resolved", approval_id="a1", status="allowed",
+                                   decision="allow_once", decided_by="p_1",
+                                   decided_by_label="laptop", tool_call_id="t1"))
+    view.apply("face.event", event(8, "run.changed", run_id="x1", tool_call_id="t1",
+                                   status="queued"))
+    assert view.tool_phase(card) == "queued"
+    view.apply("face.event", event(9, "run.changed", run_id="x1", tool_call_id="t1",
+                                   status="running"))
+    assert view.tool_phase(card) == "running"
+    view.apply("face.event", event(10, "chat.tool_completed", tool_call_id="t1",
+                                   status="failed", success=False, output_bytes=4,
+                                   result={"stdout": "", "stderr": "no\n", "exit_code": 2}))
+    assert view.tool_phase(card) == "failed (exit 2) · allowed by laptop"
+
+
+def test_a_denied_tool_card_says_who_denied_it() -> None:
+    view = streaming_view()
+    view.apply("face.event", tool_called(5))
+    view.apply("face.event", event(6, "approval.requested", approval_id="a1", request_id="q2",
+                                   tool_call_id="t1"))
+    view.apply("face.event", event(7, "approval.resolved", approval_id="a1", status="denied",
+                                   decision="deny_once", decided_by="p_9",
+                                   decided_by_label="phone", tool_call_id="t1"))
+    view.apply("face.event", event(8, "chat.tool_completed", tool_call_id="t1", status="denied",
+                                   success=False, error_category="denied"))
+    assert view.tool_phase(view.tool_cards["t1"]) == "denied by phone"
+
+
+def test_a_snapshot_shows_a_waiting_call_as_awaiting_approval() -> None:
+    view = ConversationView(CID)
+    record = {"tool_call_id": "t1", "request_id": "q2", "tool": "exec_command",
+              "status": "running", "seq": 3}
+    approval = {"approval_id": "a1", "request_id": "q2", "tool_call_id": "t1",
+                "tool": "exec_command"}
+    view.apply_snapshot(snapshot(4, tool_history=[record], pending_approvals=[approval]))
+    card = view.tool_cards["t1"]
+    assert (card.seq, view.tool_phase(card)) == (3, "awaiting approval")
 
 
 def test_tool_cards_approvals_and_tasks() -> None:
@@ -636,12 +702,9 @@ def mind_snapshot(log: list[Wire], k: int) -> Payload:
             }
         elif kind in TERMINAL_EVENTS:
             pending.pop(data["request_id"])
-            if data["status"] == "succeeded" or data["content"]:
-                messages.append(
-                    message(
-                        p["seq"], "assistant", data["content"], data["request_id"], data["status"]
-                    )
-                )
+            messages.append(
+                message(p["seq"], "assistant", data["content"], data["request_id"], data["status"])
+            )
     return snapshot(seq, messages=messages, pending_chats=list(pending.values()))
 
 

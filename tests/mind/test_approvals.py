@@ -381,3 +381,79 @@ async def test_chat_cancel_while_the_call_is_being_recorded_leaves_nothing_open(
         snap_id = await face.command("face.conversation.snapshot", conversation_id=cid)
         snap = await face.reply(snap_id)
         assert [r["status"] for r in snap["payload"]["tool_history"]] == ["cancelled"]
+
+
+# -- approvals across conversations (session-level news) -------------------------------------
+
+
+def approval_news(type_: str, approval_id: str | None = None) -> Callable[[Any], bool]:
+    def match(frame: dict[str, Any]) -> bool:
+        return frame["type"] == type_ and (
+            approval_id is None or frame["payload"]["approval_id"] == approval_id
+        )
+
+    return match
+
+
+async def test_a_pending_approval_is_announced_to_faces_following_other_conversations(
+    lmind: LocalMind,
+) -> None:
+    await hand_ready(lmind)
+    async with operator(lmind) as owner, operator(lmind) as elsewhere:
+        cid = await owner.create_conversation("deploy")
+        await owner.subscribe(cid)
+        other = await elsewhere.create_conversation("notes")
+        await elsewhere.subscribe(other)  # follows another conversation only
+        chat_id = await owner.command(
+            "face.chat",
+            conversation_id=cid,
+            content='/tool exec_command {"argv": ["true"], "api_key": "k-42"}',
+        )
+        approval_id = await wait_approval(owner, chat_id)
+        pending = await elsewhere.expect(approval_news("face.approval.pending", approval_id))
+        summary = {k: v for k, v in pending["payload"].items() if k != "event_seq"}
+        assert set(summary) == {
+            "conversation_id",
+            "approval_id",
+            "request_id",
+            "tool",
+            "reason",
+            "expires_at",
+        }
+        assert summary["conversation_id"] == cid
+        assert summary["request_id"] == chat_id
+        assert summary["tool"] == "exec_command"
+        assert "k-42" not in str(pending)  # a summary: never the arguments
+
+        listed_id = await elsewhere.command("face.approval.list")
+        listed = (await elsewhere.reply(listed_id))["payload"]["data"]["approvals"]
+        assert [a["approval_id"] for a in listed] == [approval_id]
+        assert listed[0] == summary
+
+        resolve_id = await elsewhere.command(
+            "face.approval.resolve", approval_id=approval_id, decision="deny_once"
+        )
+        await elsewhere.reply(resolve_id)
+        settled = await owner.expect(approval_news("face.approval.settled", approval_id))
+        assert settled["payload"]["status"] == "denied"
+        assert settled["payload"]["conversation_id"] == cid
+        await elsewhere.expect(approval_news("face.approval.settled", approval_id))
+        resolved = await owner.expect(event("approval.resolved", approval_id=approval_id))
+        assert resolved["payload"]["data"]["decided_by_label"] == "local"
+        await owner.reply(chat_id)
+
+        listed_id = await elsewhere.command("face.approval.list")
+        assert (await elsewhere.reply(listed_id))["payload"]["data"]["approvals"] == []
+
+
+async def test_an_expired_approval_is_announced_as_settled(tmp_path: Path) -> None:
+    async with local_mind(tmp_path / "home", approval_ttl_s=0.3) as lmind:
+        await hand_ready(lmind)
+        async with operator(lmind) as face, operator(lmind) as watcher:
+            cid = await face.create_conversation()
+            chat_id = await face.command("face.chat", conversation_id=cid, content=TRUE_TOOL)
+            pending = await watcher.expect(approval_news("face.approval.pending"))
+            assert pending["payload"]["request_id"] == chat_id
+            approval_id = pending["payload"]["approval_id"]
+            settled = await watcher.expect(approval_news("face.approval.settled", approval_id))
+            assert settled["payload"]["status"] == "expired"

@@ -429,6 +429,37 @@ async def test_messages_round_trip(messages_store: Any) -> None:
     }
 
 
+async def test_a_reply_keeps_its_error_code_and_reason(store: Any) -> None:
+    failed = MessageRow(
+        "c_1", 4, "assistant", "half a", "r_1", "failed", 104.0, "agent_failed", "it broke"
+    )
+    await commit(store, WriteTx(messages=[failed]))
+    page = await store.messages("c_1", limit=10, before_seq=None, max_seq=None)
+    assert page.messages == [failed]
+    assert page.messages[0].to_wire()["error_code"] == "agent_failed"
+    assert page.messages[0].to_wire()["reason"] == "it broke"
+
+
+async def test_an_older_database_gains_the_reply_reason_columns(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.execute(
+        "CREATE TABLE messages (conversation_id TEXT NOT NULL, seq INTEGER NOT NULL,"
+        " role TEXT NOT NULL, content TEXT NOT NULL, request_id TEXT, status TEXT,"
+        " ts REAL NOT NULL, PRIMARY KEY (conversation_id, seq))"
+    )
+    conn.execute("INSERT INTO messages VALUES ('c_1', 1, 'user', 'old', NULL, NULL, 1.0)")
+    conn.commit()
+    conn.close()
+    store = SQLiteStore(path)
+    await store.open()
+    try:
+        page = await store.messages("c_1", limit=10, before_seq=None, max_seq=None)
+        assert page.messages == [MessageRow("c_1", 1, "user", "old", None, None, 1.0)]
+    finally:
+        await store.close()
+
+
 async def test_messages_latest_page_is_oldest_first(messages_store: Any) -> None:
     assert await _page(messages_store, limit=3) == ([16, 18, 20], True)
 
@@ -784,6 +815,15 @@ async def test_conversations_round_trip_and_page_by_id(store: Any) -> None:
     assert await store.list_conversations(2, None) == [rows[4], rows[3]]
     assert await store.list_conversations(2, "c_003") == [rows[2], rows[1]]
     assert await store.list_conversations(10, "c_001") == [rows[0]]
+
+
+async def test_a_conversation_name_changes_in_place(store: Any) -> None:
+    await commit(store, WriteTx(conversations=[conversation("c_1"), conversation("c_2")]))
+    await commit(store, WriteTx(conversation_names=[("c_1", "plans")]))
+    renamed = await store.get_conversation("c_1")
+    assert renamed == ConversationRow("c_1", "plans", 100.0, "p_1")
+    assert await store.get_conversation("c_2") == conversation("c_2")
+    assert [r.name for r in await store.list_conversations(10, None)] == ["name of c_2", "plans"]
 
 
 async def test_a_duplicate_conversation_fails_its_tx(store: Any) -> None:

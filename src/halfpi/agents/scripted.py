@@ -93,8 +93,9 @@ async def _tool(chat: ChatInput, rest: str, pace: float) -> AsyncIterator[Delta]
     summary = f"{name} {status}"
     if result.get("exit_code") is not None:
         summary += f" (exit {result['exit_code']})"
-    if result.get("error_category") and status != "succeeded":
-        summary += f": {result.get('error') or result['error_category']}"
+    detail = result.get("error") or result.get("error_category")
+    if detail and status != "succeeded" and detail != status:  # never "denied: denied"
+        summary += f": {detail}"
     yield Delta(summary)
     output = str(result.get("stdout") or "")
     if output:

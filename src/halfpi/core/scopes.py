@@ -30,6 +30,7 @@ PROFILES = {
 
 COMMAND_SCOPE: dict[str, str | None] = {
     "face.conversation.create": SESSIONS_WRITE,
+    "face.conversation.rename": SESSIONS_WRITE,
     "face.conversation.list": SESSIONS_READ,
     "face.conversation.snapshot": SESSIONS_READ,
     "face.conversation.messages": SESSIONS_READ,
@@ -38,6 +39,7 @@ COMMAND_SCOPE: dict[str, str | None] = {
     "face.chat": CHAT,
     "face.chat.cancel": CHAT,
     "face.approval.resolve": APPROVE,
+    "face.approval.list": SESSIONS_READ,
     "face.run.cancel": RUNS_WRITE,
     "face.task.cancel": RUNS_WRITE,
     "face.task.list": TASKS_READ,

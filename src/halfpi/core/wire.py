@@ -45,6 +45,11 @@ class ConversationCreate(Command, frozen=True):
     name: Name | None = None
 
 
+class ConversationRename(Command, frozen=True):
+    conversation_id: Id
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+
+
 class ConversationList(Command, frozen=True):
     limit: Annotated[int, msgspec.Meta(ge=1, le=200)] = 50
     before: Id | None = None
@@ -90,6 +95,10 @@ class ApprovalResolve(Command, frozen=True):
     reason: Annotated[str, msgspec.Meta(max_length=1000)] | None = None
 
 
+class ApprovalList(Command, frozen=True):
+    pass
+
+
 class RunCancel(Command, frozen=True):
     run_id: Id
 
@@ -124,6 +133,7 @@ class Ping(Strict, frozen=True):
 COMMANDS: dict[str, type[Strict]] = {
     "face.hello": Hello,
     "face.conversation.create": ConversationCreate,
+    "face.conversation.rename": ConversationRename,
     "face.conversation.list": ConversationList,
     "face.conversation.snapshot": ConversationSnapshot,
     "face.conversation.messages": ConversationMessages,
@@ -132,6 +142,7 @@ COMMANDS: dict[str, type[Strict]] = {
     "face.chat": Chat,
     "face.chat.cancel": ChatCancel,
     "face.approval.resolve": ApprovalResolve,
+    "face.approval.list": ApprovalList,
     "face.run.cancel": RunCancel,
     "face.task.cancel": TaskCancel,
     "face.task.list": TaskList,
@@ -146,6 +157,7 @@ COMMANDS: dict[str, type[Strict]] = {
 MUTATIONS = frozenset(
     {
         "face.conversation.create",
+        "face.conversation.rename",
         "face.chat",
         "face.chat.cancel",
         "face.approval.resolve",

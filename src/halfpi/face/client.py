@@ -15,7 +15,14 @@ What it does for you (DESIGN §3, §4, I4-I6):
 - keeps a table of outstanding commands: after a reconnect, those the Mind
   declared replay-safe (``face.welcome.replay_safe``) are re-sent with the
   same ``request_id``; any other that was already on the wire fails with
-  :class:`~halfpi.face.errors.OutcomeUnknown` — never silently re-sent.
+  :class:`~halfpi.face.errors.OutcomeUnknown` — never silently re-sent;
+- keeps two live lists no subscription covers — the conversations and the
+  approvals waiting in any conversation — re-read after every (re)connect
+  and kept current by ``face.conversation.changed`` and
+  ``face.approval.pending`` / ``face.approval.settled`` (docs/protocol.md §16);
+- says where it is and why in :attr:`status` (the URL, the last failure, when
+  the next attempt starts), and retries sooner when the Mind is on this
+  machine (a restart there takes seconds, not minutes).
 
 The transport is a seam (:data:`~halfpi.face.transport.Connector`): the default speaks WebSocket
 through ``websockets``; tests inject a scripted one, and time (``sleep``,
@@ -31,12 +38,16 @@ import json
 import logging
 import os
 import random
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 from halfpi import __version__
 from halfpi.core.backoff import backoff
+from halfpi.core.scopes import SESSIONS_READ
 from halfpi.face.errors import AuthError, ClientClosed, FaceError, OutcomeUnknown, command_error
+from halfpi.face.lists import LiveLists
 from halfpi.face.results import Result, Status
 from halfpi.face.transport import (
     ConnectionLost,
@@ -51,6 +62,20 @@ from halfpi.face.view import APPLIED, RESYNC, ConversationView
 log = logging.getLogger("halfpi.face")
 
 AUTH_CLOSE_CODES = frozenset({4001, 4003})
+# Backoff ceilings: DESIGN §11's 30 s for a Mind across a network; a Mind on
+# this machine that went away is restarting, so it is tried every 2 s at most.
+REMOTE_CAP_S = 30.0
+LOCAL_CAP_S = 2.0
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def is_local(url: str) -> bool:
+    """True if ``url`` names this machine (a loopback host)."""
+    try:
+        host = urlsplit(url).hostname
+    except ValueError:
+        return False
+    return host is not None and (host in LOCAL_HOSTS or host.startswith("127."))
 
 
 class _Pending:
@@ -111,6 +136,8 @@ class FaceClient:
         on_update: Callable[[str, str], None] | None = None,
         on_message: Callable[[str, dict[str, Any]], None] | None = None,
         ssl: Trust | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        max_delay_s: float | None = None,
     ) -> None:
         self.urls = [urls] if isinstance(urls, str) else list(urls)
         self.token = token
@@ -121,11 +148,22 @@ class FaceClient:
         self.rng = rng or random.Random()
         self.heartbeat_s = heartbeat_s
         self.dead_after_s = dead_after_s
-        self._delays = delays or (lambda: backoff(rng=self.rng))
+        self.clock = clock
+        if max_delay_s is None:
+            local = all(is_local(url) for url in self.urls)
+            max_delay_s = LOCAL_CAP_S if local else REMOTE_CAP_S
+        self.max_delay_s = max_delay_s
+        self._delays = delays or (lambda: backoff(cap=self.max_delay_s, rng=self.rng))
         self.on_status = on_status
+        # on_update(kind, conversation_id): a view changed (kind: the message
+        # type, "snapshot", "cancel_requested"), or a live list did
+        # ("conversations", "approvals"; conversation_id "" when re-read whole).
         self.on_update = on_update
         self.on_message = on_message
-        self.status = Status("connecting")
+        self.url = self.urls[0] if self.urls else ""
+        self.status = Status("connecting", url=self.url)
+        self.lists = LiveLists()  # docs/protocol.md §16
+        self._wake = asyncio.Event()
         self.views: dict[str, ConversationView] = {}
         self.welcome: dict[str, Any] = {}
         self.generation = 0
@@ -183,7 +221,7 @@ class FaceClient:
         for pending in list(self._pending.values()):
             pending.fail(ClientClosed("client closed"))
         self._pending.clear()
-        self._set_status(Status("closed"))
+        self._set_status(Status("closed", url=self.url))
 
     def _set_status(self, status: Status) -> None:
         self.status = status
@@ -195,6 +233,34 @@ class FaceClient:
             self.on_update(kind, conversation_id)
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float | None = None) -> None:
+        """Wait until ``predicate()`` holds (checked whenever anything changes)."""
+
+        async def until() -> None:
+            while not predicate():
+                await self._changed.wait()
+
+        await asyncio.wait_for(until(), timeout)
+
+    def reconnect_now(self) -> None:
+        """Skip the rest of the backoff wait: try the next URL at once."""
+        self._wake.set()
+
+    @property
+    def conversations(self) -> dict[str, dict[str, Any]]:
+        """Every conversation, live: id -> {id, name, created_at}."""
+        return self.lists.conversations
+
+    @property
+    def approvals(self) -> dict[str, dict[str, Any]]:
+        """Every approval waiting for a decision, in any conversation, live:
+        id -> {conversation_id, approval_id, request_id, tool, reason, expires_at}."""
+        return self.lists.approvals
+
+    def conversation_list(self) -> list[dict[str, Any]]:
+        """The live list of conversations, newest first."""
+        return self.lists.conversation_list()
 
     async def wait_view(
         self,
@@ -220,6 +286,7 @@ class FaceClient:
         urls = itertools.cycle(self.urls)
         while not self._closing:
             url = next(urls)
+            self.url = url
             transport: Transport | None = None
             try:
                 transport = await self.connector(url)
@@ -231,30 +298,45 @@ class FaceClient:
                     self._refuse(AuthError(exc.code or 0, exc.reason))
                     return
                 attempt += 1
-                delay = next(delays)
-                self._set_status(Status("reconnecting", attempt, delay))
-                await self.sleep(delay)
+                await self._back_off(attempt, next(delays), url, exc.describe())
                 continue
+            # Welcomed: the backoff starts over, so a Mind that comes back
+            # after a restart is found again within the first short delays.
             attempt, delays = 0, self._delays()
+            why = "the connection ended"
             try:
                 await self._run_connection(transport)
             except ConnectionLost as exc:
                 if exc.code in AUTH_CLOSE_CODES:
                     self._refuse(AuthError(exc.code or 0, exc.reason))
                     return
+                why = exc.describe()
             finally:
                 self._transport = None
                 await transport.close()
             if self._closing:
                 return
             attempt = 1
-            delay = next(delays)
-            self._set_status(Status("reconnecting", attempt, delay))
-            await self.sleep(delay)
+            await self._back_off(attempt, next(delays), url, why)
+
+    async def _back_off(self, attempt: int, delay: float, url: str, why: str) -> None:
+        """Say where and why, then wait ``delay`` (or until :meth:`reconnect_now`)."""
+        next_at = self.clock() + delay
+        self._set_status(
+            Status("reconnecting", attempt, delay, detail=why, url=url, next_at=next_at)
+        )
+        self._wake.clear()
+        sleeper = asyncio.ensure_future(self.sleep(delay))
+        waker = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            waker.cancel()
 
     def _refuse(self, exc: AuthError) -> None:
         self._fatal = exc
-        self._set_status(Status("refused", detail=str(exc)))
+        self._set_status(Status("refused", detail=str(exc), url=self.url))
         for pending in list(self._pending.values()):
             pending.fail(exc)
         self._pending.clear()
@@ -298,7 +380,7 @@ class FaceClient:
         gen = self.generation
         self._transport = transport
         resumed = await self._after_connect(gen)
-        self._set_status(Status("resuming" if resumed else "live"))
+        self._set_status(Status("resuming" if resumed else "live", url=self.url))
         self._live.set()
         loop = asyncio.get_running_loop()
         last_rx = loop.time()
@@ -343,8 +425,55 @@ class FaceClient:
                 # Reconcile by reading state instead (I6).
                 self._pending.pop(pending.request_id, None)
                 self._spawn(self._reconcile(pending))
-
+        if SESSIONS_READ in self.welcome.get("scopes", ()):
+            self._spawn(self._read_conversations(gen))
+            if "approval_summaries" in self.welcome.get("features", ()):
+                self._spawn(self._read_approvals(gen))
         return resumed
+
+    # -- the live lists (docs/protocol.md §16) -------------------------------------
+
+    async def _internal_read(self, gen: int, type_: str, payload: dict[str, Any]) -> Result:
+        pending = _Pending(type_, {"request_id": new_request_id("list"), **payload}, internal=True)
+        self._pending[pending.request_id] = pending
+        await self._send_pending(gen, pending)
+        result: Result = await pending.result
+        return result
+
+    async def _read_conversations(self, gen: int) -> None:
+        self.lists.reading_conversations()
+        rows = None
+        try:
+            result = await self._internal_read(gen, "face.conversation.list", {"limit": 200})
+            rows = list(result.data.get("conversations", []))
+        except (FaceError, ConnectionLost):
+            pass
+        finally:
+            self.lists.conversations_read(rows if gen == self.generation else None)
+        if rows is not None and gen == self.generation:
+            self._notify("conversations", "")
+
+    async def _read_approvals(self, gen: int) -> None:
+        try:
+            result = await self._internal_read(gen, "face.approval.list", {})
+        except (FaceError, ConnectionLost):
+            return
+        if gen == self.generation:
+            self.lists.approvals_read(list(result.data.get("approvals", [])))
+            self._notify("approvals", "")
+
+    def _session_news(self, type_: str, payload: dict[str, Any]) -> bool:
+        cid = self.lists.apply(type_, payload)
+        if cid is None:
+            return False
+        if type_ == "face.conversation.changed":
+            view = self.views.get(cid)
+            if view is not None:
+                view.name = self.lists.conversations[cid].get("name")
+            self._notify("conversations", cid)
+        else:
+            self._notify("approvals", cid)
+        return True
 
     async def _retry_subscribe(self, gen: int, cid: str) -> None:
         await self.sleep(0.5 + self.rng.random())
@@ -434,6 +563,8 @@ class FaceClient:
         (not a duplicate event, not a second accepted for a re-sent command)."""
         if type_ in ("face.event", "face.chat.delta"):
             return self._conversation_message(gen, type_, payload)
+        if isinstance(type_, str) and self._session_news(type_, payload):
+            return True
         if type_ == "face.reset":
             self._rebuild(payload["conversation_id"], payload["snapshot"])
             return True
@@ -453,15 +584,16 @@ class FaceClient:
             pending = self._pending.get(request_id)
             if pending is not None:
                 self._finish(pending, Result.from_wire(payload) if "status" in payload else payload)
-            return pending is not None
+            return pending is not None and not pending.internal
         if type_ == "face.error":
             pending = self._pending.pop(request_id, None)
             if pending is not None and pending.internal:
+                pending.fail(command_error(payload))
                 for cid in pending.payload.get("conversation_ids", ()):
                     self._resume_pending.discard(cid)
                     if self._resubscribing.get(cid) == request_id:
                         del self._resubscribing[cid]
-                log.warning("resubscribe refused: %s", payload)
+                log.warning("%s refused: %s", pending.type, payload)
                 self._maybe_resumed()
                 if payload.get("retryable"):
                     # busy, rate_limited, unavailable…: the view must not
@@ -536,7 +668,7 @@ class FaceClient:
     def _maybe_resumed(self) -> None:
         """'resumed: k events replayed' only once every conversation has caught up."""
         if self.status.state == "resuming" and not self._resume_pending and not self._catching_up:
-            self._set_status(Status("resumed", replayed=self._replayed))
+            self._set_status(Status("resumed", replayed=self._replayed, url=self.url))
 
     def _rebuild(self, cid: str, snapshot: dict[str, Any], *, quiet: bool = False) -> None:
         view = self.views.get(cid)
@@ -548,7 +680,7 @@ class FaceClient:
         self._catching_up.pop(cid, None)
         self._resume_pending.discard(cid)
         if not quiet:
-            self._set_status(Status("resynced"))
+            self._set_status(Status("resynced", url=self.url))
         self._notify("snapshot", cid)
 
     def _resubscribe_all(self, gen: int) -> None:
@@ -597,6 +729,27 @@ class FaceClient:
             payload["request_id"] = request_id
         result: Result = await self.request("face.conversation.create", **payload)
         return str(result.data["conversation_id"])
+
+    async def rename_conversation(
+        self, conversation_id: str, name: str, *, request_id: str | None = None
+    ) -> str:
+        """Rename (replay-safe); returns the name the Mind stored (cleaned)."""
+        payload: dict[str, Any] = {"conversation_id": conversation_id, "name": name}
+        if request_id:
+            payload["request_id"] = request_id
+        result: Result = await self.request("face.conversation.rename", **payload)
+        return str(result.data["name"])
+
+    async def resolve_approval(
+        self, approval_id: str, decision: str, *, reason: str | None = None
+    ) -> Result:
+        """``allow_once`` or ``deny_once``; the result says whether this decision
+        was ``applied`` or another had already won (``already_resolved``)."""
+        payload: dict[str, Any] = {"approval_id": approval_id, "decision": decision}
+        if reason:
+            payload["reason"] = reason
+        result: Result = await self.request("face.approval.resolve", **payload)
+        return result
 
     async def list_conversations(self, limit: int = 50) -> list[dict[str, Any]]:
         result: Result = await self.request("face.conversation.list", limit=limit)

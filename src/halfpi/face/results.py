@@ -8,7 +8,14 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class Status:
-    """What a status line shows; never claims more than the client knows."""
+    """What a status line shows; never claims more than the client knows.
+
+    ``url`` is the Mind this is about (the one connected to, or the one whose
+    attempt failed last); ``detail`` says why (the last failure while
+    reconnecting, the refusal when refused); ``next_at`` is when the next
+    attempt starts, on the client's monotonic clock, so a UI can count down
+    (``remaining(now)``) instead of showing a number that never moves.
+    """
 
     # connecting | live | reconnecting | resuming | resumed | resynced | refused | closed
     state: str
@@ -16,11 +23,23 @@ class Status:
     next_in: float | None = None
     replayed: int = 0
     detail: str = ""
+    url: str = ""
+    next_at: float | None = None
 
-    def describe(self) -> str:
+    def remaining(self, now: float) -> float | None:
+        """Seconds until the next attempt, as of ``now`` (never negative)."""
+        if self.next_at is None:
+            return self.next_in
+        return max(0.0, self.next_at - now)
+
+    def describe(self, now: float | None = None) -> str:
         if self.state == "reconnecting":
-            nxt = f", next in {self.next_in:.1f} s" if self.next_in is not None else ""
-            return f"reconnecting (attempt {self.attempt}{nxt})"
+            left = self.next_in if now is None else self.remaining(now)
+            nxt = f", next in {left:.1f} s" if left is not None else ""
+            text = f"reconnecting (attempt {self.attempt}{nxt})"
+            where = f" to {self.url}" if self.url else ""
+            why = f": {self.detail}" if self.detail else ""
+            return text + (f" — last try{where} failed{why}" if where or why else "")
         if self.state == "resuming":
             return "connected, catching up"
         if self.state == "resumed":

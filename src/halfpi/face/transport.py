@@ -32,6 +32,27 @@ class ConnectionLost(Exception):
         self.code = code
         self.reason = reason
 
+    def describe(self) -> str:
+        """Why, in words a person can act on (what a status line shows)."""
+        known = CLOSE_MEANINGS.get(self.code) if self.code is not None else None
+        if known is not None:
+            return known
+        if self.code is None:
+            return self.reason or "the connection dropped"
+        return f"closed with code {self.code}" + (f": {self.reason}" if self.reason else "")
+
+
+CLOSE_MEANINGS = {
+    1000: "the connection was closed",
+    1001: "the Mind closed the connection (no traffic, or going away)",
+    1006: "the connection dropped",
+    1011: "the Mind hit an internal error",
+    1012: "the Mind is restarting",
+    4008: "too slow to keep up: the Mind closed the connection",
+    4009: "the Mind saw a protocol violation",
+    4010: "no hello in time",
+}
+
 
 class Transport(Protocol):
     async def send(self, text: str) -> None: ...
@@ -128,9 +149,36 @@ async def websocket_connector(url: str, *, ssl_context: ssl.SSLContext | None = 
             if ssl_context is not None:
                 options["ssl"] = ssl_context
         ws = await websockets.connect(
-            url, max_size=None, open_timeout=10, ping_interval=None, logger=_wire_log, **options
+            url,
+            max_size=None,
+            open_timeout=OPEN_TIMEOUT_S,
+            ping_interval=None,
+            logger=_wire_log,
+            **options,
         )
-    except (OSError, TimeoutError, websockets.InvalidHandshake) as exc:
-        # ssl.SSLError (a certificate that does not verify) is an OSError.
-        raise ConnectionLost(None, str(exc)) from None
+    except (OSError, websockets.InvalidHandshake, websockets.InvalidURI) as exc:
+        # ssl.SSLError (a certificate that does not verify) is an OSError too.
+        raise ConnectionLost(None, _why_not(exc)) from None
     return _WebSocketTransport(ws)
+
+
+OPEN_TIMEOUT_S = 10.0
+
+
+def _why_not(exc: BaseException) -> str:
+    """A failed connect, in words (never the library's repr)."""
+    import socket
+
+    import websockets
+
+    if isinstance(exc, TimeoutError):
+        return f"no answer within {OPEN_TIMEOUT_S:.0f} s"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused (nothing listening there: is the Mind running?)"
+    if isinstance(exc, socket.gaierror):
+        return "unknown host"
+    if isinstance(exc, websockets.InvalidStatus):
+        return f"the server refused the WebSocket upgrade (HTTP {exc.response.status_code})"
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc) or type(exc).__name__
+    return str(exc) or type(exc).__name__

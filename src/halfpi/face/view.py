@@ -33,10 +33,20 @@ class ViewMessage:
     content: str
     request_id: str | None
     status: str | None
+    error_code: str | None = None
+    reason: str | None = None  # why a reply did not succeed, for people
 
     @classmethod
     def from_wire(cls, m: dict[str, Any]) -> ViewMessage:
-        return cls(m["seq"], m["role"], m["content"], m.get("request_id"), m.get("status"))
+        return cls(
+            m["seq"],
+            m["role"],
+            m["content"],
+            m.get("request_id"),
+            m.get("status"),
+            m.get("error_code"),
+            m.get("reason"),
+        )
 
 
 @dataclass(slots=True)
@@ -53,10 +63,16 @@ class ToolCard:
     tool: str
     request_id: str | None
     args: Any = None
-    status: str = "running"
+    status: str = "running"  # running until completed, then its terminal status
     output_bytes: int | None = None
     digest: str | None = None
     success: bool | None = None
+    seq: int = 0  # where the call sits in the log: under its message, before the reply
+    run_status: str | None = None  # the Hand run's state (queued, running…) once it has one
+    error_category: str | None = None
+    decided_by: str | None = None  # who allowed or denied it (a credential label)
+    approval: str | None = None  # how its approval ended: allowed, denied, expired, cancelled
+    exit_code: int | None = None
 
 
 @dataclass(slots=True)
@@ -108,6 +124,7 @@ class ConversationView:
         self.tasks = {t["task_id"]: dict(t) for t in snapshot.get("tasks", [])}
         self.tool_cards = {}
         for record in snapshot.get("tool_history", []):
+            result = record.get("result") or {}
             card = ToolCard(
                 record["tool_call_id"],
                 record.get("tool", "?"),
@@ -117,8 +134,15 @@ class ConversationView:
                 record.get("output_bytes"),
                 record.get("digest"),
                 record.get("success"),
+                int(record.get("seq") or 0),
+                error_category=record.get("error_category"),
+                exit_code=result.get("exit_code") if isinstance(result, dict) else None,
             )
             self.tool_cards[card.tool_call_id] = card
+        for run in snapshot.get("active_runs", []):
+            running = self.tool_cards.get(run.get("tool_call_id", ""))
+            if running is not None:
+                running.run_status = run.get("status")
 
     def apply(self, type_: str, payload: dict[str, Any]) -> Applied:
         """Fold one ``face.event`` or ``face.chat.delta`` payload."""
@@ -157,19 +181,31 @@ class ConversationView:
             self.streaming[request_id] = StreamingReply(request_id, data.get("run_id"))
         elif kind in TERMINAL_EVENTS:
             self.streaming.pop(request_id, None)
-            status = data.get("status")
-            content = data.get("content", "")
-            # The Mind keeps an assistant message for a success, and for any
-            # other end that produced text (same rule as the store).
-            if status == "succeeded" or content:
-                self.messages.append(ViewMessage(seq, "assistant", content, request_id, status))
+            # Every end is an assistant message, with its status, its reason
+            # and whatever text it had (the same rule as the store).
+            self.messages.append(
+                ViewMessage(
+                    seq,
+                    "assistant",
+                    data.get("content", ""),
+                    request_id,
+                    data.get("status"),
+                    data.get("error_code"),
+                    data.get("reason"),
+                )
+            )
         elif kind == "conversation.changed":
-            self.name = data.get("name", self.name)
+            conversation = data.get("conversation") or {}
+            self.name = conversation.get("name", self.name)
         elif kind == "chat.tool_called":
             card = ToolCard(
-                data["tool_call_id"], data.get("tool", "?"), request_id, data.get("args")
+                data["tool_call_id"], data.get("tool", "?"), request_id, data.get("args"), seq=seq
             )
             self.tool_cards[card.tool_call_id] = card
+        elif kind == "run.changed":
+            running = self.tool_cards.get(data.get("tool_call_id") or "")
+            if running is not None:
+                running.run_status = data.get("status")
         elif kind == "chat.tool_completed":
             done = self.tool_cards.get(data["tool_call_id"])
             if done is not None:
@@ -179,13 +215,44 @@ class ConversationView:
                 done.success = data.get("success")
                 done.output_bytes = data.get("output_bytes")
                 done.digest = data.get("digest")
+                done.error_category = data.get("error_category")
+                result = data.get("result")
+                if isinstance(result, dict):
+                    done.exit_code = result.get("exit_code")
         elif kind == "approval.requested":
             self.pending_approvals[data["approval_id"]] = dict(data)
         elif kind == "approval.resolved":
             self.pending_approvals.pop(data["approval_id"], None)
+            decided = self.tool_cards.get(data.get("tool_call_id") or "")
+            if decided is not None:
+                decided.approval = data.get("status")
+                if data.get("decided_by"):
+                    decided.decided_by = data.get("decided_by_label") or data.get("decided_by")
         elif kind == "task.changed":
             self.tasks[data["task_id"]] = dict(data)
         # Unknown kinds are still positions in the log: the cursor advances.
+
+    def awaiting_approval(self, tool_call_id: str) -> bool:
+        return any(a.get("tool_call_id") == tool_call_id for a in self.pending_approvals.values())
+
+    def tool_phase(self, card: ToolCard) -> str:
+        """What is true of a tool call now, in words: ``awaiting approval``,
+        ``queued``, ``running``, ``succeeded``, ``failed (exit 2)``, ``denied by
+        laptop``…"""
+        if card.status == "running":
+            if self.awaiting_approval(card.tool_call_id):
+                return "awaiting approval"
+            return "queued" if card.run_status == "queued" else "running"
+        phase = card.status
+        if card.status == "denied" and card.decided_by:
+            phase += f" by {card.decided_by}"
+        elif card.exit_code not in (None, 0):
+            phase += f" (exit {card.exit_code})"
+        elif card.status == "failed" and card.error_category:
+            phase += f" ({card.error_category})"
+        if card.approval == "allowed" and card.decided_by:
+            phase += f" · allowed by {card.decided_by}"
+        return phase
 
     def mark_cancel_requested(self, request_id: str) -> None:
         reply = self.streaming.get(request_id)
@@ -197,7 +264,9 @@ class ConversationView:
     def summary(self) -> dict[str, Any]:
         """What must equal the Mind's snapshot once everything has settled."""
         return {
-            "messages": [(m.seq, m.role, m.content, m.request_id, m.status) for m in self.messages],
+            "messages": [
+                (m.seq, m.role, m.content, m.request_id, m.status, m.reason) for m in self.messages
+            ],
             "streaming": sorted(self.streaming),
             "tools": sorted((c.tool_call_id, c.tool, c.status) for c in self.tool_cards.values()),
         }

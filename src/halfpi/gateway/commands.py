@@ -15,6 +15,7 @@ from halfpi.core.cursor import parse_cursor
 from halfpi.core.replay import Exact, plan_resume
 from halfpi.core.requests import RequestRecord, Tombstone
 from halfpi.core.scopes import default_detail_mode
+from halfpi.core.titles import clean_name
 from halfpi.errors import ErrorCode, InvalidRequest, NotFound, TooLarge
 from halfpi.store.base import FinishedRequest, WriteTx
 
@@ -43,6 +44,25 @@ async def conversation_create(s: FaceSession, p: wire.ConversationCreate) -> Non
         return standing
 
     await s.mutation("face.conversation.create", p, admit)
+
+
+async def conversation_rename(s: FaceSession, p: wire.ConversationRename) -> None:
+    """A new name, through the registry (replay-safe); every Face that may
+    read conversations hears ``face.conversation.changed``."""
+    name = clean_name(p.name)
+    if not name:
+        raise InvalidRequest("a name needs at least one visible character", field="name")
+    actor = await s.mind.actor(p.conversation_id)
+
+    async def admit(record: RequestRecord) -> RequestRecord | Tombstone:
+        standing = await actor.rename(record, name)
+        if standing is record:
+            s.send_reliable("face.accepted", record.accepted)
+            assert record.result is not None
+            s.send_result(record.result)
+        return standing
+
+    await s.mutation("face.conversation.rename", p, admit)
 
 
 async def conversation_list(s: FaceSession, p: wire.ConversationList) -> None:
@@ -207,8 +227,9 @@ async def chat_cancel(s: FaceSession, p: wire.ChatCancel) -> None:
         run = actor.active_run_for(p.target_request_id)
         own = await mind.store.run_for_request(actor.id, p.target_request_id, caller)
         if run is not None and (run.principal_id == caller or own is None):
+            why = f"cancelled by {_label(s, caller)}"
             return await _admit_cancel(
-                s, record, target, None, run.done, lambda: actor.stop(run, "cancelled")
+                s, record, target, None, run.done, lambda: actor.stop(run, "cancelled", why)
             )
         row = own or await mind.store.run_for_request(actor.id, p.target_request_id)
         if row is None:
@@ -295,7 +316,9 @@ async def approval_resolve(s: FaceSession, p: wire.ApprovalResolve) -> None:
         stored = None
         if p.approval_id not in mind.approvals.live:
             stored = await mind.store.get_approval(p.approval_id)
-        data = await mind.approvals.resolve(principal, p.approval_id, p.decision, p.reason, stored)
+        data = await mind.approvals.resolve(
+            principal, p.approval_id, p.decision, p.reason, stored, _label(s, principal)
+        )
         record.accepted = {
             "request_id": record.request_id,
             "operation": "approval.resolve",
@@ -311,6 +334,19 @@ async def approval_resolve(s: FaceSession, p: wire.ApprovalResolve) -> None:
         return record
 
     await s.mutation("face.approval.resolve", p, admit)
+
+
+async def approval_list(s: FaceSession, p: wire.ApprovalList) -> None:
+    """Every approval waiting for a decision, across conversations (summaries:
+    a Face re-reads this after a reconnect, then follows
+    ``face.approval.pending`` / ``face.approval.settled``)."""
+    data = {"approvals": s.mind.pending_approvals()}
+    s.send_result({"request_id": p.request_id, "status": "succeeded", "data": data})
+
+
+def _label(s: FaceSession, principal_id: str) -> str:
+    credential = s.mind.credential(principal_id)
+    return credential.label if credential is not None else principal_id
 
 
 async def run_cancel(s: FaceSession, p: wire.RunCancel) -> None:
@@ -361,6 +397,7 @@ async def hand_list(s: FaceSession, p: wire.HandList) -> None:
 HANDLERS: dict[str, Handler] = {
     "face.ping": ping,
     "face.conversation.create": conversation_create,
+    "face.conversation.rename": conversation_rename,
     "face.conversation.list": conversation_list,
     "face.conversation.snapshot": conversation_snapshot,
     "face.conversation.messages": conversation_messages,
@@ -369,6 +406,7 @@ HANDLERS: dict[str, Handler] = {
     "face.chat": chat,
     "face.chat.cancel": chat_cancel,
     "face.approval.resolve": approval_resolve,
+    "face.approval.list": approval_list,
     "face.run.cancel": run_cancel,
     "face.task.cancel": task_cancel,
     "face.task.list": task_list,

@@ -58,7 +58,14 @@ REPLAY_BATCH = 256
 MAX_INBOX = 256
 MAX_INBOX_BEFORE_HELLO = 4  # with at most 1 MiB each: bounded before anyone is known
 OVERSIZED = b"\x00oversized:"  # stands in the inbox for a frame too large to keep
-FEATURES = ("resume", "snapshot", "coalesced_deltas", "evicted_cursors")
+FEATURES = (
+    "resume",
+    "snapshot",
+    "coalesced_deltas",
+    "evicted_cursors",
+    "conversation_changes",  # face.conversation.changed, face.conversation.rename
+    "approval_summaries",  # face.approval.pending/settled, face.approval.list
+)
 
 
 class Transport(Protocol):

@@ -12,6 +12,7 @@ shown the moment it is durable, never before.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -29,6 +30,7 @@ from halfpi.core.outbound import DELTA, RELIABLE, Message
 from halfpi.core.projection import summary_data, summary_record
 from halfpi.core.requests import RequestRecord, Tombstone
 from halfpi.core.states import CHAT, CHAT_EVENT_FOR_STATUS
+from halfpi.core.titles import title_from_message
 from halfpi.errors import Busy, StoreError, TerminalExists
 from halfpi.journal.base import Journal
 from halfpi.mind.tools import call_tool, progress_message
@@ -72,6 +74,10 @@ class ActorHost(Protocol):
         self, principal_id: str, request_id: str, payload: dict[str, Any]
     ) -> None: ...
 
+    def announce(self, type_: str, payload: dict[str, Any]) -> None:
+        """A session-level message to every Face that may read conversations."""
+        ...
+
 
 class ChatRun:
     """One admitted chat, from ``chat.started`` to its terminal event."""
@@ -86,9 +92,12 @@ class ChatRun:
         "request_id",
         "retry_wait",
         "run_id",
+        "saved_at",
+        "saved_chars",
         "started_at",
         "state",
         "stop_reason",
+        "stop_why",
         "task",
         "text",
         "tool_runs",
@@ -123,6 +132,10 @@ class ChatRun:
         self.ending: str | None = None
         # The backoff wait between attempts to commit the end, if one runs.
         self.retry_wait: asyncio.Future[object] | None = None
+        self.stop_why: str | None = None  # one line for people: who or what stopped it
+        # The text-so-far checkpoint (DESIGN §5): when, and how much was saved.
+        self.saved_at = started_at
+        self.saved_chars = 0
         # Resolves with the terminal status once it is committed.
         self.done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
@@ -139,6 +152,7 @@ class ChatRun:
 _OnPublish = Callable[[], None] | None
 
 SEQ_BLOCK = 4096
+CHECKPOINT_S = 1.0  # the text so far is saved at most this often while it streams
 
 # Committing a chat's end is retried until the Store takes it (a full disk,
 # a lost database connection): 0.25 s, doubling, at most 30 s apart.
@@ -163,6 +177,8 @@ class ConversationActor:
         self.visible_runs: dict[str, ChatRun] = {}  # started and not yet ended, as published
         self.visible_approvals: dict[str, Approval] = {}  # requested, not yet resolved
         self.visible_tool_runs: dict[str, dict[str, Any]] = {}  # queued or running
+        # A name is set or on its way: no automatic title may overwrite it.
+        self.named = row.name is not None
 
     # -- staging and publication (I3) ------------------------------------------
 
@@ -289,6 +305,21 @@ class ConversationActor:
             m_started, e_started = self._event(
                 "chat.started", {"request_id": record.request_id, "run_id": run.run_id}, now
             )
+
+            def started() -> None:
+                self.visible_runs[run.request_id] = run
+
+            staged: list[tuple[Message, _OnPublish]] = [(m_message, None), (m_started, started)]
+            events = [e_message, e_started]
+            names: list[tuple[str, str]] = []
+            title = None if self.named else title_from_message(content)
+            if title is not None:
+                # An unnamed conversation is titled from its first message,
+                # in the same transaction as the message itself.
+                m_title, e_title = self._name_event(title, now)
+                staged.append((m_title, partial(self._named, title)))
+                events.append(e_title)
+                names.append((self.id, title))
             record.run_id = run.run_id
             record.conversation_id = self.id
             record.accepted = {
@@ -310,25 +341,25 @@ class ConversationActor:
                         run.run_id, self.id, record.request_id, record.principal_id, "running", now
                     )
                 ],
-                events=[e_message, e_started],
+                events=events,
+                conversation_names=names,
             )
-
-            def started() -> None:
-                self.visible_runs[run.request_id] = run
-
-            outcome = await self._commit(tx, [(m_message, None), (m_started, started)])
+            self.named = self.named or bool(names)
+            outcome = await self._commit(tx, staged)
         except BaseException:
             self.run = None
+            self.named = self.row.name is not None
             raise
         if outcome.existing is not None:
             self.run = None
+            self.named = self.row.name is not None
             return outcome.existing
         on_accepted(record)
         if run.stop_reason is not None:
             # Cancelled (or the Mind began draining) while the admission was
             # committing: the chat ends now, without ever starting the agent.
             run.task = asyncio.create_task(
-                self.finish(run, run.stop_reason, None), name=f"chat {run.run_id}"
+                self.finish(run, run.stop_reason, None, run.stop_why), name=f"chat {run.run_id}"
             )
         else:
             run.task = asyncio.create_task(self._drive(run), name=f"chat {run.run_id}")
@@ -352,6 +383,26 @@ class ConversationActor:
             self._outbox.append((message, None, None))
         else:
             self._publish(message)
+        now = self.host.now()
+        if now - run.saved_at >= CHECKPOINT_S:
+            self._checkpoint(run, now)
+
+    def _checkpoint(self, run: ChatRun, now: float) -> None:
+        """DESIGN §5: save the text Faces were shown so far (published deltas
+        only, never more), riding the group commit, so a reply cut short by a
+        crash keeps it. At most once per ``CHECKPOINT_S`` per chat."""
+        run.saved_at = now
+        text = "".join(run.visible_text)
+        if len(text) == run.saved_chars or CHAT.is_terminal(run.state):
+            return
+        run.saved_chars = len(text)
+        row = RunRow(
+            run.run_id, self.id, run.request_id, run.principal_id, "running", run.started_at
+        )
+        row = dataclasses.replace(row, content=text)
+        future = self.host.store.write(WriteTx(runs=[row]))
+        # A lost checkpoint costs only text a crash would lose: log, go on.
+        future.add_done_callback(_log_checkpoint_failure)
 
     def emit_progress(
         self, run: ChatRun, tool_call_id: str, kind: str, text: str, gap: bool, call_seq: int
@@ -366,7 +417,7 @@ class ConversationActor:
             self._publish(message)
 
     async def _drive(self, run: ChatRun) -> None:
-        status, error_code = "succeeded", None
+        status, error_code, why = "succeeded", None, None
         try:
             async for delta in self.host.agent.reply(
                 ChatInput(self.id, run.request_id, run.content, partial(call_tool, self, run))
@@ -378,18 +429,21 @@ class ConversationActor:
             if task is not None:
                 task.uncancel()
             status = run.stop_reason or "interrupted"
+            why = run.stop_why
         except AgentFailed as exc:
-            status, error_code = "failed", exc.code
+            status, error_code, why = "failed", exc.code, str(exc)
             log.info("chat %s failed: %s", run.run_id, exc)
         except Exception:
             log.exception("agent crashed in chat %s", run.run_id)
             status, error_code = "failed", "internal_error"
-        await self.finish(run, status, error_code)
+            why = "the agent failed unexpectedly (the Mind's log has the details)"
+        await self.finish(run, status, error_code, why)
 
-    def stop(self, run: ChatRun, reason: str) -> bool:
+    def stop(self, run: ChatRun, reason: str, why: str | None = None) -> bool:
         """Ask a running chat to stop (``cancelled`` or ``interrupted``).
 
         Returns False if the chat already reached a terminal state (I10).
+        ``why`` is the line a person reads (``cancelled by laptop``).
         """
         if CHAT.is_terminal(run.state):
             return False
@@ -404,12 +458,19 @@ class ConversationActor:
         if run.state == "running":
             run.state = CHAT.check(run.state, "cancel_requested")
         run.stop_reason = reason
+        run.stop_why = why
         if run.task is not None and not run.task.done():
             run.task.cancel()
         return True
 
     async def finish(
-        self, run: ChatRun, status: str, error_code: str | None, *, retry: bool = True
+        self,
+        run: ChatRun,
+        status: str,
+        error_code: str | None,
+        why: str | None = None,
+        *,
+        retry: bool = True,
     ) -> None:
         """Commit the chat's terminal state: run, request result, assistant
         message and the ``chat.*`` event in one transaction; first terminal wins.
@@ -419,7 +480,11 @@ class ConversationActor:
         lands, so every admitted chat reaches a terminal state Faces see. A
         drain that finds it still failing leaves it to restart recovery
         (``interrupted``). If the Store already holds another outcome for the
-        run, that one stands and this chat converges on it (I10)."""
+        run, that one stands and this chat converges on it (I10).
+
+        Every end keeps an assistant message — with its status, its reason and
+        whatever text it had — so a failed, cancelled or interrupted reply
+        stays visible, live and after a resync."""
         if run.ending is not None or not CHAT.first_terminal_wins(run.state, status):
             return
         run.ending = status
@@ -428,7 +493,7 @@ class ConversationActor:
         while True:
             try:
                 try:
-                    await self._commit_end(run, status, error_code, content)
+                    await self._commit_end(run, status, error_code, content, why)
                 except TerminalExists:
                     await self._converge(run)
                 return
@@ -464,7 +529,7 @@ class ConversationActor:
             run.retry_wait = None
 
     async def _commit_end(
-        self, run: ChatRun, status: str, error_code: str | None, content: str
+        self, run: ChatRun, status: str, error_code: str | None, content: str, why: str | None
     ) -> None:
         """One attempt: a fresh event (a new ``seq``: a failed attempt's seq
         was never shown, and later events may have been shown since)."""
@@ -478,6 +543,8 @@ class ConversationActor:
         }
         if error_code:
             data["error_code"] = error_code
+        if why:
+            data["reason"] = why
         m_done, e_done = self._event(event_type, data, now)
         result: dict[str, Any] = {
             "request_id": run.request_id,
@@ -487,16 +554,14 @@ class ConversationActor:
         }
         if error_code:
             result["error_code"] = error_code
-        # The assistant message stays for a success, and for any other end
-        # that produced text.
-        reply = (
-            [MessageRow(self.id, e_done.seq, "assistant", content, run.request_id, status, now)]
-            if status == "succeeded" or content
-            else []
+        if why:
+            result["data"]["reason"] = why
+        reply = MessageRow(
+            self.id, e_done.seq, "assistant", content, run.request_id, status, now, error_code, why
         )
         tx = WriteTx(
             events=[e_done],
-            messages=reply,
+            messages=[reply],
             runs=[
                 RunRow(
                     run.run_id,
@@ -545,14 +610,61 @@ class ConversationActor:
         )
         self._ended(run, str(result.get("status", status)), result)
 
+    # -- the conversation's name -------------------------------------------------
+
+    async def rename(self, record: RequestRecord, name: str) -> RequestRecord | Tombstone:
+        """``face.conversation.rename``: the request record, the new name and
+        its ``conversation.changed`` event in one transaction (I5)."""
+        now = self.host.now()
+        message, event = self._name_event(name, now)
+        record.conversation_id = self.id
+        record.accepted = {
+            "request_id": record.request_id,
+            "operation": "conversation.rename",
+            "conversation_id": self.id,
+        }
+        record.result = {
+            "request_id": record.request_id,
+            "status": "succeeded",
+            "data": {"conversation_id": self.id, "name": name},
+        }
+        record.status, record.finished_at = "succeeded", now
+        was_named, self.named = self.named, True
+        tx = WriteTx(admit=record, conversation_names=[(self.id, name)], events=[event])
+        try:
+            outcome = await self._commit(tx, [(message, partial(self._named, name))])
+        except BaseException:
+            self.named = was_named or self.row.name is not None
+            raise
+        if outcome.existing is not None:
+            self.named = was_named or self.row.name is not None
+            return outcome.existing
+        return record
+
+    def _name_event(self, name: str, now: float) -> tuple[Message, StoredEvent]:
+        data = {"conversation": {**self.meta(), "name": name}, "change": "renamed"}
+        return self._event("conversation.changed", data, now)
+
+    def _named(self, name: str) -> None:
+        """Published: the name is now the truth; every Face that may read
+        conversations hears of it (a session-level message, not in any log)."""
+        self.row = dataclasses.replace(self.row, name=name)
+        self.host.announce(
+            "face.conversation.changed", {"conversation": self.meta(), "change": "renamed"}
+        )
+
     # -- recovery ----------------------------------------------------------------
 
     async def interrupt_recovered(self, row: RunRow) -> None:
         """A run found open at start-up: its outcome is unknown, so it is
         ``interrupted`` (I11) — never resumed, never re-run."""
         run = ChatRun(row.run_id, row.request_id, row.principal_id, "", row.started_at)
+        if row.content:
+            run.text.append(row.content)  # the last checkpoint: what Faces were shown
         # No retry: a Store that refuses writes at start-up fails the start.
-        await self.finish(run, "interrupted", None, retry=False)
+        await self.finish(
+            run, "interrupted", None, "the Mind stopped before the reply finished", retry=False
+        )
 
     # -- reads -------------------------------------------------------------------
 
@@ -599,3 +711,8 @@ class ConversationActor:
             "name": self.row.name,
             "created_at": self.row.created_at,
         }
+
+
+def _log_checkpoint_failure(future: asyncio.Future[TxOutcome]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("could not save the text so far: %s", future.exception())

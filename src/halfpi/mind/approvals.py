@@ -52,6 +52,20 @@ class Approval:
             "decided_at": row.decided_at,
         }
 
+    def pending_summary(self) -> dict[str, Any]:
+        """``face.approval.pending`` (and a row of ``face.approval.list``): what
+        a Face needs to show that a decision waits, and where — never the
+        arguments, whatever the viewer's detail mode."""
+        row = self.row
+        return {
+            "conversation_id": row.conversation_id,
+            "approval_id": row.approval_id,
+            "request_id": row.request_id,
+            "tool": row.tool,
+            "reason": row.reason,
+            "expires_at": row.expires_at,
+        }
+
     def requested_data(self) -> dict[str, Any]:
         row = self.row
         data = {
@@ -115,6 +129,8 @@ class Approvals:
 
         def shown() -> None:
             actor.visible_approvals[row.approval_id] = approval
+            if approval.state == "pending":
+                actor.host.announce("face.approval.pending", approval.pending_summary())
 
         # Registered (and timed) before the await: a cancel arriving during
         # the commit finds it and settles it (see tools.call_tool).
@@ -131,8 +147,10 @@ class Approvals:
         decided_by: str | None,
         decision: str | None,
         reason: str | None,
+        decided_by_label: str | None = None,
     ) -> bool:
-        """Apply a terminal state if none applied yet; True if this one won."""
+        """Apply a terminal state if none applied yet; True if this one won.
+        ``decided_by_label`` is the decider's credential label, for people."""
         if not APPROVAL.first_terminal_wins(approval.state, state):
             return False
         approval.state = state
@@ -155,11 +173,22 @@ class Approvals:
             "decided_by": decided_by,
             "tool_call_id": approval.row.tool_call_id,
         }
+        if decided_by_label is not None:
+            data["decided_by_label"] = decided_by_label
         message, event = actor._event("approval.resolved", data, now)
 
         def resolved() -> None:
-            actor.visible_approvals.pop(approval.approval_id, None)
+            was_shown = actor.visible_approvals.pop(approval.approval_id, None) is not None
             self.live.pop(approval.approval_id, None)
+            if was_shown:
+                actor.host.announce(
+                    "face.approval.settled",
+                    {
+                        "conversation_id": actor.id,
+                        "approval_id": approval.approval_id,
+                        "status": state,
+                    },
+                )
             if not approval.decided.done():
                 approval.decided.set_result(state)  # wake the tool only now (I10)
 
@@ -182,6 +211,7 @@ class Approvals:
         decision: str,
         reason: str | None,
         stored: ApprovalRow | None,
+        label: str | None = None,
     ) -> dict[str, Any]:
         """A Face's decision. Returns the ``face.result`` data: ``applied`` for
         the winner, ``already_resolved`` (with the standing resolution) for
@@ -195,7 +225,9 @@ class Approvals:
             return self._standing(stored)
         if approval.state == "pending" and approval.actor.host.now() >= approval.row.expires_at:
             self.settle(approval, "expired", None, None, None)
-        applied = self.settle(approval, DECISION_STATE[decision], principal_id, decision, reason)
+        applied = self.settle(
+            approval, DECISION_STATE[decision], principal_id, decision, reason, label
+        )
         await asyncio.shield(approval.decided)  # the audit row is durable before we answer
         if applied:
             return {"outcome": "applied", "resolution": approval.resolution()}

@@ -11,14 +11,14 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from halfpi.agents.base import Agent
 from halfpi.config import Config
 from halfpi.core.ids import new_conversation_id, new_node_id
 from halfpi.core.policy import parse_rule
 from halfpi.core.requests import RequestRecord, Tombstone
-from halfpi.core.scopes import scopes_for
+from halfpi.core.scopes import SESSIONS_READ, scopes_for
 from halfpi.core.throttle import HandshakeThrottle
 from halfpi.core.timers import Deadlines
 from halfpi.errors import CloseCode, ErrorCode, NotFound, RateLimited
@@ -56,6 +56,13 @@ class Session(Protocol):
     def close(self, code: int, reason: str) -> None: ...
 
     def tick(self, now: float) -> float | None: ...
+
+
+@runtime_checkable
+class FaceLink(Session, Protocol):
+    """A Face session: it also takes session-level news (``announce``)."""
+
+    def send_reliable(self, type_: str, payload: dict[str, Any]) -> None: ...
 
 
 class Mind:
@@ -203,7 +210,7 @@ class Mind:
             run = actor.run
             if run is not None:
                 # Running: interrupted. Ended but not yet committed: one last try.
-                actor.stop(run, "interrupted")
+                actor.stop(run, "interrupted", "the Mind shut down")
                 stopping.append(run.done)
         if stopping:
             await asyncio.wait(stopping, timeout=self.config.shutdown_grace_s)
@@ -279,7 +286,42 @@ class Mind:
         record.status = "succeeded"
         record.finished_at = now
         outcome = await self.store.write(WriteTx(admit=record, conversations=[row]))
-        return outcome.existing if outcome.existing is not None else record
+        if outcome.existing is not None:
+            return outcome.existing
+        self.announce(
+            "face.conversation.changed",
+            {
+                "conversation": {"id": conversation_id, "name": name, "created_at": now},
+                "change": "created",
+            },
+        )
+        return record
+
+    # -- session-level news (not in any conversation's log) -----------------------
+
+    def announce(self, type_: str, payload: dict[str, Any]) -> None:
+        """Send ``type_`` to every welcomed Face session whose credential may
+        read conversations, now. Reliable on a connection; a Face that was away
+        re-reads the list it keeps (``face.conversation.list``,
+        ``face.approval.list``) after every (re)connect, so nothing is missed."""
+        for session in list(self.sessions):
+            principal_id = session.principal_id
+            if principal_id is None or not isinstance(session, FaceLink):
+                continue  # not welcomed yet (it reads the lists after its hello), or a Hand
+            credential = self.credential(principal_id)
+            if credential is not None and SESSIONS_READ in credential.scopes:
+                session.send_reliable(type_, payload)
+
+    def pending_approvals(self) -> list[dict[str, Any]]:
+        """Every approval still waiting for a decision, in every conversation,
+        oldest first: the summary only, never the arguments."""
+        waiting = [
+            a
+            for a in self.approvals.live.values()
+            if a.state == "pending" and a.approval_id in a.actor.visible_approvals
+        ]
+        waiting.sort(key=lambda a: (a.row.created_at, a.approval_id))
+        return [a.pending_summary() for a in waiting]
 
     # -- the request registry (DESIGN §5, I5) ------------------------------------
 

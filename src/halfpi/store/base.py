@@ -94,9 +94,12 @@ class MessageRow:
     request_id: str | None
     status: str | None
     ts: float
+    # Why a reply did not succeed: a stable code and one line for people.
+    error_code: str | None = None
+    reason: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        wire = {
             "seq": self.seq,
             "role": self.role,
             "content": self.content,
@@ -104,6 +107,11 @@ class MessageRow:
             "status": self.status,
             "ts": self.ts,
         }
+        if self.error_code is not None:
+            wire["error_code"] = self.error_code
+        if self.reason is not None:
+            wire["reason"] = self.reason
+        return wire
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,11 +254,14 @@ class WriteTx:
     tool_runs: Sequence[ToolRunRow] = ()
     # (conversation_id, seq): seqs up to it may be shown (DESIGN I2, across restarts)
     seq_reservations: Sequence[tuple[str, int]] = ()
+    # (conversation_id, name): a rename or an automatic title
+    conversation_names: Sequence[tuple[str, str]] = ()
 
     @property
     def only_events(self) -> bool:
         return not (
             self.seq_reservations
+            or self.conversation_names
             or self.admit
             or self.conversations
             or self.messages

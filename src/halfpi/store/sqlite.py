@@ -326,14 +326,15 @@ class SQLiteStore:
         def run(conn: sqlite3.Connection) -> MessagePage:
             if upper is None:
                 rows = conn.execute(
-                    "SELECT conversation_id, seq, role, content, request_id, status, ts"
-                    " FROM messages WHERE conversation_id = ? ORDER BY seq DESC LIMIT ?",
+                    "SELECT conversation_id, seq, role, content, request_id, status, ts,"
+                    " error_code, reason FROM messages WHERE conversation_id = ?"
+                    " ORDER BY seq DESC LIMIT ?",
                     (conversation_id, limit + 1),
                 ).fetchall()
             else:
                 rows = conn.execute(
-                    "SELECT conversation_id, seq, role, content, request_id, status, ts"
-                    " FROM messages WHERE conversation_id = ? AND seq < ?"
+                    "SELECT conversation_id, seq, role, content, request_id, status, ts,"
+                    " error_code, reason FROM messages WHERE conversation_id = ? AND seq < ?"
                     " ORDER BY seq DESC LIMIT ?",
                     (conversation_id, upper, limit + 1),
                 ).fetchall()

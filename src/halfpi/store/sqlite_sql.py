@@ -34,7 +34,7 @@ log = logging.getLogger("halfpi.store")
 #   0  before versioning (no constraint on outcomes)
 #   1  one outcome per run: events.terminal_of under a UNIQUE index, and
 #      triggers that keep an ended row's terminal status (I10, DESIGN §12)
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # The refusal raised by the triggers; the Store maps it (and the unique
 # index's violation) to TerminalExists.
@@ -98,6 +98,8 @@ CREATE TABLE IF NOT EXISTS messages (
     request_id TEXT,
     status TEXT,
     ts REAL NOT NULL,
+    error_code TEXT,
+    reason TEXT,
     PRIMARY KEY (conversation_id, seq)
 );
 CREATE TABLE IF NOT EXISTS runs (
@@ -214,6 +216,14 @@ def connect(path: Path, *, synchronous: str = "FULL") -> sqlite3.Connection:
     return conn
 
 
+# Columns added after a table first shipped: a database made by an older
+# version gets them on open (SQLite's ADD COLUMN is instant and keeps rows).
+ADDED_COLUMNS = (
+    ("messages", "error_code", "TEXT"),
+    ("messages", "reason", "TEXT"),
+)
+
+
 def init_schema(conn: sqlite3.Connection) -> None:
     """Create the schema, or upgrade an older one to :data:`SCHEMA_VERSION`
     (one transaction: all or nothing). A database written by a newer halfpi
@@ -302,8 +312,17 @@ def _upgrade_0_to_1(conn: sqlite3.Connection) -> None:
     log.info("upgraded the database schema from version 0 to 1")
 
 
+def _upgrade_1_to_2(conn: sqlite3.Connection) -> None:
+    """A reply keeps its error code and its reason (every end is a message)."""
+    for table, column, kind in ADDED_COLUMNS:
+        present = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+        if column not in present:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+    log.info("upgraded the database schema from version 1 to 2")
+
+
 # _UPGRADES[n] takes a database from version n to n + 1.
-_UPGRADES: tuple[Callable[[sqlite3.Connection], None], ...] = (_upgrade_0_to_1,)
+_UPGRADES: tuple[Callable[[sqlite3.Connection], None], ...] = (_upgrade_0_to_1, _upgrade_1_to_2)
 assert len(_UPGRADES) == SCHEMA_VERSION
 
 
@@ -501,6 +520,11 @@ def apply_tx(conn: sqlite3.Connection, tx: WriteTx) -> TxOutcome:
             " VALUES (?,?,?,?)",
             [(c.conversation_id, c.name, c.created_at, c.created_by) for c in tx.conversations],
         )
+    if tx.conversation_names:
+        conn.executemany(
+            "UPDATE conversations SET name = ? WHERE conversation_id = ?",
+            [(name, conversation_id) for conversation_id, name in tx.conversation_names],
+        )
     if tx.seq_reservations:
         conn.executemany(
             "UPDATE conversations SET seq_reserved = MAX(seq_reserved, ?)"
@@ -539,10 +563,20 @@ def apply_tx(conn: sqlite3.Connection, tx: WriteTx) -> TxOutcome:
         )
     if tx.messages:
         conn.executemany(
-            "INSERT INTO messages (conversation_id, seq, role, content, request_id, status, ts)"
-            " VALUES (?,?,?,?,?,?,?)",
+            "INSERT INTO messages (conversation_id, seq, role, content, request_id, status, ts,"
+            " error_code, reason) VALUES (?,?,?,?,?,?,?,?,?)",
             [
-                (m.conversation_id, m.seq, m.role, m.content, m.request_id, m.status, m.ts)
+                (
+                    m.conversation_id,
+                    m.seq,
+                    m.role,
+                    m.content,
+                    m.request_id,
+                    m.status,
+                    m.ts,
+                    m.error_code,
+                    m.reason,
+                )
                 for m in tx.messages
             ],
         )

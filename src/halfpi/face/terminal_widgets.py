@@ -1,0 +1,321 @@
+"""The terminal face's widgets and the words they show.
+
+Everything here draws text that came from the Mind, a model or a tool; all
+of it passes :func:`escape_controls` first, so nothing can move the cursor,
+repaint the screen or set the window title. The functions that turn view
+state into words are plain (no Textual), so the words are tested directly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from rich.text import Text
+from textual import events
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widget import Widget
+from textual.widgets import Button, Footer, Input, Markdown, OptionList, Static
+
+from halfpi.face.render import escape_controls
+from halfpi.face.view import ConversationView, StreamingReply, ToolCard, ViewMessage
+
+ARGS_PREVIEW = 90
+LIST_WIDTH = 28  # characters a conversation's line may take in the list
+UNTITLED = "untitled"
+
+
+# -- words -------------------------------------------------------------------------
+
+
+def reply_header(message: ViewMessage) -> str:
+    """``you``, ``agent``, or ``agent · failed (agent_bad_input)``."""
+    if message.role == "user":
+        return "you"
+    if message.status in (None, "succeeded"):
+        return "agent"
+    code = f" ({message.error_code})" if message.error_code else ""
+    return f"agent · {message.status}{code}"
+
+
+def args_preview(args: Any) -> str:
+    if args is None:
+        return ""
+    text = json.dumps(args, ensure_ascii=False, separators=(", ", ": "))
+    return text if len(text) <= ARGS_PREVIEW else text[: ARGS_PREVIEW - 1] + "…"
+
+
+def tool_line(view: ConversationView, card: ToolCard) -> str:
+    """One tool call, saying what is true of it now."""
+    phase = view.tool_phase(card)
+    parts = [f"  ⚙ {card.tool}"]
+    preview = args_preview(card.args)
+    if preview:
+        parts.append(f" {preview}")
+    parts.append(f" · {phase}")
+    if card.output_bytes is not None and card.status != "running" and card.output_bytes:
+        parts.append(f" · {card.output_bytes} bytes")
+    if phase == "awaiting approval":
+        parts.append(" — ctrl+a allow once · ctrl+d deny once")
+    return escape_controls("".join(parts))
+
+
+def streaming_header(reply: StreamingReply) -> str:
+    if reply.status == "cancel_requested":
+        return "agent · cancel requested…"
+    return "agent · streaming… (ctrl+x cancels)"
+
+
+def conversation_label(
+    conversation: dict[str, Any], *, current: bool, approvals: int, streaming: bool
+) -> Text:
+    name = escape_controls(conversation.get("name") or UNTITLED)
+    marks = (f" ⚠{approvals if approvals > 1 else ''}" if approvals else "") + (
+        " …" if streaming else ""
+    )
+    room = LIST_WIDTH - 2 - len(marks)
+    if len(name) > room:
+        name = name[: room - 1] + "…"
+    label = Text("▸ " if current else "  ", style="bold" if current else "")
+    label.append(name, style="bold" if current else "")
+    label.append(marks, style="bold yellow" if approvals else "dim")
+    return label
+
+
+def clock(seconds: float) -> str:
+    seconds = max(0, math.ceil(seconds))
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+# -- the conversation log -----------------------------------------------------------
+
+
+class MessageBox(Vertical):
+    """One finished message: who, what happened to it (for a reply that did
+    not succeed: its status and reason), and its text."""
+
+    DEFAULT_CSS = """
+    MessageBox { height: auto; margin: 0 0 1 0; }
+    MessageBox > .role { text-style: bold; }
+    MessageBox > .reason { color: $error; }
+    MessageBox > .empty { color: $text-muted; }
+    MessageBox > Markdown { margin: 0; padding: 0; }
+    MessageBox > Markdown > * { margin: 0; }
+    """
+
+    def __init__(self, message: ViewMessage) -> None:
+        self.message = message
+        super().__init__(classes=f"message {message.role}")
+
+    def compose(self) -> ComposeResult:
+        m = self.message
+        yield Static(Text(reply_header(m)), classes="role")
+        if m.role == "assistant" and m.status not in (None, "succeeded"):
+            yield Static(Text(f"✗ {escape_controls(m.reason or m.status or '')}"), classes="reason")
+        if m.role == "user":
+            yield Static(Text(escape_controls(m.content)))
+        elif m.content:
+            yield Markdown(escape_controls(m.content))
+        else:
+            yield Static(Text("(no text)"), classes="empty")
+
+
+class ToolLine(Static):
+    DEFAULT_CSS = "ToolLine { height: auto; color: $text-muted; margin: 0 0 1 0; }"
+
+    def show(self, text: str) -> None:
+        self.update(Text(text))
+
+
+class StreamingBox(Vertical):
+    """A reply as it streams: plain text, updated in place."""
+
+    DEFAULT_CSS = """
+    StreamingBox { height: auto; margin: 0 0 1 0; }
+    StreamingBox > .role { text-style: bold; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.header = Static(classes="role")
+        self.body = Static()
+
+    def compose(self) -> ComposeResult:
+        yield self.header
+        yield self.body
+
+    def show(self, reply: StreamingReply) -> None:
+        self.header.update(Text(streaming_header(reply)))
+        self.body.update(Text(escape_controls(reply.text) + "▌"))
+
+
+class SendingBox(Static):
+    """A message the person sent that the Mind has not accepted yet: it is
+    shown (never silently dropped) until it is accepted or refused."""
+
+    DEFAULT_CSS = "SendingBox { height: auto; color: $text-muted; margin: 0 0 1 0; }"
+
+    def __init__(self, text: str) -> None:
+        super().__init__(Text(f"you · sending…\n{escape_controls(text)}"))
+
+
+class ConversationLog(VerticalScroll):
+    """The open conversation: messages and tool calls in log order (a call
+    sits under its message, before its reply), then the replies still
+    streaming, then what is being sent. Widgets are keyed, so a change
+    updates one line instead of redrawing the conversation."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.entries: dict[str, Widget] = {}
+
+    async def clear(self) -> None:
+        self.entries = {}
+        await self.remove_children()
+
+    def show(
+        self, view: ConversationView | None, sending: dict[str, tuple[str, str | None]]
+    ) -> None:
+        """``sending``: key -> (text, request_id once known) of messages the
+        Mind has not accepted yet; one leaves once its message is in the view."""
+        entries: list[tuple[float, int, str, Callable[[], Widget], Any]] = []
+        mine: set[str | None] = set()
+        if view is not None:
+            for m in view.messages:
+                entries.append((m.seq, 0, f"m{m.seq}", partial(MessageBox, m), None))
+            for card in view.tool_cards.values():
+                line = tool_line(view, card)
+                entries.append((card.seq, 1, f"t{card.tool_call_id}", ToolLine, line))
+            for i, reply in enumerate(view.streaming.values()):
+                entries.append((math.inf, i, f"s{reply.request_id}", StreamingBox, reply))
+            mine = {m.request_id for m in view.messages}
+        for i, (key, (text, request_id)) in enumerate(sending.items()):
+            if request_id is None or request_id not in mine:
+                entries.append((math.inf, 1000 + i, key, partial(SendingBox, text), None))
+        entries.sort(key=lambda e: (e[0], e[1]))
+        wanted = {e[2] for e in entries}
+        for key in [k for k in self.entries if k not in wanted]:
+            self.entries.pop(key).remove()
+        previous: Widget | None = None
+        for _, _, key, make, state in entries:
+            widget = self.entries.get(key)
+            if widget is None:
+                widget = self.entries[key] = make()
+                first = next(iter(self.children), None)
+                if previous is not None:
+                    self.mount(widget, after=previous)
+                elif first is not None:
+                    self.mount(widget, before=first)
+                else:
+                    self.mount(widget)
+            if isinstance(widget, ToolLine | StreamingBox):
+                widget.show(state)
+            previous = widget
+
+
+# -- the conversation list -------------------------------------------------------------
+
+
+class ConversationList(OptionList):
+    """↑/↓ and Enter open a conversation. Typing a character here goes to the
+    message box instead of being lost."""
+
+    BINDINGS = [Binding("escape", "app.to_message", "Back to message")]
+
+    def on_key(self, event: events.Key) -> None:
+        if event.is_printable and event.character:
+            event.stop()
+            event.prevent_default()
+            message_box = self.app.query_one("#input", Input)
+            message_box.focus()
+            message_box.insert_text_at_cursor(event.character)
+
+
+# -- prompts -------------------------------------------------------------------------
+
+
+class ApprovalScreen(ModalScreen[str | None]):
+    """One approval prompt. The focused default is *deny once*: Enter or
+    Escape never runs anything. ctrl+a / ctrl+d decide from anywhere (the
+    app's own bindings); dismissed with None when it was settled elsewhere."""
+
+    BINDINGS = [
+        Binding("ctrl+a", "decide('allow_once')", "Allow once"),
+        Binding("ctrl+d", "decide('deny_once')", "Deny once"),
+        Binding("escape", "decide('deny_once')", "Deny once", show=False),
+        Binding("tab", "app.focus_next", "Switch button"),
+    ]
+    DEFAULT_CSS = """
+    ApprovalScreen { align: center middle; }
+    #prompt { width: 84%; height: auto; max-height: 80%; border: thick $warning;
+              padding: 1 2; background: $panel; }
+    #buttons { height: auto; margin-top: 1; }
+    #buttons Button { margin-right: 2; }
+    """
+
+    def __init__(self, approval: dict[str, Any], where: str) -> None:
+        super().__init__()
+        self.approval = approval
+        self.approval_id = str(approval.get("approval_id", ""))
+        self.where = where
+
+    def compose(self) -> ComposeResult:
+        a = self.approval
+        lines = [f"Approve tool {a.get('tool', '?')} in “{self.where}”?", str(a.get("reason", ""))]
+        if "args" in a:
+            lines.append(json.dumps(a["args"], ensure_ascii=False, indent=1)[:2000])
+        else:
+            lines.append(f"arguments hidden (summary view); digest {a.get('args_digest', '')}")
+        lines.append("ctrl+a allow once · ctrl+d, Enter or Esc deny once · Tab switches buttons")
+        with Vertical(id="prompt"):
+            yield Static(Text(escape_controls("\n".join(lines))))
+            with Horizontal(id="buttons"):
+                yield Button("Deny once", id="deny", variant="error")
+                yield Button("Allow once", id="allow", variant="success")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#deny", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss("allow_once" if event.button.id == "allow" else "deny_once")
+
+    def action_decide(self, decision: str) -> None:
+        self.dismiss(decision)
+
+
+class RenameScreen(ModalScreen[str | None]):
+    """Rename the open conversation: Enter saves, Escape keeps the old name."""
+
+    BINDINGS = [Binding("escape", "cancel", "Keep the name")]
+    DEFAULT_CSS = """
+    RenameScreen { align: center middle; }
+    #rename { width: 70%; height: auto; border: thick $accent; padding: 1 2;
+              background: $panel; }
+    """
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.current_name = name
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="rename"):
+            yield Static("Rename this conversation (Enter saves, Esc keeps the name)")
+            yield Input(value=self.current_name, id="new-name")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#new-name", Input).focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.dismiss(event.value if event.value.strip() else None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

@@ -761,7 +761,7 @@ async def test_hello_rate_limited_4029_is_retried_after_a_backoff(rig: Rig) -> N
     await client.connect(timeout=TIMEOUT)
     assert rig.mind.attempts == [URL, URL]
     assert len(rig.sleep.delays) == 1
-    assert client.status == Status("live")
+    assert client.status == Status("live", url=URL)
 
 
 @pytest.mark.parametrize("code", [4001, 4003])

@@ -38,6 +38,7 @@ from halfpi.store.base import (
     WriteTx,
 )
 from halfpi.store.sqlite import SQLiteStore
+from tests.store.schema_v0 import SCHEMA_V0
 
 # -- backends --------------------------------------------------------------------
 
@@ -443,11 +444,7 @@ async def test_a_reply_keeps_its_error_code_and_reason(store: Any) -> None:
 async def test_an_older_database_gains_the_reply_reason_columns(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
     conn = sqlite3.connect(path)
-    conn.execute(
-        "CREATE TABLE messages (conversation_id TEXT NOT NULL, seq INTEGER NOT NULL,"
-        " role TEXT NOT NULL, content TEXT NOT NULL, request_id TEXT, status TEXT,"
-        " ts REAL NOT NULL, PRIMARY KEY (conversation_id, seq))"
-    )
+    conn.executescript(SCHEMA_V0)  # a database written before replies kept reasons
     conn.execute("INSERT INTO messages VALUES ('c_1', 1, 'user', 'old', NULL, NULL, 1.0)")
     conn.commit()
     conn.close()

@@ -91,7 +91,7 @@ class HandNode:
 
     async def run_forever(self) -> bool:
         """Serve until stopped (True) or refused by the Mind (False)."""
-        self.leftovers.kill_all()  # commands of a previous instance of this Hand
+        await self.leftovers.kill_all()  # commands of a previous instance of this Hand
         delays = self.delays()
         while not self._stopping:
             try:

@@ -231,14 +231,14 @@ async def _kill_group(run: tree.CommandTree) -> None:
     await run.end(KILL_GRACE_S)
 
 
-_said_unconfined = False
+unconfined_warned = False  # said once per Hand process
 
 
 def _unconfined(why: str) -> None:
     """Say once per Hand process that denied paths are not enforced."""
-    global _said_unconfined
-    if not _said_unconfined:
-        _said_unconfined = True
+    global unconfined_warned
+    if not unconfined_warned:
+        unconfined_warned = True
         log.warning("commands run without kernel confinement (%s): their denied paths are "
                     "not enforced", why or "unknown reason")
 

@@ -149,10 +149,15 @@ def _under(path: str, top: str) -> bool:
 
 def _ancestors(path: str) -> list[str]:
     found = []
-    while path != "/":
-        path = os.path.dirname(path)
-        found.append(path)
+    while (parent := os.path.dirname(path)) != path:
+        found.append(parent)
+        path = parent
     return found
+
+
+def _join(top: str, rel: str) -> str:
+    # Never normpath("/" + "/x"): POSIX keeps a leading "//".
+    return os.path.normpath(os.path.join(top, rel))
 
 
 def _unescape(field: str) -> str:
@@ -189,11 +194,11 @@ def aliases(path: str, mounts: list[tuple[str, str, str]]) -> list[str]:
     if holder is None:
         return []
     dev, root, point = holder
-    inside = os.path.normpath(root + "/" + os.path.relpath(path, point))
+    inside = _join(root, os.path.relpath(path, point))
     found = []
     for other_dev, other_root, other_point in mounts:
         if other_dev == dev and _under(inside, other_root):
-            alias = os.path.normpath(other_point + "/" + os.path.relpath(inside, other_root))
+            alias = _join(other_point, os.path.relpath(inside, other_root))
             if alias != path:
                 found.append(alias)
     return found

@@ -32,6 +32,7 @@ from halfpi import __version__
 from halfpi.core.backoff import backoff
 from halfpi.core.hand_wire import HAND_PROTOCOL
 from halfpi.face.transport import ConnectionLost, Connector, Transport, websocket_connector
+from halfpi.hand.conceal import conceal
 from halfpi.hand.executor import TOOLS, Outcome, ToolError
 from halfpi.hand.leftovers import Leftovers
 
@@ -91,6 +92,7 @@ class HandNode:
 
     async def run_forever(self) -> bool:
         """Serve until stopped (True) or refused by the Mind (False)."""
+        conceal(self.token)  # out of /proc/<pid>/environ and cmdline, where commands could read it
         await self.leftovers.kill_all()  # commands of a previous instance of this Hand
         delays = self.delays()
         while not self._stopping:

@@ -199,9 +199,9 @@ class Reaper:
         start = proctree.stat(self.me)
         env = dict(os.environ)
         env[proctree.MARK_VAR] = proctree.run_mark(self.me, start[3] if start else 0)
-        if set(ENDING) & signal.sigpending():
-            self.report("failed", "cancelled before it started")
-            return
+        # Until now a SIGTERM simply ends this process (there is no command
+        # yet); from now on it is a request to end the run, taken in turn.
+        signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)
         failure = self.spawn(ruleset, env)
         if ruleset is not None:
             os.close(ruleset)
@@ -219,7 +219,6 @@ class Reaper:
 
 
 def main() -> None:
-    signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)
     spec = marshal.loads(sys.stdin.buffer.read())
     status_fd = int(spec["status_fd"])
     os.set_inheritable(status_fd, False)

@@ -292,6 +292,7 @@ class HandRegistry:
                     "error_category",
                     "error",
                     "size",
+                    "confined",
                 )
             }
             self.finish(run, msg.status, result)

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from halfpi.hand import tree
 from halfpi.hand.executor import KILL_GRACE_S, Outcome, ToolError, exec_command
 from tests.support.procs import Marks
 
@@ -195,3 +196,22 @@ async def test_output_is_streamed_while_the_command_runs(marks: Marks) -> None:
     outcome = await asyncio.wait_for(task, 10)
     assert outcome.stdout == b"one\ntwo\n"
     assert os.environ.get("HALFPI_TEST_MARK") is None  # the mark stays in the command
+
+
+async def test_without_a_supervisor_the_process_group_is_ended_best_effort(
+    marks: Marks, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Elsewhere than Linux (here forced): the command's process group gets
+    SIGTERM, then SIGKILL after the grace — also when the command itself
+    exits first; a process that left the group is out of reach."""
+    monkeypatch.setattr(tree, "SUPERVISED", False)
+    outcome, took = await run({"command": marks.export() + IGNORES_TERM + " sleep 1000"},
+                              ["ready-ignorer"])
+    assert outcome.status == "cancelled"
+    assert KILL_GRACE_S * 0.9 <= took < KILL_GRACE_S + 5, took
+    none_left(marks)
+    exited, _ = await run({"command": marks.export() + IGNORES_TERM + " echo bye; exit 3"})
+    assert (exited.status, exited.exit_code) == ("failed", 3)
+    none_left(marks)
+    confined, _ = await run({"argv": ["true"]}, deny_paths=["/nonexistent"])
+    assert confined.extra == {"confined": False}

@@ -185,6 +185,7 @@ async def exec_command(
             # Whatever still holds the output pipes now is no descendant: bounded.
             await asyncio.wait_for(asyncio.shield(pumps), KILL_GRACE_S)
         except TimeoutError:
+            pumps.add_done_callback(lambda f: f.cancelled() or f.exception())  # no warning
             pumps.cancel()
         gate.close()
     finally:

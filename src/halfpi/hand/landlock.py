@@ -44,7 +44,6 @@ Standard library only: the run supervisor imports this with ``python -I -S``.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import stat as statmod
@@ -240,9 +239,11 @@ def plan(deny: Iterable[str], handled: int, mountinfo: str | None = None) -> Pla
         if ident is not None:
             result.avoid.add(ident)
     for path in result.denied:
-        with contextlib.suppress(OSError):
+        try:
             if os.stat(path).st_nlink > 1 and not os.path.isdir(path):
                 result.notes.append(f"{path} has other hard links; they are not covered")
+        except OSError:
+            pass
     for top in result.ancestors:
         try:
             entries = list(os.scandir(top))

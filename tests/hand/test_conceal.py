@@ -18,6 +18,7 @@ TOKEN = "hph_" + "k" * 40
 PROGRAM = """
 import sys
 from halfpi.hand.conceal import conceal
+print("ready", flush=True)
 sys.stdin.readline()
 print(conceal(sys.argv[2]), flush=True)
 sys.stdin.readline()
@@ -35,6 +36,7 @@ def test_conceal_overwrites_the_token_in_environ_and_cmdline(marks: Marks) -> No
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdin is not None and proc.stdout is not None
     try:
+        assert proc.stdout.readline().strip() == "ready"
         assert listing(proc.pid).count(TOKEN.encode()) == 2  # readable before
         proc.stdin.write("go\n")
         proc.stdin.flush()

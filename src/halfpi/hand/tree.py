@@ -236,6 +236,9 @@ class Grouped(CommandTree):
             await asyncio.sleep(0.02)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, signal.SIGKILL)
+        deadline = loop.time() + 1.0
+        while self._group_alive() and loop.time() < deadline:  # dying (or a zombie)
+            await asyncio.sleep(0.02)
 
     async def wait(self) -> None:
         # Not ``proc.wait()``: it also waits for the output pipes, which

@@ -5,7 +5,7 @@ command line (``--token``). Both stay readable by every process of the same
 user in ``/proc/<pid>/environ`` and ``/proc/<pid>/cmdline`` for the
 process's whole life — the kernel shows the memory they were given at
 ``exec``, whatever the program does with its copies. A command confined by
-Landlock cannot ptrace the Hand or read its memory, but this kernel still
+Landlock cannot ptrace the Hand or read its memory, but Linux (6.18 at least) still
 lets it read those two files of a process of the same user. So the Hand
 overwrites the secret in place, once it has read it (like ``setproctitle``
 rewrites argv): ``ps`` then shows asterisks.

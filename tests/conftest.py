@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.mind import LocalMind, MindProcess, local_mind
+from tests.support.procs import Marks
 from tests.support.proxy import FaultProxy
 
 
@@ -33,3 +34,14 @@ async def proxy_to(mind_proc: MindProcess) -> AsyncIterator[FaultProxy]:
         yield proxy
     finally:
         await proxy.stop()
+
+
+@pytest.fixture
+def marks() -> Iterator[Marks]:
+    """A mark for the processes this test starts; whatever still carries it
+    when the test ends is killed (see tests/support/procs.py)."""
+    m = Marks()
+    try:
+        yield m
+    finally:
+        m.kill_all()

@@ -358,11 +358,13 @@ def cmd_face(args: argparse.Namespace) -> int:
     from halfpi.face.terminal import run_terminal
 
     # The screen is the terminal: logs go to a file, never onto the screen.
+    from halfpi.private import create_private
+
     home = _home(args.home)
     prepare_home(home)
     logging.basicConfig(
         level=logging.WARNING,
-        filename=str(home / "face.log"),
+        filename=str(create_private(home / "face.log")),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
 

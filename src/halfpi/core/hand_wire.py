@@ -113,6 +113,8 @@ class HandResult(Strict, frozen=True):
     error_category: str | None = None
     error: str | None = None
     size: int | None = None
+    # exec_command given denied paths: whether the kernel enforced them.
+    confined: bool | None = None
 
 
 class HandPing(Strict, frozen=True):

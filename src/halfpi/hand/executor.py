@@ -1,7 +1,8 @@
 """The built-in tools a Hand runs: ``exec_command`` and ``read_file`` (DESIGN §8).
 
-``exec_command`` starts the process in its own process group, so cancel and
-timeout kill everything it started (SIGTERM, then SIGKILL after a grace).
+``exec_command`` runs the command under a supervisor that tracks every
+descendant, so cancel, timeout and the command's own end leave nothing
+running (SIGTERM, then SIGKILL after a grace; ``tree.py``, ``reaper.py``).
 Output is read in chunks of at most 4 KiB and reported as progress within
 the per-run bounds (1 MiB and 256 events; beyond them progress is dropped
 while execution continues, and the next progress says ``gap``). Lengths and
@@ -16,16 +17,18 @@ from __future__ import annotations
 
 import asyncio
 import codecs
-import contextlib
 import hashlib
+import logging
 import os
-import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from halfpi.core.hand_wire import ERROR_CHARS, combine_digests
+from halfpi.hand import tree
+
+log = logging.getLogger("halfpi.hand")
 
 CHUNK = 4096
 PROGRESS_BYTES = 1024 * 1024
@@ -156,7 +159,17 @@ async def exec_command(
     progress: Progress,
     cancelled: asyncio.Event,
     spawned: Callable[[int], None] | None = None,
+    *,
+    deny_paths: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> Outcome:
+    """Run a command; its whole process tree ends with the run (``tree.py``).
+
+    ``deny_paths``: files and directories that the command and everything it
+    starts can neither read nor write (Landlock, ``landlock.py``); the
+    result says ``confined`` when some were given. ``env``: the environment
+    the command starts with (default the Hand's; the tool policy passes one
+    scrubbed of secrets), never with the Hand's credential in it."""
     command, argv = args.get("command"), args.get("argv")
     if (command is None) == (argv is None):
         raise ToolError("bad_arguments", "give exactly one of command (str) or argv (list)")
@@ -174,28 +187,11 @@ async def exec_command(
     if not 0 < timeout <= MAX_TIMEOUT_S:
         raise ToolError("bad_arguments", f"timeout_s must be in (0, {MAX_TIMEOUT_S}]")
     try:
-        if command is not None:
-            proc = await asyncio.create_subprocess_shell(
-                command,
-                cwd=cwd,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                start_new_session=True,
-            )
-        else:
-            proc = await asyncio.create_subprocess_exec(
-                *argv_list,
-                cwd=cwd,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                start_new_session=True,
-            )
+        run = await tree.start(command, argv_list, cwd, deny_paths, KILL_GRACE_S, env)
     except OSError as exc:
         raise ToolError("spawn_failed", str(exc)) from None
     if spawned is not None:
-        spawned(proc.pid)  # its own group: recorded so a restarted Hand can kill it
+        spawned(run.pid)  # recorded so that a restarted Hand ends what this run left
     gate = ProgressGate(progress)
     streams = {"stdout": _Stream(), "stderr": _Stream()}
 
@@ -204,33 +200,47 @@ async def exec_command(
             streams[kind].add(chunk)
             gate(kind, chunk)
 
-    assert proc.stdout is not None and proc.stderr is not None
     pumps: asyncio.Future[Any] = asyncio.gather(
-        pump("stdout", proc.stdout), pump("stderr", proc.stderr)
+        pump("stdout", run.stdout), pump("stderr", run.stderr)
     )
     waiter: asyncio.Future[Any] = asyncio.ensure_future(cancelled.wait())
+    finished: asyncio.Future[Any] = asyncio.ensure_future(run.wait())
     status = "succeeded"
     try:
         done, _ = await asyncio.wait(
-            {pumps, waiter}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            {finished, waiter}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
         )
-        if pumps not in done:
-            status = "cancelled" if waiter in done else "timed_out"
-            await _kill_group(proc)
+        if finished not in done:
+            if not run.exited:  # else it ended by itself and is only tidying up
+                status = "cancelled" if waiter in done else "timed_out"
+            await _kill_group(run)
+        if not run.reported:
+            # Its supervisor vanished before it saw the tree end: end it here.
+            swept = await run.sweep()
+            log.warning("the supervisor %s of a command vanished; ended %d processes it left",
+                        run.pid, swept)
         try:
-            # A grandchild that left the group may hold the pipes open: bounded.
+            # Whatever still holds the output pipes now is no descendant: bounded.
             await asyncio.wait_for(asyncio.shield(pumps), KILL_GRACE_S)
         except TimeoutError:
+            pumps.add_done_callback(lambda f: f.cancelled() or f.exception())  # no warning
             pumps.cancel()
-        await proc.wait()
         gate.close()
     finally:
         waiter.cancel()
-        if proc.returncode is None:
-            await _kill_group(proc)
-    exit_code = proc.returncode
-    if status == "succeeded" and exit_code != 0:
+        if not finished.done():  # this task was cancelled: the supervisor ends the tree
+            finished.cancel()
+            run.terminate()
+    if run.failure is not None:
+        raise ToolError("spawn_failed", run.failure)
+    exit_code = run.exit_code
+    error = None
+    if status == "succeeded" and not run.exited:
+        status, error = "failed", "the command's supervisor ended before the command"
+    elif status == "succeeded" and exit_code != 0:
         status = "failed"
+    if run.confined is False:
+        _unconfined(run.why_unconfined)
     out, err = streams["stdout"], streams["stderr"]
     return Outcome(
         status=status,
@@ -242,24 +252,36 @@ async def exec_command(
             out.sha256.digest(), err.sha256.digest(), stderr_empty=err.size == 0
         ),
         truncated=out.size > len(out.kept) or err.size > len(err.kept),
-        error_category={
-            "failed": "nonzero_exit",
-            "timed_out": "timeout",
-            "cancelled": "cancelled",
-        }.get(status),
+        error_category=(
+            "supervisor_died"
+            if error
+            else {"failed": "nonzero_exit", "timed_out": "timeout", "cancelled": "cancelled"}.get(
+                status
+            )
+        ),
+        error=error,
+        extra={} if run.confined is None else {"confined": run.confined},
     )
 
 
-async def _kill_group(proc: asyncio.subprocess.Process) -> None:
-    """TERM the whole process group, then KILL it if it does not go."""
-    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            await asyncio.wait_for(proc.wait(), wait)
-            return
-        except TimeoutError:
-            continue
+async def _kill_group(run: tree.CommandTree) -> None:
+    """End the run's whole tree now: its supervisor sends SIGTERM to every
+    descendant, then SIGKILL after the grace, and reports when all are gone;
+    a supervisor that does not (stopped, killed) is killed and the Hand
+    ends what it left."""
+    await run.end(KILL_GRACE_S)
+
+
+unconfined_warned = False  # said once per Hand process
+
+
+def _unconfined(why: str) -> None:
+    """Say once per Hand process that denied paths are not enforced."""
+    global unconfined_warned
+    if not unconfined_warned:
+        unconfined_warned = True
+        log.warning("commands run without kernel confinement (%s): their denied paths are "
+                    "not enforced", why or "unknown reason")
 
 
 def _open_plain(path: str) -> int:
@@ -320,4 +342,7 @@ async def read_file(
     )
 
 
-TOOLS = {"exec_command": exec_command, "read_file": read_file}
+TOOLS: dict[str, Callable[..., Awaitable[Outcome]]] = {
+    "exec_command": exec_command,
+    "read_file": read_file,
+}

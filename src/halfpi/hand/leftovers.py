@@ -1,91 +1,121 @@
-"""Commands a Hand started, remembered on disk until they end.
+"""Command runs a Hand started, remembered on disk until they end.
 
-A Hand killed with ``kill -9`` cannot kill its commands: they run in their
-own process groups. The Mind declares such runs ``lost`` when the Hand comes
-back as a new process — so they must not go on running either, or a person
-who asks again ends up with two copies. Each command's group is recorded
-here when it starts and forgotten when it ends; a starting Hand kills every
-recorded group that still exists before it says hello (I11).
+The Mind declares ``lost`` the runs of a Hand that comes back as a new
+process (I11), so they must not go on running either, or a person who asks
+again ends up with two copies. Each run's supervisor (``reaper.py``) is
+recorded here when it starts — pid and start time — and forgotten when the
+run ends.
 
-A group is ours if its leader is alive with the start time we recorded, or,
-the leader gone, if processes of its session remain (Linux does not reuse a
-pid that is still a session id). Elsewhere than Linux this is best effort.
+Normally a killed Hand leaves nothing: the supervisors get a signal when
+their parent dies and end their trees. A starting Hand still ends, before
+it says hello, whatever a previous instance recorded:
+
+- a recorded supervisor still alive (same pid *and* start time: pids are
+  reused) is asked to end its run (SIGTERM, SIGCONT in case it was
+  stopped) and given the grace and a margin to do so; then it is killed;
+- what is left of the run is then killed outright: the processes of the
+  supervisor's session (valid while that session exists: Linux gives no
+  new process a pid that is still a session id) and every process whose
+  environment carries the run's mark ``HALFPI_RUN`` — which finds those
+  that called ``setsid`` — with all their descendants.
+
+Elsewhere than Linux a Hand cannot tell its leftovers from other processes
+and leaves them. The record is private (0600 in a 0700 directory).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
 import os
 import signal
 from pathlib import Path
+from typing import Any
+
+from halfpi.hand import proctree
+from halfpi.private import write_private
 
 log = logging.getLogger("halfpi.hand")
 
-PROC = Path("/proc")
-
-
-def _stat(pid: int) -> tuple[int, int] | None:
-    """(session id, start time) of a live process, from /proc."""
-    try:
-        raw = (PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    fields = raw[raw.rindex(")") + 2 :].split()
-    return int(fields[3]), int(fields[19])
-
-
-def _session_members(sid: int) -> bool:
-    for entry in PROC.iterdir() if PROC.is_dir() else ():
-        if entry.name.isdigit():
-            found = _stat(int(entry.name))
-            if found is not None and found[0] == sid:
-                return True
-    return False
+GRACE_S = 2.0 + 3.0  # the supervisor's grace, and a margin to report
 
 
 class Leftovers:
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        self.groups: dict[str, tuple[int, int | None]] = {}  # run_id -> (pgid, start time)
+        self.runs: dict[str, dict[str, Any]] = {}
 
     def spawned(self, run_id: str, pid: int) -> None:
-        stat = _stat(pid)
-        self.groups[run_id] = (pid, stat[1] if stat else None)
+        info = proctree.stat(pid)
+        self.runs[run_id] = {"supervisor": pid, "started": info[3] if info else None}
         self._save()
 
     def ended(self, run_id: str) -> None:
-        if self.groups.pop(run_id, None) is not None:
+        if self.runs.pop(run_id, None) is not None:
             self._save()
 
     def _save(self) -> None:
-        if self.path is None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({k: list(v) for k, v in self.groups.items()}))
-        os.replace(tmp, self.path)
+        if self.path is not None:
+            write_private(self.path, json.dumps(self.runs).encode())
 
-    def kill_all(self) -> int:
-        """Kill the groups a previous instance recorded; return how many."""
+    def _load(self) -> list[tuple[str, int, int | None]]:
+        """(run_id, supervisor pid, its start time) of each recorded run."""
         if self.path is None or not self.path.exists():
-            return 0
+            return []
         try:
             recorded = json.loads(self.path.read_text())
         except (OSError, ValueError):
-            recorded = {}
-        killed = 0
-        for run_id, (pgid, started) in recorded.items():
-            leader = _stat(pgid)
-            ours = (leader is not None and leader[0] == pgid and leader[1] == started) or (
-                leader is None and _session_members(pgid)
-            )
-            if ours:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pgid, signal.SIGKILL)
-                    killed += 1
-                    log.warning("killed command of lost run %s (process group %s)", run_id, pgid)
-        self.groups.clear()
+            return []
+        runs = []
+        for run_id, entry in recorded.items() if isinstance(recorded, dict) else ():
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                if isinstance(entry, list):  # an earlier version: [process group, start time]
+                    runs.append((run_id, int(entry[0]), entry[1]))
+                else:
+                    runs.append((run_id, int(entry["supervisor"]), entry["started"]))
+        return runs
+
+    async def kill_all(self) -> int:
+        """End the runs a previous instance recorded; return how many had
+        something left running."""
+        runs = self._load()
+        if not runs:
+            return 0
+        left = {
+            run_id for run_id, pid, started in runs
+            if proctree.run_members(pid, started, proctree.table())
+        }
+        asked = []
+        for _run_id, pid, started in runs:
+            info = proctree.stat(pid)
+            if info is not None and info[3] == started and info[0] not in proctree.DEAD:
+                for sig in (signal.SIGTERM, signal.SIGCONT):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, sig)
+                asked.append((pid, started))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + GRACE_S
+        while asked and loop.time() < deadline:
+            await asyncio.sleep(0.05)  # a supervisor ending its tree
+            asked = [(pid, started) for pid, started in asked if _alive(pid, started)]
+        ended = 0
+        for run_id, pid, started in runs:
+
+            def find(pid: int = pid, started: int | None = started) -> set[int]:
+                return proctree.run_members(pid, started, proctree.table())
+
+            killed = await asyncio.to_thread(proctree.kill_now, find)
+            if run_id in left or killed:
+                ended += 1
+                log.warning("ended the command of lost run %s (%d processes left)", run_id,
+                            len(killed))
+        self.runs.clear()
         self._save()
-        return killed
+        return ended
+
+
+def _alive(pid: int, started: int | None) -> bool:
+    info = proctree.stat(pid)
+    return info is not None and info[3] == started and info[0] not in proctree.DEAD

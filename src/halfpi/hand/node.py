@@ -45,6 +45,7 @@ from halfpi.face.transport import (
     tls_connector,
     websocket_connector,
 )
+from halfpi.hand.conceal import conceal
 from halfpi.hand.executor import TOOLS, Outcome, ToolError
 from halfpi.hand.leftovers import Leftovers
 from halfpi.hand.policy import HandPolicy, scrub_environment, without_secrets
@@ -107,7 +108,8 @@ class HandNode:
 
     async def run_forever(self) -> bool:
         """Serve until stopped (True) or refused by the Mind (False)."""
-        self.leftovers.kill_all()  # commands of a previous instance of this Hand
+        conceal(self.token)  # out of /proc/<pid>/environ and cmdline, where commands could read it
+        await self.leftovers.kill_all()  # commands of a previous instance of this Hand
         for root in self.policy.protected_roots():
             log.warning("root %s is a protected path: tools are refused there", root)
         delays = self.delays()

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from halfpi.core.ids import new_principal_id
 from halfpi.core.scopes import scopes_for
+from halfpi.private import private_dir
 from halfpi.store import sqlite as sqlite_store
 from halfpi.store.base import Credential
 
@@ -166,7 +167,7 @@ def add_credential(
 
 def write_token_file(path: Path, token: str) -> None:
     """Write a token readable by its owner only (mode 0600, created that way)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
         handle.write(token + "\n")

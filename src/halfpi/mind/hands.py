@@ -399,6 +399,7 @@ class HandRegistry:
                     "error_category",
                     "error",
                     "size",
+                    "confined",
                 )
             }
             self.finish(run, msg.status, result)

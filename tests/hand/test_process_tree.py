@@ -1,0 +1,217 @@
+"""A run's whole process tree ends with the run (DESIGN §8, Tool policy).
+
+Real commands through ``exec_command``: every process a command starts
+carries the test's mark (tests/support/procs.py), so after the run the test
+looks in ``/proc`` for anything left. Each grandchild announces itself on
+stdout once it is in place (after ``setsid``, after its trap) and then lets
+go of the output pipe, so that the run cannot wait for it by accident.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from halfpi.hand import tree
+from halfpi.hand.executor import KILL_GRACE_S, Outcome, ToolError, exec_command
+from tests.support.procs import Marks
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="process trees are read in /proc")
+
+# Grandchildren, each announcing itself once in place, then off the pipes.
+IGNORES_TERM = "(trap '' TERM; echo ready-ignorer; exec sleep 1000 >/dev/null 2>&1) &"
+SETSID = "setsid sh -c 'echo ready-setsid; exec sleep 1000 >/dev/null 2>&1' &"
+DAEMON = ("(setsid sh -c 'trap \"\" TERM; echo ready-daemon; exec sleep 1000 >/dev/null 2>&1' &)"
+          "; ")
+
+
+class Seen:
+    """Progress of one run; cancels it once every expected word was printed."""
+
+    def __init__(self, cancel_after: Sequence[str] = ()) -> None:
+        self.text = ""
+        self.cancel_after = list(cancel_after)
+        self.cancelled = asyncio.Event()
+
+    def __call__(self, kind: str, text: str, gap: bool) -> None:
+        self.text += text
+        if self.cancel_after and all(word in self.text for word in self.cancel_after):
+            self.cancelled.set()
+
+
+async def run(args: dict[str, Any], cancel_after: Sequence[str] = (),
+              deny_paths: Sequence[str] = ()) -> tuple[Outcome, float]:
+    seen = Seen(cancel_after)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    confine: dict[str, Any] = {"deny_paths": deny_paths} if deny_paths else {}
+    outcome = await asyncio.wait_for(exec_command(args, seen, seen.cancelled, **confine), 60)
+    return outcome, loop.time() - started
+
+
+def none_left(marks: Marks) -> None:
+    left = marks.alive()
+    assert not left, "survived the run: " + "; ".join(map(str, left))
+
+
+async def test_cancel_ends_children_and_grandchildren(marks: Marks) -> None:
+    command = (marks.export() + "sleep 1000 & (sleep 1000; true) & "
+               "sh -c 'echo ready-nested; sleep 1000' & wait")
+    outcome, _ = await run({"command": command}, ["ready-nested"])
+    assert outcome.status == "cancelled"
+    none_left(marks)
+
+
+async def test_cancel_kills_a_grandchild_that_ignores_sigterm(marks: Marks) -> None:
+    command = marks.export() + IGNORES_TERM + " sleep 1000"
+    outcome, took = await run({"command": command}, ["ready-ignorer"])
+    assert outcome.status == "cancelled"
+    none_left(marks)
+    # SIGTERM first, SIGKILL only after the grace.
+    assert KILL_GRACE_S * 0.9 <= took < KILL_GRACE_S + 5, took
+
+
+async def test_cancel_kills_a_grandchild_that_called_setsid(marks: Marks) -> None:
+    command = marks.export() + SETSID + " sleep 1000"
+    outcome, _ = await run({"command": command}, ["ready-setsid"])
+    assert outcome.status == "cancelled"
+    none_left(marks)
+
+
+async def test_cancel_kills_a_double_forked_daemon_that_ignores_sigterm(marks: Marks) -> None:
+    command = marks.export() + DAEMON + "sleep 1000"
+    outcome, _ = await run({"command": command}, ["ready-daemon"])
+    assert outcome.status == "cancelled"
+    none_left(marks)
+
+
+async def test_timeout_kills_every_kind_of_descendant(marks: Marks) -> None:
+    command = (marks.export() + IGNORES_TERM + " " + SETSID + " " + DAEMON
+               + "echo ready-all; sleep 1000")
+    outcome, took = await run({"command": command, "timeout_s": 1.5})
+    assert outcome.status == "timed_out"
+    assert outcome.error_category == "timeout"
+    assert b"ready-ignorer" in outcome.stdout and b"ready-daemon" in outcome.stdout
+    none_left(marks)
+    assert took < 1.5 + KILL_GRACE_S + 5, took
+
+
+async def test_descendants_still_running_when_the_command_exits_are_ended(
+    marks: Marks,
+) -> None:
+    """The decision for a command that exits normally: what it left running
+    is ended too (SIGTERM, then SIGKILL after the grace); the run keeps the
+    command's own exit status."""
+    command = marks.export() + IGNORES_TERM + " " + SETSID + " " + DAEMON + "echo bye"
+    outcome, took = await run({"command": command})
+    assert outcome.status == "succeeded", outcome
+    assert outcome.exit_code == 0
+    assert outcome.stdout.endswith(b"bye\n") or b"bye\n" in outcome.stdout
+    none_left(marks)
+    assert took < KILL_GRACE_S + 5, took
+
+
+async def test_a_fork_storm_is_ended_completely(marks: Marks) -> None:
+    """Processes that keep forking while they are being killed (the tree is
+    frozen until it stops growing, so none is missed)."""
+    command = (marks.export()
+               + "i=0; while [ $i -lt 400 ]; do "
+               "(trap '' TERM; exec sleep 1000) >/dev/null 2>&1 & "
+               "i=$((i+1)); if [ $i = 30 ]; then echo ready-storm; fi; done; wait")
+    outcome, _ = await run({"command": command}, ["ready-storm"])
+    assert outcome.status == "cancelled"
+    none_left(marks)
+
+
+async def test_a_process_that_forks_when_terminated_is_killed_with_its_new_children(
+    marks: Marks,
+) -> None:
+    command = (marks.export()
+               + "trap '(trap \"\" TERM; exec sleep 1000) >/dev/null 2>&1 &' TERM; "
+               "echo ready-respawn; while :; do sleep 0.05; done")
+    outcome, _ = await run({"command": command}, ["ready-respawn"])
+    assert outcome.status == "cancelled"
+    none_left(marks)
+
+
+async def test_exit_status_is_reported_precisely(marks: Marks) -> None:
+    failed, _ = await run({"command": marks.export() + "echo out; echo err >&2; exit 7"})
+    assert (failed.status, failed.exit_code, failed.error_category) == (
+        "failed", 7, "nonzero_exit")
+    assert (failed.stdout, failed.stderr) == (b"out\n", b"err\n")
+    killed, _ = await run({"argv": ["sh", "-c", marks.export() + "kill -KILL $$"]})
+    assert (killed.status, killed.exit_code) == ("failed", -9)
+    ok, _ = await run({"argv": ["true"]})
+    assert (ok.status, ok.exit_code) == ("succeeded", 0)
+    none_left(marks)
+
+
+async def test_a_command_that_kills_its_supervisor_leaves_nothing_behind(
+    marks: Marks,
+) -> None:
+    """The Hand notices that the run's supervisor died before it reported
+    and ends what the run left by itself (its session, its mark)."""
+    # (Never this test's own process, should the command be its child.)
+    command = (marks.export() + SETSID + " " + DAEMON
+               + f"sleep 0.3; [ $PPID = {os.getpid()} ] || kill -KILL $PPID; sleep 1000")
+    outcome, _ = await run({"command": command})
+    assert outcome.status == "failed"
+    assert outcome.error_category == "supervisor_died"
+    none_left(marks)
+
+
+async def test_a_command_that_cannot_start_is_a_spawn_failure(tmp_path: Any) -> None:
+    with pytest.raises(ToolError) as caught:
+        await run({"argv": [str(tmp_path / "no-such-program")]})
+    assert caught.value.category == "spawn_failed"
+    assert "no-such-program" in str(caught.value)
+
+
+async def test_the_command_does_not_inherit_the_hand_token(
+    marks: Marks, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HALFPI_HAND_TOKEN", "hph_secret")
+    outcome, _ = await run({"command": marks.export() + 'echo "[$HALFPI_HAND_TOKEN]"; env'})
+    assert outcome.status == "succeeded"
+    assert outcome.stdout.startswith(b"[]\n")
+    assert b"hph_secret" not in outcome.stdout
+
+
+async def test_output_is_streamed_while_the_command_runs(marks: Marks) -> None:
+    seen = Seen()
+    cancelled = asyncio.Event()
+    task = asyncio.create_task(exec_command(
+        {"command": marks.export() + "echo one; sleep 0.5; echo two"}, seen, cancelled))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while "one" not in seen.text:
+        assert loop.time() < deadline and not task.done(), seen.text
+        await asyncio.sleep(0.01)
+    assert "two" not in seen.text
+    outcome = await asyncio.wait_for(task, 10)
+    assert outcome.stdout == b"one\ntwo\n"
+    assert os.environ.get("HALFPI_TEST_MARK") is None  # the mark stays in the command
+
+
+async def test_without_a_supervisor_the_process_group_is_ended_best_effort(
+    marks: Marks, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Elsewhere than Linux (here forced): the command's process group gets
+    SIGTERM, then SIGKILL after the grace — also when the command itself
+    exits first; a process that left the group is out of reach."""
+    monkeypatch.setattr(tree, "SUPERVISED", False)
+    outcome, took = await run({"command": marks.export() + IGNORES_TERM + " sleep 1000"},
+                              ["ready-ignorer"])
+    assert outcome.status == "cancelled"
+    assert KILL_GRACE_S * 0.9 <= took < KILL_GRACE_S + 5, took
+    none_left(marks)
+    exited, _ = await run({"command": marks.export() + IGNORES_TERM + " echo bye; exit 3"})
+    assert (exited.status, exited.exit_code) == ("failed", 3)
+    none_left(marks)
+    confined, _ = await run({"argv": ["true"]}, deny_paths=["/nonexistent"])
+    assert confined.extra == {"confined": False}

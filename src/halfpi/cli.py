@@ -63,6 +63,7 @@ def cmd_mind(args: argparse.Namespace) -> int:
         trusted_proxies=tuple(args.trusted_proxy or ()),
         tls_cert=Path(args.tls_cert) if args.tls_cert else None,
         tls_key=Path(args.tls_key) if args.tls_key else None,
+        server=args.server,
     )
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
@@ -279,6 +280,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="ADDR",
         help="a proxy address whose X-Forwarded-For names the client (repeatable)",
+    )
+    mind.add_argument(
+        "--server",
+        choices=("native", "asgi"),
+        default="native",
+        help="native (default): halfpi's own WebSocket server; asgi: the ASGI app under uvicorn",
     )
     mind.add_argument("--log-level", default="info")
     mind.set_defaults(func=cmd_mind)

@@ -31,6 +31,7 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.typing import Origin
 
+from halfpi.core.throttle import client_address
 from halfpi.gateway.hand_session import HandSession
 from halfpi.gateway.session import FaceSession
 
@@ -246,11 +247,8 @@ class WebSocketConnection(asyncio.Protocol):
         if self.server.mind.draining:
             ws.send_response(ws.reject(503, "the Mind is restarting\n"))
             return
-        if self.address in self.server.trusted_proxies:
-            forwarded = ",".join(request.headers.get_all("X-Forwarded-For"))
-            client = forwarded.rpartition(",")[2].strip()  # the hop our proxy added
-            if client:
-                self.address = client
+        forwarded = request.headers.get_all("X-Forwarded-For")
+        self.address = client_address(self.address, forwarded, self.server.trusted_proxies)
         response = ws.accept(request)  # checks Upgrade headers and the Origin allowlist
         ws.send_response(response)
         if response.status_code == 101:

@@ -89,8 +89,9 @@ class HandProcess:
 class World:
     """One Mind home with a Hand credential, and everything started in it."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, server: str = "native") -> None:
         self.tmp = tmp_path
+        self.server = server  # halfpi mind --server
         self.home = tmp_path / "home"
         self.home.mkdir()
         self.work = tmp_path / "work"
@@ -102,7 +103,8 @@ class World:
         self.groups: list[Path] = []
 
     def start_mind(self, port: int = 0) -> MindProcess:
-        self.mind = MindProcess(self.home, port=port, extra_args=("--no-local-hand",))
+        self.mind = MindProcess(self.home, port=port, extra_args=("--no-local-hand",),
+                                server=self.server)
         return self.mind.start()
 
     @property
@@ -150,8 +152,8 @@ class World:
 
 
 @pytest.fixture
-async def world(tmp_path: Path) -> AsyncIterator[World]:
-    w = World(tmp_path)
+async def world(tmp_path: Path, server_kind: str) -> AsyncIterator[World]:
+    w = World(tmp_path, server_kind)
     # Before the Mind starts, so that it knows the credential from its first
     # read of the credential table (a Hand refused with 4001 gives up).
     w.hand_token = (await hand_add(w.home, HAND)).token

@@ -19,9 +19,9 @@ WORDS = " ".join(f"w{i}" for i in range(30))
 
 
 async def test_a_face_that_only_reads_is_not_cut_off_while_the_mind_streams(
-    tmp_path: Path,
+    tmp_path: Path, server_kind: str,
 ) -> None:
-    async with local_mind(tmp_path / "home", heartbeat_s=0.1, dead_after_s=0.3,
+    async with local_mind(tmp_path / "home", server=server_kind, heartbeat_s=0.1, dead_after_s=0.3,
                           credential_poll_s=0.02, local_hand=False) as m:
         # ping_interval=None: the client never pings on its own; it only
         # answers the Mind's pings, as a browser does.

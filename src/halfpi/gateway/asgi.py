@@ -11,12 +11,14 @@ What ASGI changes, and how the adapter keeps the protocol's rules intact:
 - **Writes are awaitable, sessions write synchronously.** Frames go into a
   per-connection buffer drained by one writer task, which exists only while
   there is something to write (an idle connection costs no extra task).
-  The buffer is the pressure signal of I7: the session is paused when it
-  holds more than ``HIGH_WATER`` bytes, or when a frame arrives while the
-  server is still blocked on an earlier send (uvicorn's ``send`` waits only
-  when its transport is over its own high-water mark: that is native's
-  ``pause_writing`` one layer down); it resumes below ``LOW_WATER``. The
-  queue policy (coalesce, drop, evict 4008) then works unchanged.
+  The pressure signal of I7: the session is paused when the buffer holds
+  more than ``HIGH_WATER`` bytes, or as soon as a send does not complete at
+  once (uvicorn's ``send`` waits only when its transport is over its own
+  high-water mark: native's ``pause_writing``, one layer down); it resumes
+  when sends complete again and the buffer is below ``LOW_WATER``. The
+  queue policy (coalesce, drop, evict 4008) then works unchanged. An ASGI
+  application cannot ask how much the server still holds, so pressure is
+  felt at the send after the one that filled the server's buffer.
 - **Control frames belong to the server.** An ASGI application can neither
   send a ping nor see a pong, so liveness is the server's: uvicorn pings
   every ``heartbeat_s`` and closes a peer silent for ``ws_ping_timeout``
@@ -80,7 +82,6 @@ class AsgiConnection:
         "_receive",
         "_released",
         "_send",
-        "_sending",
         "_task",
         "_timer",
         "_writer",
@@ -103,7 +104,6 @@ class AsgiConnection:
         self._buffer: deque[bytes] = deque()
         self._buffered = 0
         self._paused = False
-        self._sending = False  # a send is in flight (seen from outside: it blocks)
         self._writer: asyncio.Task[None] | None = None
         self._closing: tuple[int, str] | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -159,12 +159,16 @@ class AsgiConnection:
             return
         self._buffer.extend(frames)
         self._buffered += sum(len(frame) for frame in frames)
-        if not self._paused and (self._sending or self._buffered > HIGH_WATER):
+        if self._buffered > HIGH_WATER:
+            self._blocked()
+        if self._writer is None:
+            self._writer = self._loop.create_task(self._write())
+
+    def _blocked(self) -> None:
+        if not self._paused:
             self._paused = True
             assert self.session is not None
             self.session.pause_writing()
-        if self._writer is None:
-            self._writer = self._loop.create_task(self._write())
 
     def ping(self) -> None:
         """An ASGI application cannot ping: the server pings this peer itself
@@ -201,10 +205,19 @@ class AsgiConnection:
         try:
             while buffer:
                 frame = buffer.popleft()
-                self._sending = True
-                await send({"type": "websocket.send", "text": frame.decode()})
-                self._sending = False
-                self._buffered -= len(frame)
+                size = len(frame)
+                # ASGI carries text as str: one more copy of every frame (and
+                # the server encodes it again); drop ours before the await.
+                message = {"type": "websocket.send", "text": frame.decode()}
+                del frame
+                # A send that does not complete at once is the server holding
+                # writes back (uvicorn: its transport is over its high-water
+                # mark): the pressure signal of I7, as native's pause_writing.
+                blocked = self._loop.call_soon(self._blocked)
+                await send(message)
+                blocked.cancel()
+                del message
+                self._buffered -= size
                 if self._paused and self._buffered <= LOW_WATER:
                     self._paused = False
                     assert self.session is not None
@@ -216,7 +229,6 @@ class AsgiConnection:
             log.debug("send to %s failed: %r", self.address, exc)
             self._loop.call_soon(self.release)
         finally:
-            self._sending = False
             self._writer = None
 
 
@@ -417,11 +429,22 @@ class AsgiServer:
                 server.close()
 
     async def wait_closed(self, timeout: float) -> None:
-        """Bounded: connections finish their close handshakes, the rest are
-        released; then uvicorn shuts down (it cancels what is still running
-        after ``timeout_graceful_shutdown``)."""
+        """Bounded, as native: sessions end and connections finish their
+        close handshakes within ``timeout``; then what is left is aborted
+        and uvicorn stops."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         await self.gateway.wait_closed(timeout)
-        if self._server is not None and self._task is not None:
-            self._server.should_exit = True
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        server, task = self._server, self._task
+        if server is None or task is None:
+            return
+        # uvicorn stops listening, closes idle HTTP connections, and sends
+        # 1012 to any WebSocket still open; it then waits for them.
+        server.should_exit = True
+        connections = server.server_state.connections
+        while connections and not task.done() and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        for protocol in list(connections):  # peers that took nothing in time
+            protocol.transport.abort()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -158,7 +158,9 @@ async def test_I8_observer_scopes_are_enforced_per_command(lmind: LocalMind) -> 
     await operator.close()
 
 
-async def test_I8_new_credential_is_accepted_right_after_face_add(tmp_path: Path, server_kind: str) -> None:
+async def test_I8_new_credential_is_accepted_right_after_face_add(
+    tmp_path: Path, server_kind: str
+) -> None:
     # The poll is far away: only a look-up on the unknown token can let it in.
     async with local_mind(tmp_path / "home", server=server_kind, credential_poll_s=30.0) as m:
         added = await face_add(m.config.home, "script")

@@ -21,7 +21,9 @@ async def test_foreign_origin_is_refused_at_the_handshake(tmp_path: Path, server
         assert refused.value.response.status_code == 403
 
 
-async def test_own_and_configured_origins_and_no_origin_are_accepted(tmp_path: Path, server_kind: str) -> None:
+async def test_own_and_configured_origins_and_no_origin_are_accepted(
+    tmp_path: Path, server_kind: str
+) -> None:
     async with local_mind(tmp_path / "home", server=server_kind,
                           allowed_origins=("https://faces.example",)) as lm:
         port = lm.server.port

@@ -182,7 +182,8 @@ async def test_I7_slow_consumer_evicted_others_unaffected(
     finally:
         sampling = False
         await sampler
-    assert rss_peak - rss_before < RSS_BOUND[server_kind], f"RSS grew by {(rss_peak - rss_before) >> 20} MiB"
+    grew = rss_peak - rss_before
+    assert grew < RSS_BOUND[server_kind], f"RSS grew by {grew >> 20} MiB"
 
     for reader in readers:
         check_reader(reader, text)
@@ -244,7 +245,9 @@ def peer_port(connection: Any) -> int | None:
     return int(client[1]) if client else None
 
 
-async def test_I7_evicted_face_resumes_exactly_from_its_cursors(tmp_path: Path, server_kind: str) -> None:
+async def test_I7_evicted_face_resumes_exactly_from_its_cursors(
+    tmp_path: Path, server_kind: str
+) -> None:
     async with local_mind(tmp_path / "home", server=server_kind) as m:
         op = await FaceClient.connect(m.url, m.token)
         cid = await op.create_conversation()
@@ -300,7 +303,8 @@ async def test_I7_eviction_on_a_terminal_event_does_not_wedge_the_conversation(
 ) -> None:
     # Eight reliable messages per queue: the third short chat's chat.completed is the
     # ninth for a stalled subscriber that only takes reliable events.
-    async with local_mind(tmp_path / "home", server=server_kind, queue=QueueLimits(reliable_messages=8)) as m:
+    async with local_mind(tmp_path / "home", server=server_kind,
+                          queue=QueueLimits(reliable_messages=8)) as m:
         op = await FaceClient.connect(m.url, m.token)
         cid = await op.create_conversation()
         slow = await RawFace.connect(m.url, rcvbuf=SMALL_RCVBUF)

@@ -166,7 +166,7 @@ async def test_a_message_over_the_hard_limit_closes_1009_under_a_laxer_server(
     mind: LocalMind,
 ) -> None:
     gateway = AsgiGateway(mind.mind)
-    peer, connection = await open_face(gateway, mind.token)
+    peer, _ = await open_face(gateway, mind.token)
     peer.inbox.put_nowait({"type": "websocket.receive", "text": "x" * (4 * 1024 + 1)})
     await until(lambda: "websocket.close" in peer.types())
     assert peer.sent[-1]["code"] == 1009

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import uvicorn
 
+from halfpi.asgi import MindApp
 from halfpi.config import Config
 from halfpi.face.client import FaceClient
 from tests.support.client import FaceClient as RawClient
@@ -135,3 +136,30 @@ async def test_stopping_the_app_drains_the_mounted_mind_in_its_lifespan(
         content = result["payload"].get("content") or ""
         assert content and WORDS.startswith(content), result
         await probe.close()
+
+
+async def test_a_mind_app_served_on_its_own_runs_its_own_lifespan(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    app = MindApp(Config(home=home, scripted_delta_ms=0.0, local_hand=False))
+    with pytest.raises(RuntimeError, match="not started"):
+        app.mind  # noqa: B018 - the property is the check
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            assert not task.done(), "uvicorn stopped before it started"
+            await asyncio.sleep(0.01)
+        token = (home / "face.token").read_text().strip()
+        face = await RawClient.connect(f"ws://127.0.0.1:{port}/v1/face", token)
+        cid = await face.create_conversation()
+        result = await face.chat_to_end(cid, "on its own")
+        assert result["payload"]["content"] == "on its own"
+        assert app.mind.sessions
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 30)
+        sock.close()
+    with pytest.raises(RuntimeError, match="not started"):
+        app.mind  # noqa: B018 - drained by the lifespan's end

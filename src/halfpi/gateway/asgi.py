@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import socket
 from collections import deque
@@ -50,7 +51,14 @@ from starlette.types import Receive, Scope, Send
 from halfpi.core.throttle import client_address
 from halfpi.errors import CloseCode
 from halfpi.gateway.hand_session import HandSession
-from halfpi.gateway.native import CLOSE_TIMEOUT_S, FACE_PATH, HAND_PATH, HIGH_WATER, LOW_WATER
+from halfpi.gateway.native import (
+    CLOSE_TIMEOUT_S,
+    FACE_PATH,
+    HAND_PATH,
+    HIGH_WATER,
+    LOW_WATER,
+    LatestPongProtocol,
+)
 from halfpi.gateway.session import FaceSession
 
 if TYPE_CHECKING:
@@ -349,6 +357,51 @@ async def _refuse(scope: Scope, send: Send, status: int, body: str) -> None:
 # -- serving it with uvicorn (``halfpi mind --server asgi``) ------------------------------
 
 
+@functools.cache
+def bounded_pongs_protocol() -> type[asyncio.Protocol]:
+    """uvicorn's websockets-sansio protocol with control frames bounded as in
+    ``native.py`` (I7): uvicorn writes a pong for every ping even while its
+    transport is full, so a peer that floods pings and never reads would
+    make it hold every pong. Here only the latest ping is answered, and only
+    while the transport takes writes (RFC 6455 §5.5.3 allows it).
+
+    A subclass of uvicorn's class, built on first use: it relies on that
+    class's ``conn``, ``writable``, ``transport`` and ``handle_ping``
+    (uvicorn ≥ 0.52.1; tests/gateway/test_asgi_server.py checks them)."""
+    from uvicorn.protocols.websockets.websockets_sansio_impl import (
+        WebSocketsSansIOProtocol,
+    )
+    from websockets.protocol import State
+
+    class BoundedPongs(WebSocketsSansIOProtocol):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            # Same settings as uvicorn's own (no compression: see uvicorn_config).
+            self.conn = LatestPongProtocol(
+                max_size=self.config.ws_max_size, logger=logging.getLogger("uvicorn.error")
+            )
+
+        def handle_ping(self) -> None:
+            self.answer_ping()
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            self.answer_ping()
+
+        def answer_ping(self) -> None:
+            conn = self.conn
+            if not isinstance(conn, LatestPongProtocol) or conn.pending_pong is None:
+                return
+            if not self.writable.is_set() or self.transport.is_closing():
+                return
+            data, conn.pending_pong = conn.pending_pong, None
+            if conn.state is State.OPEN:
+                conn.send_pong(data)
+                self.transport.write(b"".join(conn.data_to_send()))
+
+    return BoundedPongs
+
+
 class AsgiServer:
     """The ASGI adapter served by uvicorn, with the interface of
     ``native.FaceServer`` (``start``, ``port``, ``stop_accepting``,
@@ -359,7 +412,7 @@ class AsgiServer:
         self.gateway = AsgiGateway(mind)
         self.connections = self.gateway.connections
         self._socket: socket.socket | None = None
-        self._server: uvicorn.Server | None = None
+        self.server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
 
     def uvicorn_config(self) -> uvicorn.Config:
@@ -372,7 +425,7 @@ class AsgiServer:
             self.gateway,
             interface="asgi3",
             lifespan="off",  # the Mind is started and drained by mind/run.py
-            ws="websockets-sansio",
+            ws=bounded_pongs_protocol(),
             # The same hard limit as native: over it, close 1009.
             ws_max_size=self.gateway.hard_limit,
             # Liveness is the server's under ASGI (docs/asgi.md): a ping
@@ -407,11 +460,11 @@ class AsgiServer:
         family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
         # Bound here, as native binds: an address in use raises OSError now.
         self._socket = socket.create_server((config.host, config.port), family=family, backlog=4096)
-        self._server = Server(self.uvicorn_config())
+        self.server = Server(self.uvicorn_config())
         self._task = asyncio.create_task(
-            self._server.serve(sockets=[self._socket]), name="uvicorn"
+            self.server.serve(sockets=[self._socket]), name="uvicorn"
         )
-        while not self._server.started:
+        while not self.server.started:
             if self._task.done():
                 self._task.result()  # raises what stopped it
                 raise RuntimeError("uvicorn stopped before it started")
@@ -424,8 +477,8 @@ class AsgiServer:
 
     def stop_accepting(self) -> None:
         self.gateway.stop_accepting()
-        if self._server is not None:
-            for server in getattr(self._server, "servers", ()):
+        if self.server is not None:
+            for server in getattr(self.server, "servers", ()):
                 server.close()
 
     async def wait_closed(self, timeout: float) -> None:
@@ -435,7 +488,7 @@ class AsgiServer:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         await self.gateway.wait_closed(timeout)
-        server, task = self._server, self._task
+        server, task = self.server, self._task
         if server is None or task is None:
             return
         # uvicorn stops listening, closes idle HTTP connections, and sends

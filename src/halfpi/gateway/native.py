@@ -60,7 +60,7 @@ def server_tls_context(cert: Path, key: Path) -> ssl.SSLContext:
     return context
 
 
-class _ServerProtocol(ServerProtocol):
+class LatestPongProtocol(ServerProtocol):
     """websockets' server protocol, except that a ping is not answered by
     queueing a pong: the latest ping's payload waits in ``pending_pong``
     for the adapter to answer when the transport takes writes."""
@@ -141,7 +141,7 @@ class WebSocketConnection(asyncio.Protocol):
 
     def __init__(self, server: FaceServer) -> None:
         self.server = server
-        self.ws = _ServerProtocol(
+        self.ws = LatestPongProtocol(
             origins=server.origins, max_size=server.hard_limit, logger=_ws_log
         )
         self.transport: asyncio.Transport | None = None

@@ -3,7 +3,7 @@
 It sits beside ``gateway/native.py`` with the same job and the same
 sessions (``FaceSession``, ``HandSession``, driven through their
 ``Transport``); only the carrier differs. ``halfpi mind --server asgi``
-serves it with uvicorn (:class:`AsgiServer`); ``halfpi.asgi.MindApp`` mounts
+serves it with uvicorn (``gateway/asgi_server.py``); ``halfpi.asgi.MindApp`` mounts
 it in someone else's Starlette/FastAPI app (docs/asgi.md).
 
 What ASGI changes, and how the adapter keeps the protocol's rules intact:
@@ -35,9 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
-import socket
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -51,19 +49,10 @@ from starlette.types import Receive, Scope, Send
 from halfpi.core.throttle import client_address
 from halfpi.errors import CloseCode
 from halfpi.gateway.hand_session import HandSession
-from halfpi.gateway.native import (
-    CLOSE_TIMEOUT_S,
-    FACE_PATH,
-    HAND_PATH,
-    HIGH_WATER,
-    LOW_WATER,
-    LatestPongProtocol,
-)
+from halfpi.gateway.native import CLOSE_TIMEOUT_S, FACE_PATH, HAND_PATH, HIGH_WATER, LOW_WATER
 from halfpi.gateway.session import FaceSession
 
 if TYPE_CHECKING:
-    import uvicorn
-
     from halfpi.gateway.session import Transport
     from halfpi.mind.service import Mind
 
@@ -352,152 +341,3 @@ async def _refuse(scope: Scope, send: Send, status: int, body: str) -> None:
         await send({"type": "websocket.http.response.body", "body": body.encode()})
     else:
         await send({"type": "websocket.close", "code": 1008})
-
-
-# -- serving it with uvicorn (``halfpi mind --server asgi``) ------------------------------
-
-
-@functools.cache
-def bounded_pongs_protocol() -> type[asyncio.Protocol]:
-    """uvicorn's websockets-sansio protocol with control frames bounded as in
-    ``native.py`` (I7): uvicorn writes a pong for every ping even while its
-    transport is full, so a peer that floods pings and never reads would
-    make it hold every pong. Here only the latest ping is answered, and only
-    while the transport takes writes (RFC 6455 §5.5.3 allows it).
-
-    A subclass of uvicorn's class, built on first use: it relies on that
-    class's ``conn``, ``writable``, ``transport`` and ``handle_ping``
-    (uvicorn ≥ 0.52.1; tests/gateway/test_asgi_server.py checks them)."""
-    from uvicorn.protocols.websockets.websockets_sansio_impl import (
-        WebSocketsSansIOProtocol,
-    )
-    from websockets.protocol import State
-
-    class BoundedPongs(WebSocketsSansIOProtocol):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            # Same settings as uvicorn's own (no compression: see uvicorn_config).
-            self.conn = LatestPongProtocol(
-                max_size=self.config.ws_max_size, logger=logging.getLogger("uvicorn.error")
-            )
-
-        def handle_ping(self) -> None:
-            self.answer_ping()
-
-        def resume_writing(self) -> None:
-            super().resume_writing()
-            self.answer_ping()
-
-        def answer_ping(self) -> None:
-            conn = self.conn
-            if not isinstance(conn, LatestPongProtocol) or conn.pending_pong is None:
-                return
-            if not self.writable.is_set() or self.transport.is_closing():
-                return
-            data, conn.pending_pong = conn.pending_pong, None
-            if conn.state is State.OPEN:
-                conn.send_pong(data)
-                self.transport.write(b"".join(conn.data_to_send()))
-
-    return BoundedPongs
-
-
-class AsgiServer:
-    """The ASGI adapter served by uvicorn, with the interface of
-    ``native.FaceServer`` (``start``, ``port``, ``stop_accepting``,
-    ``wait_closed``) so that ``mind/run.py`` wires either the same way."""
-
-    def __init__(self, mind: Mind) -> None:
-        self.mind = mind
-        self.gateway = AsgiGateway(mind)
-        self.connections = self.gateway.connections
-        self._socket: socket.socket | None = None
-        self.server: uvicorn.Server | None = None
-        self._task: asyncio.Task[None] | None = None
-
-    def uvicorn_config(self) -> uvicorn.Config:
-        """The Mind's numbers in uvicorn's terms."""
-        import uvicorn
-
-        config = self.mind.config
-        tls = config.tls_cert is not None
-        return uvicorn.Config(
-            self.gateway,
-            interface="asgi3",
-            lifespan="off",  # the Mind is started and drained by mind/run.py
-            ws=bounded_pongs_protocol(),
-            # The same hard limit as native: over it, close 1009.
-            ws_max_size=self.gateway.hard_limit,
-            # Liveness is the server's under ASGI (docs/asgi.md): a ping
-            # every heartbeat, and a peer silent for the rest of dead_after
-            # is closed (1011).
-            ws_ping_interval=config.heartbeat_s,
-            ws_ping_timeout=max(config.dead_after_s - config.heartbeat_s, config.heartbeat_s),
-            ws_per_message_deflate=False,  # as native: no compression, no zlib state per connection
-            # The Mind's own --trusted-proxy rule names clients, not uvicorn's.
-            proxy_headers=False,
-            server_header=False,
-            ssl_certfile=str(config.tls_cert) if tls else None,
-            ssl_keyfile=str(config.tls_key) if tls else None,
-            backlog=4096,
-            timeout_graceful_shutdown=1,
-            log_config=None,
-            log_level=logging.WARNING,  # no line per connection, as native
-            access_log=False,
-        )
-
-    async def start(self) -> None:
-        import uvicorn
-
-        class Server(uvicorn.Server):
-            # The Mind's process owns its signals (mind/run.py drains on
-            # SIGINT/SIGTERM); uvicorn must not take them over.
-            @contextlib.contextmanager
-            def capture_signals(self) -> Any:
-                yield
-
-        config = self.mind.config
-        family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
-        # Bound here, as native binds: an address in use raises OSError now.
-        self._socket = socket.create_server((config.host, config.port), family=family, backlog=4096)
-        self.server = Server(self.uvicorn_config())
-        self._task = asyncio.create_task(
-            self.server.serve(sockets=[self._socket]), name="uvicorn"
-        )
-        while not self.server.started:
-            if self._task.done():
-                self._task.result()  # raises what stopped it
-                raise RuntimeError("uvicorn stopped before it started")
-            await asyncio.sleep(0.01)
-
-    @property
-    def port(self) -> int:
-        assert self._socket is not None
-        return int(self._socket.getsockname()[1])
-
-    def stop_accepting(self) -> None:
-        self.gateway.stop_accepting()
-        if self.server is not None:
-            for server in getattr(self.server, "servers", ()):
-                server.close()
-
-    async def wait_closed(self, timeout: float) -> None:
-        """Bounded, as native: sessions end and connections finish their
-        close handshakes within ``timeout``; then what is left is aborted
-        and uvicorn stops."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        await self.gateway.wait_closed(timeout)
-        server, task = self.server, self._task
-        if server is None or task is None:
-            return
-        # uvicorn stops listening, closes idle HTTP connections, and sends
-        # 1012 to any WebSocket still open; it then waits for them.
-        server.should_exit = True
-        connections = server.server_state.connections
-        while connections and not task.done() and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-        for protocol in list(connections):  # peers that took nothing in time
-            protocol.transport.abort()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task

@@ -27,13 +27,13 @@ log = logging.getLogger("halfpi.mind")
 # never imports Starlette or uvicorn.
 SERVERS = {
     "native": "halfpi.gateway.native:FaceServer",
-    "asgi": "halfpi.gateway.asgi:AsgiServer",
+    "asgi": "halfpi.gateway.asgi_server:AsgiServer",
 }
 
 
 class Server(Protocol):
     """What the wiring needs from a server: see ``gateway/native.py`` and
-    ``gateway/asgi.py``."""
+    ``gateway/asgi_server.py``."""
 
     @property
     def port(self) -> int: ...

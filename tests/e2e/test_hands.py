@@ -514,6 +514,9 @@ async def test_I11_restarted_hand_leaves_no_command_of_its_previous_instance(
     assert not (world.work / "leftover.done").exists()
 
 
+# Ten seconds of the Mind's grace timer; a killed Hand's disconnect under ASGI
+# is proven by test_I11_hand_restarted_mid_run_run_is_lost_and_never_rerun.
+@pytest.mark.servers("native")
 async def test_I11_hand_away_past_grace_loses_its_run(world: World) -> None:
     world.start_mind()
     hand = world.spawn_hand()

@@ -293,7 +293,10 @@ class AsgiGateway:
             server = scope.get("server")
             port = server[1] if server and server[1] else None
             if origin not in mind.config.origins(port):
-                await _refuse(scope, send, 403, "origin not allowed\n")
+                # A close before accepting: servers answer it 403 (and, unlike
+                # a denial response, uvicorn logs nothing for it: anyone's
+                # page can cause these).
+                await send({"type": "websocket.close", "code": 1008})
                 return
         client = scope.get("client")
         peer = str(client[0]) if client else "unknown"
@@ -329,7 +332,9 @@ def _header(headers: Any, name: bytes) -> str | None:
 
 async def _refuse(scope: Scope, send: Send, status: int, body: str) -> None:
     """Refuse before accepting: an HTTP response where the server supports
-    the denial extension, else a plain close (which servers answer 403)."""
+    the denial extension, else a plain close (which servers answer 403).
+    (uvicorn logs an error after each denial response; they are rare: only
+    while the Mind starts or drains.)"""
     if "websocket.http.response" in (scope.get("extensions") or {}):
         await send(
             {

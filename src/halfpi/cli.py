@@ -178,6 +178,7 @@ def cmd_mind(args: argparse.Namespace) -> int:
         approval_ttl_s=args.approval_ttl,
         hand_roots=tuple(args.hand_root or ()),
         hand_approval=tuple((tool, rule.value) for tool, rule in args.hand_approval or ()),
+        server=args.server,
     )
     logging.basicConfig(
         level=args.log_level.upper(),
@@ -467,6 +468,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="a proxy address whose X-Forwarded-For names the client (repeatable; default: none)",
     )
     _policy_flags(mind, "--hand-root", "--hand-approval", "the local Hand's")
+    mind.add_argument(
+        "--server",
+        choices=("native", "asgi"),
+        default="native",
+        help="native: halfpi's own WebSocket server; asgi: the ASGI app under uvicorn "
+        "(default native)",
+    )
     mind.set_defaults(func=cmd_mind)
 
     face = sub.add_parser(

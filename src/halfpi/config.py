@@ -100,6 +100,10 @@ class Config:
     # Serve wss:// natively: a PEM certificate (chain) and its private key.
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    # What carries /v1/face and /v1/hand (``--server``): "native", our own
+    # asyncio protocol, or "asgi", the Starlette application under uvicorn
+    # (docs/asgi.md). ``halfpi.mind.run.SERVERS`` maps the names.
+    server: str = "native"
 
     @property
     def tls(self) -> bool:

@@ -55,6 +55,7 @@ class CloseCode(enum.IntEnum):
 
     NORMAL = 1000
     GOING_AWAY = 1001
+    MESSAGE_TOO_BIG = 1009  # over the hard frame limit (4 times max_frame_bytes)
     INTERNAL_ERROR = 1011
     RESTARTING = 1012
     UNAUTHORIZED = 4001

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from halfpi.core.throttle import HandshakeThrottle, ThrottleLimits
+from halfpi.core.throttle import HandshakeThrottle, ThrottleLimits, client_address
 
 LIMITS = ThrottleLimits(base_s=1.0, cap_s=8.0, max_wait_s=8.0, forget_after_s=100.0,
                         max_addresses=4)
@@ -138,3 +138,18 @@ def test_waits_never_exceed_max_wait(failures: int) -> None:
     for _ in range(20):
         wait = throttle.admit(A, now)
         assert wait is None or wait <= LIMITS.max_wait_s
+
+
+def test_a_trusted_proxy_names_the_client_by_the_hop_it_added() -> None:
+    trusted = frozenset({"10.0.0.5"})
+    # The last entry is the one our proxy added; earlier ones the client may forge.
+    forwarded = ["198.51.100.7, 203.0.113.9", "192.0.2.44"]
+    assert client_address("10.0.0.5", forwarded, trusted) == "192.0.2.44"
+    assert client_address("10.0.0.5", ["203.0.113.9 "], trusted) == "203.0.113.9"
+
+
+def test_an_untrusted_peer_is_its_own_address_whatever_it_forwards() -> None:
+    trusted = frozenset({"10.0.0.5"})
+    assert client_address("192.0.2.1", ["203.0.113.9"], trusted) == "192.0.2.1"
+    assert client_address("10.0.0.5", [], trusted) == "10.0.0.5"
+    assert client_address("10.0.0.5", [" "], trusted) == "10.0.0.5"

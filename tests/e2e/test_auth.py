@@ -159,9 +159,11 @@ async def test_I8_observer_scopes_are_enforced_per_command(lmind: LocalMind) -> 
     await operator.close()
 
 
-async def test_I8_new_credential_is_accepted_right_after_face_add(tmp_path: Path) -> None:
+async def test_I8_new_credential_is_accepted_right_after_face_add(
+    tmp_path: Path, server_kind: str
+) -> None:
     # The poll is far away: only a look-up on the unknown token can let it in.
-    async with local_mind(tmp_path / "home", credential_poll_s=30.0) as m:
+    async with local_mind(tmp_path / "home", server=server_kind, credential_poll_s=30.0) as m:
         added = await face_add(m.config.home, "script")
         face = await say_hello(m.url, added.token)
         welcome = await face.expect(lambda f: f["type"] == "face.welcome", 5)
@@ -182,11 +184,11 @@ async def guess(url: str, token: str, **connect: Any) -> tuple[int | None, list[
 
 
 async def test_failed_handshakes_wait_longer_and_longer_and_are_logged(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, server_kind: str
 ) -> None:
     throttle = ThrottleLimits(base_s=0.05, cap_s=0.4, max_wait_s=1.0)
     secret = "hpf_guess-" + "s3cr3t" * 6
-    async with local_mind(tmp_path / "home", handshake_throttle=throttle,
+    async with local_mind(tmp_path / "home", server=server_kind, handshake_throttle=throttle,
                           local_hand=False) as m:
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -211,12 +213,12 @@ async def test_failed_handshakes_wait_longer_and_longer_and_are_logged(
 
 
 async def test_parallel_guesses_from_one_address_are_refused_rate_limited(
-    tmp_path: Path,
+    tmp_path: Path, server_kind: str,
 ) -> None:
     # After one failure the next check would wait 10 s, beyond the 5 s anyone
     # is kept waiting: every other attempt is refused at once, unchecked.
     throttle = ThrottleLimits(base_s=10.0, cap_s=10.0, max_wait_s=5.0)
-    async with local_mind(tmp_path / "home", handshake_throttle=throttle,
+    async with local_mind(tmp_path / "home", server=server_kind, handshake_throttle=throttle,
                           local_hand=False) as m:
         code, _ = await guess(m.url, "hpf_wrong")
         assert code == 4001
@@ -233,9 +235,9 @@ async def test_parallel_guesses_from_one_address_are_refused_rate_limited(
         await other.close()
 
 
-async def test_hand_handshakes_are_throttled_too(tmp_path: Path) -> None:
+async def test_hand_handshakes_are_throttled_too(tmp_path: Path, server_kind: str) -> None:
     throttle = ThrottleLimits(base_s=10.0, cap_s=10.0, max_wait_s=5.0)
-    async with local_mind(tmp_path / "home", handshake_throttle=throttle,
+    async with local_mind(tmp_path / "home", server=server_kind, handshake_throttle=throttle,
                           local_hand=False) as m:
         hand_url = m.url.replace("/v1/face", "/v1/hand")
         codes = []
@@ -275,9 +277,9 @@ async def test_unknown_tokens_share_one_credential_reread(tmp_path: Path) -> Non
 
 
 async def test_connections_beyond_the_per_principal_cap_are_refused_4029(
-    tmp_path: Path,
+    tmp_path: Path, server_kind: str,
 ) -> None:
-    async with local_mind(tmp_path / "home", max_connections_per_principal=3,
+    async with local_mind(tmp_path / "home", server=server_kind, max_connections_per_principal=3,
                           local_hand=False) as m:
         faces = [await FaceClient.connect(m.url, m.token) for _ in range(3)]
         code, seen = await guess(m.url, m.token)
@@ -305,8 +307,8 @@ async def test_connections_beyond_the_per_principal_cap_are_refused_4029(
             await face_.close()
 
 
-async def test_hand_connections_count_against_the_cap_too(tmp_path: Path) -> None:
-    async with local_mind(tmp_path / "home", max_connections_per_principal=1,
+async def test_hand_connections_count_against_the_cap_too(tmp_path: Path, server_kind: str) -> None:
+    async with local_mind(tmp_path / "home", server=server_kind, max_connections_per_principal=1,
                           local_hand=False) as m:
         added = await hand_add(m.config.home, "laptop")
         hand_url = m.url.replace("/v1/face", "/v1/hand")
@@ -329,10 +331,10 @@ async def test_hand_connections_count_against_the_cap_too(tmp_path: Path) -> Non
 
 
 async def test_a_trusted_proxy_names_the_client_address_and_no_one_else_does(
-    tmp_path: Path,
+    tmp_path: Path, server_kind: str,
 ) -> None:
     throttle = ThrottleLimits(base_s=10.0, cap_s=10.0, max_wait_s=5.0)
-    async with local_mind(tmp_path / "home", handshake_throttle=throttle,
+    async with local_mind(tmp_path / "home", server=server_kind, handshake_throttle=throttle,
                           trusted_proxies=("127.0.0.1",), local_hand=False) as m:
         def via(client: str, peer: str = "127.0.0.1") -> dict[str, Any]:
             return {"additional_headers": {"X-Forwarded-For": f"198.51.100.1, {client}"},

@@ -61,8 +61,9 @@ TICKS_STDOUT = "".join(f"tick{i}\n" for i in range(1, 21)).encode()
 class World:
     """One Mind home with a Hand credential, and everything started in it."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, server: str = "native") -> None:
         self.tmp = tmp_path
+        self.server = server  # halfpi mind --server
         self.home = tmp_path / "home"
         self.home.mkdir()
         self.work = tmp_path / "work"
@@ -74,7 +75,8 @@ class World:
         self.groups: list[Path] = []
 
     def start_mind(self, port: int = 0) -> MindProcess:
-        self.mind = MindProcess(self.home, port=port, extra_args=("--no-local-hand",))
+        self.mind = MindProcess(self.home, port=port, extra_args=("--no-local-hand",),
+                                server=self.server)
         return self.mind.start()
 
     @property
@@ -123,8 +125,8 @@ class World:
 
 
 @pytest.fixture
-async def world(tmp_path: Path) -> AsyncIterator[World]:
-    w = World(tmp_path)
+async def world(tmp_path: Path, server_kind: str) -> AsyncIterator[World]:
+    w = World(tmp_path, server_kind)
     # Before the Mind starts, so that it knows the credential from its first
     # read of the credential table (a Hand refused with 4001 gives up).
     w.hand_token = (await hand_add(w.home, HAND)).token
@@ -485,6 +487,9 @@ async def test_I11_restarted_hand_leaves_no_command_of_its_previous_instance(
     assert not (world.work / "leftover.done").exists()
 
 
+# Ten seconds of the Mind's grace timer; a killed Hand's disconnect under ASGI
+# is proven by test_I11_hand_restarted_mid_run_run_is_lost_and_never_rerun.
+@pytest.mark.servers("native")
 async def test_I11_hand_away_past_grace_loses_its_run(world: World) -> None:
     world.start_mind()
     hand = world.spawn_hand()

@@ -14,15 +14,17 @@ from tests.support.client import FaceClient
 from tests.support.mind import local_mind
 
 
-async def test_foreign_origin_is_refused_at_the_handshake(tmp_path: Path) -> None:
-    async with local_mind(tmp_path / "home") as lm:
+async def test_foreign_origin_is_refused_at_the_handshake(tmp_path: Path, server_kind: str) -> None:
+    async with local_mind(tmp_path / "home", server=server_kind) as lm:
         with pytest.raises(websockets.InvalidStatus) as refused:
             await websockets.connect(lm.url, origin=Origin("https://evil.example"))
         assert refused.value.response.status_code == 403
 
 
-async def test_own_and_configured_origins_and_no_origin_are_accepted(tmp_path: Path) -> None:
-    async with local_mind(tmp_path / "home",
+async def test_own_and_configured_origins_and_no_origin_are_accepted(
+    tmp_path: Path, server_kind: str
+) -> None:
+    async with local_mind(tmp_path / "home", server=server_kind,
                           allowed_origins=("https://faces.example",)) as lm:
         port = lm.server.port
         for origin in (f"http://127.0.0.1:{port}", f"http://localhost:{port}",

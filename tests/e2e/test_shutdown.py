@@ -13,10 +13,12 @@ from tests.support.mind import MindProcess
 
 
 @pytest.mark.e2e
-async def test_sigterm_closes_faces_1012_and_commits_interrupted_chats(tmp_path: Path) -> None:
+async def test_sigterm_closes_faces_1012_and_commits_interrupted_chats(
+    tmp_path: Path, server_kind: str
+) -> None:
     home = tmp_path / "home"
     home.mkdir()
-    mind = MindProcess(home).start()
+    mind = MindProcess(home, server=server_kind).start()
     try:
         face = await FaceClient.connect(mind.url, mind.token)
         cid = await face.create_conversation("drain")

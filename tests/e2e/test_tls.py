@@ -57,10 +57,11 @@ def tls(tmp_path: Path, authority: trustme.CA) -> Tls:
 
 
 @pytest.fixture
-def tls_mind(tmp_path: Path, tls: Tls) -> Iterator[MindProcess]:
+def tls_mind(tmp_path: Path, tls: Tls, server_kind: str) -> Iterator[MindProcess]:
     home = tmp_path / "home"
     home.mkdir()
-    proc = MindProcess(home, extra_args=("--tls-cert", str(tls.cert), "--tls-key", str(tls.key)))
+    proc = MindProcess(home, extra_args=("--tls-cert", str(tls.cert), "--tls-key", str(tls.key)),
+                       server=server_kind)
     proc.start()
     try:
         yield proc

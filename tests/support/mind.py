@@ -17,8 +17,7 @@ from typing import Any
 
 from halfpi.agents.base import Agent
 from halfpi.config import Config
-from halfpi.gateway.native import FaceServer
-from halfpi.mind.run import running_mind
+from halfpi.mind.run import Server, running_mind
 from halfpi.mind.service import Mind
 
 
@@ -26,11 +25,12 @@ class MindProcess:
     """``halfpi mind`` as a child process on a free port of 127.0.0.1."""
 
     def __init__(self, home: Path, *, delta_ms: float = 0.0, port: int = 0,
-                 extra_args: tuple[str, ...] = ()) -> None:
+                 extra_args: tuple[str, ...] = (), server: str = "native") -> None:
         self.home = home
         self.delta_ms = delta_ms
         self.port = port
         self.extra_args = extra_args
+        self.server = server  # halfpi mind --server
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.ready: dict[str, Any] = {}
@@ -45,7 +45,7 @@ class MindProcess:
         with open(self.home / "mind.log", "ab") as log:  # the child keeps its own copy
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "halfpi.cli", "mind", "--port", str(self.port),
-                 "--log-level", "warning", *self.extra_args],
+                 "--log-level", "warning", "--server", self.server, *self.extra_args],
                 # The local Hand's root is the Mind's working directory: the
                 # test's own directory, where it keeps the files it reads.
                 env=env, stdout=subprocess.PIPE, stderr=log, cwd=self.home.parent,
@@ -88,10 +88,10 @@ class MindProcess:
 
 @dataclass
 class LocalMind:
-    """A Mind and its FaceServer running in the test's own event loop."""
+    """A Mind and its server (``config.server``) running in the test's own event loop."""
 
     mind: Mind
-    server: FaceServer
+    server: Server
     url: str
     token: str
     config: Config = field(repr=False, default=None)  # type: ignore[assignment]
@@ -101,7 +101,8 @@ async def local_mind(home: Path, agent: Agent | None = None,
                      **overrides: Any) -> AsyncIterator[LocalMind]:
     """The same wiring as ``halfpi mind`` (:func:`running_mind`), in this loop.
     The local Hand's root is the test's directory (the home's parent), as if
-    the Mind had been started there."""
+    the Mind had been started there; ``server="asgi"`` (an override of
+    :class:`Config`) serves it with uvicorn."""
     config = replace(Config(home=home, port=0, scripted_delta_ms=0.0,
                             hand_roots=(str(home.parent),)), **overrides)
     async with running_mind(config, agent, close_wait_s=1.0) as (mind, server):

@@ -126,3 +126,15 @@ class HandshakeThrottle:
             if not self._expired(entry, now):
                 return
             del table[address]
+
+
+def client_address(peer: str, forwarded_for: list[str], trusted: frozenset[str]) -> str:
+    """The address a handshake is counted under (docs/operations.md): the
+    peer's own, unless the peer is a trusted proxy; then the hop that proxy
+    added to ``X-Forwarded-For`` (the last entry: earlier ones come from the
+    client and may be forged). ``forwarded_for``: every such header's value."""
+    if peer in trusted:
+        client = ",".join(forwarded_for).rpartition(",")[2].strip()
+        if client:
+            return client
+    return peer

@@ -31,6 +31,7 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.typing import Origin
 
+from halfpi.core.throttle import client_address
 from halfpi.gateway.hand_session import HandSession
 from halfpi.gateway.session import FaceSession
 
@@ -59,7 +60,7 @@ def server_tls_context(cert: Path, key: Path) -> ssl.SSLContext:
     return context
 
 
-class _ServerProtocol(ServerProtocol):
+class LatestPongProtocol(ServerProtocol):
     """websockets' server protocol, except that a ping is not answered by
     queueing a pong: the latest ping's payload waits in ``pending_pong``
     for the adapter to answer when the transport takes writes."""
@@ -140,7 +141,7 @@ class WebSocketConnection(asyncio.Protocol):
 
     def __init__(self, server: FaceServer) -> None:
         self.server = server
-        self.ws = _ServerProtocol(
+        self.ws = LatestPongProtocol(
             origins=server.origins, max_size=server.hard_limit, logger=_ws_log
         )
         self.transport: asyncio.Transport | None = None
@@ -246,11 +247,8 @@ class WebSocketConnection(asyncio.Protocol):
         if self.server.mind.draining:
             ws.send_response(ws.reject(503, "the Mind is restarting\n"))
             return
-        if self.address in self.server.trusted_proxies:
-            forwarded = ",".join(request.headers.get_all("X-Forwarded-For"))
-            client = forwarded.rpartition(",")[2].strip()  # the hop our proxy added
-            if client:
-                self.address = client
+        forwarded = request.headers.get_all("X-Forwarded-For")
+        self.address = client_address(self.address, forwarded, self.server.trusted_proxies)
         response = ws.accept(request)  # checks Upgrade headers and the Origin allowlist
         ws.send_response(response)
         if response.status_code == 101:

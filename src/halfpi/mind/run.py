@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import importlib
 import json
 import logging
 import os
@@ -13,13 +14,13 @@ import socket
 import sqlite3
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
 from halfpi.agents.base import Agent
 from halfpi.agents.scripted import ScriptedAgent
 from halfpi.config import Config
 from halfpi.face.transport import pinned_tls_context, tls_connector
-from halfpi.gateway.native import FaceServer
 from halfpi.journal.memory import MemoryJournal
 from halfpi.mind.home import Address, CannotStart, prepare_home, remove_address, write_address
 from halfpi.mind.home_lock import HomeLock
@@ -27,6 +28,34 @@ from halfpi.mind.service import Mind
 from halfpi.store.sqlite import SQLiteStore
 
 log = logging.getLogger("halfpi.mind")
+
+# The servers that carry /v1/face and /v1/hand (``--server``), side by side
+# with one interface and imported by name, so that a Mind served natively
+# never imports Starlette or uvicorn.
+SERVERS = {
+    "native": "halfpi.gateway.native:FaceServer",
+    "asgi": "halfpi.gateway.asgi_server:AsgiServer",
+}
+
+
+class Server(Protocol):
+    """What the wiring needs from a server: see ``gateway/native.py`` and
+    ``gateway/asgi_server.py``."""
+
+    @property
+    def port(self) -> int: ...
+
+    async def start(self) -> None: ...
+
+    def stop_accepting(self) -> None: ...
+
+    async def wait_closed(self, timeout: float) -> None: ...
+
+
+def server_class(name: str) -> Callable[[Mind], Server]:
+    module, _, attr = SERVERS[name].partition(":")
+    factory: Callable[[Mind], Server] = getattr(importlib.import_module(module), attr)
+    return factory
 
 
 def build_mind(config: Config, agent: Agent | None = None) -> Mind:
@@ -38,12 +67,23 @@ def build_mind(config: Config, agent: Agent | None = None) -> Mind:
     )
 
 
+def start_local_hand(mind: Mind, url: str) -> None:
+    """The embedded set-up's Hand, dialling ``url`` (``…/v1/hand``): over
+    ``wss://`` it trusts exactly the Mind's own certificate when the Mind
+    serves TLS itself (whatever names the certificate carries)."""
+    config = mind.config
+    if url.startswith("wss://") and config.tls_cert is not None:
+        mind.start_local_hand(url, tls_connector(pinned_tls_context(config.tls_cert)))
+    else:
+        mind.start_local_hand(url)
+
+
 @contextlib.asynccontextmanager
 async def running_mind(
     config: Config, agent: Agent | None = None, *, close_wait_s: float = 2.0
-) -> AsyncIterator[tuple[Mind, FaceServer]]:
-    """A started Mind, its server listening and (by default) its local Hand
-    connected to it; on exit: stop accepting, drain the Mind (close Faces
+) -> AsyncIterator[tuple[Mind, Server]]:
+    """A started Mind, its server (``config.server``) listening and (by
+    default) its local Hand connected to it; on exit: stop accepting, drain the Mind (close Faces
     with 1012, end chats as ``interrupted``, close the store), wait a bounded
     time for connections to close."""
     prepare_home(config.home)
@@ -57,21 +97,15 @@ async def running_mind(
             await mind.start()
         except sqlite3.DatabaseError as exc:
             raise CannotStart(f"cannot open the database {config.db_path}: {exc}") from None
-        server = FaceServer(mind)
+        server = server_class(config.server)(mind)
         try:
             await server.start()
         except OSError as exc:  # lost a race for the port since check_listen
             await mind.drain()
             raise CannotStart(_listen_error(config.host, config.port, exc)) from None
         if config.local_hand:
-            # The local Hand dials the address the server listens on; over TLS
-            # too, trusting exactly the Mind's own certificate.
-            hand_url = dial_url(config, server.port, "/v1/hand")
-            if config.tls_cert is not None:
-                connector = tls_connector(pinned_tls_context(config.tls_cert))
-                mind.start_local_hand(hand_url, connector)
-            else:
-                mind.start_local_hand(hand_url)
+            # The local Hand dials the address the server listens on.
+            start_local_hand(mind, dial_url(config, server.port, "/v1/hand"))
         try:
             yield mind, server
         finally:

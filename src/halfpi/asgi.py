@@ -29,6 +29,8 @@ from starlette.types import Receive, Scope, Send
 from halfpi.agents.base import Agent
 from halfpi.config import Config
 from halfpi.gateway.asgi import AsgiGateway
+from halfpi.mind.home import prepare_home
+from halfpi.mind.home_lock import HomeLock
 from halfpi.mind.run import build_mind, start_local_hand
 from halfpi.mind.service import Mind
 
@@ -58,6 +60,7 @@ class MindApp:
         self.close_wait_s = close_wait_s
         self.gateway = AsgiGateway(lifespan=self.lifespan)
         self._mind: Mind | None = None
+        self._lock: HomeLock | None = None
 
     @property
     def mind(self) -> Mind:
@@ -74,9 +77,17 @@ class MindApp:
         start the local Hand; from then on handshakes are served."""
         if self._mind is not None:
             return
-        self.config.home.mkdir(parents=True, exist_ok=True, mode=0o700)
-        mind = build_mind(self.config, self.agent)
-        await mind.start()
+        prepare_home(self.config.home)
+        # One Mind per home (DESIGN §12), mounted or not: the lock is taken
+        # before the store opens and held until stop().
+        lock = HomeLock.take(self.config.home)
+        try:
+            mind = build_mind(self.config, self.agent)
+            await mind.start()
+        except BaseException:
+            lock.release()
+            raise
+        self._lock = lock
         self._mind = mind
         self.gateway.accepting = True
         self.gateway.mind = mind
@@ -95,6 +106,9 @@ class MindApp:
         await self.gateway.wait_closed(self.close_wait_s)
         self._mind = None
         self.gateway.mind = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Any = None) -> AsyncIterator[None]:

@@ -163,3 +163,20 @@ async def test_a_mind_app_served_on_its_own_runs_its_own_lifespan(tmp_path: Path
         sock.close()
     with pytest.raises(RuntimeError, match="not started"):
         app.mind  # noqa: B018 - drained by the lifespan's end
+
+
+async def test_a_second_mind_app_on_the_same_home_refuses_to_start(tmp_path: Path) -> None:
+    from halfpi.errors import HomeInUse
+
+    config = Config(home=tmp_path / "home", port=0, scripted_delta_ms=0.0, local_hand=False)
+    first, second = MindApp(config), MindApp(config)
+    await first.start()
+    try:
+        with pytest.raises(HomeInUse, match="in use by another Mind"):
+            await second.start()
+        with pytest.raises(RuntimeError):
+            second.mind  # noqa: B018 - never started: no Mind to reach
+    finally:
+        await first.stop()
+    await second.start()  # the home is free once the first has stopped
+    await second.stop()

@@ -1,0 +1,180 @@
+"""A Hand's way back to the Mind: the shared reconnect loop, and what it says.
+
+While it cannot reach the Mind a Hand says what it tries and why it fails,
+one line per change of reason — not one per attempt — and one line when it
+is back. Driven through the connector seam with a scripted Mind (no
+sockets) and a recording ``sleep`` (no waiting).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from halfpi.core.backoff import backoff
+from halfpi.client.transport import ConnectionLost, Transport
+from halfpi.hand.node import HandNode
+
+URL = "ws://mind.test/v1/hand"
+Frame = dict[str, Any]
+
+
+class Link:
+    """One connection as the Hand sees it; the test is the Mind."""
+
+    def __init__(self) -> None:
+        self.sent: list[Frame] = []
+        self.inbox: asyncio.Queue[str | ConnectionLost] = asyncio.Queue()
+
+    async def send(self, text: str) -> None:
+        frame = json.loads(text)
+        self.sent.append(frame)
+        if frame["type"] == "hand.hello":
+            self.tell("hand.welcome", hand_id="dev", generation=len(self.sent), adopted=[],
+                      abandon=[], protect=[])
+
+    async def recv(self) -> str:
+        item = await self.inbox.get()
+        if isinstance(item, ConnectionLost):
+            self.inbox.put_nowait(item)
+            raise item
+        return item
+
+    async def close(self) -> None:
+        self.inbox.put_nowait(ConnectionLost(1000, "closed"))
+
+    def tell(self, type_: str, **payload: Any) -> None:
+        self.inbox.put_nowait(json.dumps({"type": type_, "payload": payload}))
+
+    def cut(self, code: int | None, reason: str = "") -> None:
+        self.inbox.put_nowait(ConnectionLost(code, reason))
+
+
+def scripted(plan: list[str | None], links: list[Link]) -> Callable[[str], Awaitable[Transport]]:
+    """Each attempt fails with the next reason of ``plan``, or (``None``)
+    connects; once the plan is used up, every attempt connects."""
+
+    async def connector(url: str) -> Transport:
+        await asyncio.sleep(0)
+        why = plan.pop(0) if plan else None
+        if why is not None:
+            raise ConnectionLost(None, why)
+        link = Link()
+        links.append(link)
+        return link
+
+    return connector
+
+
+async def serve_until(node: HandNode, done: Callable[[], bool]) -> list[float]:
+    """Run the node; every backoff wait is recorded, and the one after
+    ``done()`` holds stops it."""
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if done():
+            await node.stop()
+        await asyncio.sleep(0)
+
+    node.sleep = sleep
+    assert await asyncio.wait_for(node.run_forever(), 10) is True
+    return slept
+
+
+def hand_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "halfpi.hand"]
+
+
+async def test_a_hand_says_why_it_cannot_reach_the_mind_once_per_change_of_reason(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="halfpi.hand")
+    refused = "connection refused (nothing listening there: is the Mind running?)"
+    plan: list[str | None] = [refused] * 4 + ["no answer within 10 s"] * 3 + [None]
+    links: list[Link] = []
+    node = HandNode(URL, "hph_x", "dev", connector=scripted(plan, links),
+                    delays=lambda: backoff(jitter=False))
+
+    async def cut_once_connected() -> None:
+        await asyncio.wait_for(node.connected.wait(), 10)
+        links[-1].cut(1012, "restarting")
+
+    cutter = asyncio.create_task(cut_once_connected())
+    slept = await serve_until(node, lambda: len(links) == 1 and cutter.done())
+    await cutter
+    assert slept == [0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 0.25]  # reset after the welcome
+    lines = hand_lines(caplog)
+    failures = [line for line in lines if "cannot reach" in line]
+    assert failures == [
+        f"cannot reach the Mind at {URL}: {refused}; retrying in 0.2 s (attempt 1)",
+        f"cannot reach the Mind at {URL}: no answer within 10 s; retrying in 4.0 s (attempt 5)",
+    ]
+    assert f"connected to the Mind at {URL}" in lines
+    assert lines.index(f"connected to the Mind at {URL}") > lines.index(failures[-1])
+    assert [line for line in lines if "lost the connection" in line] == [
+        f"lost the connection to the Mind at {URL}: the Mind is restarting;"
+        " reconnecting in 0.2 s"
+    ]
+
+
+async def test_a_hand_that_connects_at_once_says_nothing_about_retrying(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="halfpi.hand")
+    links: list[Link] = []
+    node = HandNode(URL, "hph_x", "dev", connector=scripted([], links))
+
+    async def stop_once_connected() -> None:
+        await asyncio.wait_for(node.connected.wait(), 10)
+        await node.stop()
+
+    stopper = asyncio.create_task(stop_once_connected())
+    assert await asyncio.wait_for(node.run_forever(), 10) is True
+    await stopper
+    assert [line for line in hand_lines(caplog) if "cannot reach" in line
+            or "connected to" in line or "lost" in line] == []
+
+
+async def test_a_hand_on_this_machine_retries_at_least_every_two_seconds() -> None:
+    local = "ws://127.0.0.1:15707/v1/hand"
+    links: list[Link] = []
+    node = HandNode(local, "hph_x", "dev", connector=scripted(["refused"] * 12, links))
+
+    async def stop_once_connected() -> None:
+        await asyncio.wait_for(node.connected.wait(), 10)
+        await node.stop()
+
+    stopper = asyncio.create_task(stop_once_connected())
+    slept = await serve_until(node, lambda: False)
+    await stopper
+    assert len(slept) == 12
+    assert max(slept) <= 2.0
+
+
+async def test_a_hand_refused_by_the_mind_stops_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    links: list[Link] = []
+
+    async def connector(url: str) -> Transport:
+        link = Link()
+        links.append(link)
+        link.cut(4001, "unauthorized")
+        return link
+
+    node = HandNode(URL, "hph_x", "dev", connector=connector)
+    slept = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    node.sleep = sleep
+    assert await asyncio.wait_for(node.run_forever(), 10) is False
+    assert (len(links), slept) == (1, [])
+    assert any("refused this Hand (4001)" in line for line in hand_lines(caplog))

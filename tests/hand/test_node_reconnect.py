@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from halfpi.core.backoff import backoff
 from halfpi.client.transport import ConnectionLost, Transport
+from halfpi.core.backoff import backoff
 from halfpi.hand.node import HandNode
 
 URL = "ws://mind.test/v1/hand"

@@ -1,8 +1,9 @@
 """What every client of the Mind shares: the Face SDK and the Hand.
 
+- :mod:`~halfpi.client.errors` — :class:`ConnectionLost`, to which every
+  library exception is mapped at the boundary, and what its close codes mean;
 - :mod:`~halfpi.client.transport` — the transport seam (a connection moves
-  text frames), the WebSocket/TLS connector, and :class:`ConnectionLost`, to
-  which every library exception is mapped at the boundary;
+  text frames) and the WebSocket/TLS connector;
 - :mod:`~halfpi.client.redial` — the reconnect plan, pure: the URLs in turn,
   full-jitter backoff (:func:`halfpi.core.backoff.backoff`), reset after a
   welcomed session, a shorter cap for a Mind on this machine, and the

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -90,7 +90,7 @@ class Reconnect(Generic[W]):
         self.closed = True
         self._wake.set()
 
-    async def links(self) -> AsyncIterator[Link[W]]:
+    async def links(self) -> AsyncGenerator[Link[W], None]:
         while not self.closed:
             url = self.plan.next_url()
             transport: Transport | None = None

@@ -2,7 +2,7 @@
 
 A client of the Mind (a Face, a Hand) dials its URLs in turn, forever,
 waiting between attempts with full-jitter exponential backoff
-(:func:`halfpi.core.backoff.backoff`, DESIGN §11: 0.25 s × 2ⁿ, cap 30 s).
+(:func:`halfpi.core.backoff.backoff`, DESIGN §11: 0.25 s * 2^n, cap 30 s).
 After a welcomed session the backoff starts over, so a Mind that comes back
 after a restart is found again within the first short delays.
 

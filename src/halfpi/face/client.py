@@ -55,66 +55,15 @@ from halfpi.client.transport import (
 )
 from halfpi.core.backoff import backoff
 from halfpi.face.errors import AuthError, ClientClosed, FaceError
+from halfpi.face.events import Accepted, Answered, Event, Failed, Received, StatusChanged, Updated
+from halfpi.face.handles import ChatHandle, Waiter
 from halfpi.face.lists import LiveLists
 from halfpi.face.outstanding import new_request_id
-from halfpi.face.protocol import (
-    Accepted,
-    Answered,
-    Event,
-    FaceProtocol,
-    Failed,
-    HelloRefused,
-    Received,
-    StatusChanged,
-    Updated,
-)
+from halfpi.face.protocol import FaceProtocol, HelloRefused
 from halfpi.face.results import Result, Status
 from halfpi.face.view import ConversationView
 
 log = logging.getLogger("halfpi.face")
-
-
-class _Waiter:
-    """The futures of one caller's command: its acceptance and its end."""
-
-    __slots__ = ("accepted", "result")
-
-    def __init__(self) -> None:
-        loop = asyncio.get_running_loop()
-        self.accepted: asyncio.Future[dict[str, Any]] = loop.create_future()
-        self.result: asyncio.Future[Any] = loop.create_future()
-
-    def accept(self, payload: dict[str, Any]) -> None:
-        if not self.accepted.done():
-            self.accepted.set_result(payload)
-
-    def finish(self, value: Any) -> None:
-        self.accept({})
-        if not self.result.done():
-            self.result.set_result(value)
-
-    def fail(self, exc: BaseException) -> None:
-        for future in (self.accepted, self.result):
-            if not future.done():
-                future.set_exception(exc)
-                future.exception()  # retrieved: callers may await only one
-
-
-class ChatHandle:
-    """A command on its way: await :meth:`accepted`, then :meth:`result`."""
-
-    def __init__(self, client: FaceClient, type_: str, request_id: str, waiter: _Waiter) -> None:
-        self.client = client
-        self.type = type_
-        self.request_id = request_id
-        self._waiter = waiter
-
-    async def accepted(self) -> dict[str, Any]:
-        return await self._waiter.accepted
-
-    async def result(self) -> Result:
-        value: Result = await self._waiter.result
-        return value
 
 
 class FaceClient:
@@ -169,7 +118,7 @@ class FaceClient:
             on_retry=self._retrying,
         )
         self.status = Status("connecting", url=self.url)
-        self._waiters: dict[str, _Waiter] = {}
+        self._waiters: dict[str, Waiter] = {}
         self._transport: Transport | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._live = asyncio.Event()
@@ -437,14 +386,14 @@ class FaceClient:
             raise ClientClosed("client closed")
         payload.setdefault("request_id", new_request_id(type_.rsplit(".", 1)[-1][:4]))
         command = self.protocol.submit(type_, payload)
-        waiter = self._waiters.setdefault(command.request_id, _Waiter())
+        waiter = self._waiters.setdefault(command.request_id, Waiter())
         await self._send_queued()
-        return ChatHandle(self, command.type, command.request_id, waiter)
+        return ChatHandle(command.type, command.request_id, waiter)
 
     async def request(self, type_: str, **payload: Any) -> Any:
         """Send any command; return its ``face.result`` (a :class:`Result`) or snapshot."""
         handle = await self._submit(type_, payload)
-        return await handle._waiter.result
+        return await handle.waiter.result
 
     async def create_conversation(
         self, name: str | None = None, *, request_id: str | None = None

@@ -33,7 +33,6 @@ import logging
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from halfpi import __version__
@@ -41,6 +40,15 @@ from halfpi.client.errors import ConnectionLost
 from halfpi.config import PROTOCOL_VERSION
 from halfpi.core.scopes import SESSIONS_READ
 from halfpi.face.errors import FaceError, command_error
+from halfpi.face.events import (
+    Accepted,
+    Answered,
+    Event,
+    Failed,
+    Received,
+    StatusChanged,
+    Updated,
+)
 from halfpi.face.lists import LiveLists
 from halfpi.face.outstanding import (
     READ_APPROVALS,
@@ -60,59 +68,6 @@ from halfpi.face.view import APPLIED, RESYNC, ConversationView
 log = logging.getLogger("halfpi.face")
 
 LIST_LIMIT = 200  # conversations re-read after every (re)connect
-
-
-# -- what the caller learns (drained with events_received) ------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Accepted:
-    """A caller's command was accepted (its first ``face.accepted``)."""
-
-    request_id: str
-    payload: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Answered:
-    """A caller's command ended: a :class:`Result`, a snapshot or an
-    acceptance (a subscribe's)."""
-
-    request_id: str
-    value: Any
-
-
-@dataclass(frozen=True, slots=True)
-class Failed:
-    """A caller's command failed: refused by the Mind, outcome unknown…"""
-
-    request_id: str
-    error: FaceError
-
-
-@dataclass(frozen=True, slots=True)
-class Updated:
-    """A view or a live list changed (``on_update(kind, conversation_id)``)."""
-
-    kind: str
-    conversation_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class Received:
-    """A message that is news for the caller (``on_message``): not a
-    duplicate event, not a second acceptance, not the client's own read."""
-
-    type: str
-    payload: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class StatusChanged:
-    status: Status
-
-
-Event = Accepted | Answered | Failed | Updated | Received | StatusChanged
 
 
 class HelloRefused(ConnectionLost):

@@ -9,14 +9,14 @@ sockets) and a recording ``sleep`` (no waiting).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from halfpi.client.transport import ConnectionLost, Transport
+from halfpi.client.memory import MemoryTransport, memory_connector
+from halfpi.client.transport import Connector
 from halfpi.core.backoff import backoff
 from halfpi.hand.node import HandNode
 
@@ -24,51 +24,15 @@ URL = "ws://mind.test/v1/hand"
 Frame = dict[str, Any]
 
 
-class Link:
-    """One connection as the Hand sees it; the test is the Mind."""
-
-    def __init__(self) -> None:
-        self.sent: list[Frame] = []
-        self.inbox: asyncio.Queue[str | ConnectionLost] = asyncio.Queue()
-
-    async def send(self, text: str) -> None:
-        frame = json.loads(text)
-        self.sent.append(frame)
-        if frame["type"] == "hand.hello":
-            self.tell("hand.welcome", hand_id="dev", generation=len(self.sent), adopted=[],
-                      abandon=[], protect=[])
-
-    async def recv(self) -> str:
-        item = await self.inbox.get()
-        if isinstance(item, ConnectionLost):
-            self.inbox.put_nowait(item)
-            raise item
-        return item
-
-    async def close(self) -> None:
-        self.inbox.put_nowait(ConnectionLost(1000, "closed"))
-
-    def tell(self, type_: str, **payload: Any) -> None:
-        self.inbox.put_nowait(json.dumps({"type": type_, "payload": payload}))
-
-    def cut(self, code: int | None, reason: str = "") -> None:
-        self.inbox.put_nowait(ConnectionLost(code, reason))
+def welcome(link: MemoryTransport) -> None:
+    link.feed("hand.welcome", {"hand_id": "dev", "generation": 1, "adopted": [],
+                               "abandon": [], "protect": []})
 
 
-def scripted(plan: list[str | None], links: list[Link]) -> Callable[[str], Awaitable[Transport]]:
+def scripted(plan: list[str | None], links: list[MemoryTransport]) -> Connector:
     """Each attempt fails with the next reason of ``plan``, or (``None``)
-    connects; once the plan is used up, every attempt connects."""
-
-    async def connector(url: str) -> Transport:
-        await asyncio.sleep(0)
-        why = plan.pop(0) if plan else None
-        if why is not None:
-            raise ConnectionLost(None, why)
-        link = Link()
-        links.append(link)
-        return link
-
-    return connector
+    connects to a Mind that welcomes the Hand; then every attempt connects."""
+    return memory_connector(plan, links, welcome)
 
 
 async def serve_until(node: HandNode, done: Callable[[], bool]) -> list[float]:
@@ -97,7 +61,7 @@ async def test_a_hand_says_why_it_cannot_reach_the_mind_once_per_change_of_reaso
     caplog.set_level(logging.INFO, logger="halfpi.hand")
     refused = "connection refused (nothing listening there: is the Mind running?)"
     plan: list[str | None] = [refused] * 4 + ["no answer within 10 s"] * 3 + [None]
-    links: list[Link] = []
+    links: list[MemoryTransport] = []
     node = HandNode(URL, "hph_x", "dev", connector=scripted(plan, links),
                     delays=lambda: backoff(jitter=False))
 
@@ -127,7 +91,7 @@ async def test_a_hand_that_connects_at_once_says_nothing_about_retrying(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="halfpi.hand")
-    links: list[Link] = []
+    links: list[MemoryTransport] = []
     node = HandNode(URL, "hph_x", "dev", connector=scripted([], links))
 
     async def stop_once_connected() -> None:
@@ -143,7 +107,7 @@ async def test_a_hand_that_connects_at_once_says_nothing_about_retrying(
 
 async def test_a_hand_on_this_machine_retries_at_least_every_two_seconds() -> None:
     local = "ws://127.0.0.1:15707/v1/hand"
-    links: list[Link] = []
+    links: list[MemoryTransport] = []
     node = HandNode(local, "hph_x", "dev", connector=scripted(["refused"] * 12, links))
 
     async def stop_once_connected() -> None:
@@ -160,15 +124,10 @@ async def test_a_hand_on_this_machine_retries_at_least_every_two_seconds() -> No
 async def test_a_hand_refused_by_the_mind_stops_and_says_so(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    links: list[Link] = []
+    links: list[MemoryTransport] = []
 
-    async def connector(url: str) -> Transport:
-        link = Link()
-        links.append(link)
-        link.cut(4001, "unauthorized")
-        return link
-
-    node = HandNode(URL, "hph_x", "dev", connector=connector)
+    refusing = memory_connector([], links, lambda link: link.cut(4001, "unauthorized"))
+    node = HandNode(URL, "hph_x", "dev", connector=refusing)
     slept = []
 
     async def sleep(seconds: float) -> None:

@@ -297,7 +297,7 @@ def _ca_file(args: argparse.Namespace) -> str | None:
     if path is not None:
         import ssl
 
-        from halfpi.face.transport import client_tls_context
+        from halfpi.client.transport import client_tls_context
 
         try:
             client_tls_context(path)

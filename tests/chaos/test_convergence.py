@@ -161,7 +161,7 @@ async def _check(mind: MindProcess, client: FaceClient, cid: str, handles: list[
     assert all(count == 1 for count in user_ids.values()), user_ids
     for handle, outcome in zip(handles, outcomes, strict=True):
         accepted = not isinstance(outcome, BaseException)
-        is_chat = handle._pending.type == "face.chat"
+        is_chat = handle.type == "face.chat"
         if is_chat:
             assert user_ids.get(handle.request_id, 0) == (1 if accepted else 0)
     # I6: only what the Mind declared replay-safe was ever sent twice.

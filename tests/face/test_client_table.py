@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from halfpi.config import PROTOCOL_VERSION
 from halfpi.core.backoff import backoff
 from halfpi.face.client import ConnectionLost, FaceClient, Result, Status
 from halfpi.face.errors import AuthError, CommandError, OutcomeUnknown, RequestConflict
@@ -267,7 +268,7 @@ class FakeMind:
                         "label": "test",
                         "profile": "operator",
                         "scopes": list(self.scopes),
-                        "protocol": 3,
+                        "protocol": PROTOCOL_VERSION,
                         "node_id": "n_1",
                         "heartbeat_s": 3600.0,
                         "limits": {},
@@ -437,6 +438,14 @@ class Rig:
         ]
 
 
+class FakeClock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @pytest.fixture
 async def rig() -> AsyncIterator[Rig]:
     changes = Changes()
@@ -470,7 +479,7 @@ async def test_hello_is_the_first_frame_on_every_connection(rig: Rig) -> None:
         first = link.sent[0]
         assert first["type"] == "face.hello"
         assert first["payload"]["token"] == "hpf_secret"
-        assert first["payload"]["protocol"] == 3
+        assert first["payload"]["protocol"] == PROTOCOL_VERSION
         assert first["payload"]["client"]["name"] == "table-face"
     assert client.welcome["replay_safe"] == REPLAY_SAFE
     assert client.status == Status("live", url=URL)
@@ -836,7 +845,8 @@ async def test_frames_of_an_older_connection_change_nothing(rig: Rig) -> None:
         ("face.error", {"request_id": "q-4", "code": "busy", "message": "stale"}),
     ]
     for event_seq, (type_, payload) in enumerate(late, 99):
-        client._dispatch(1, {"type": type_, "payload": {**payload, "event_seq": event_seq}})
+        frame = {"type": type_, "payload": {**payload, "event_seq": event_seq}}
+        client.protocol.receive(json.dumps(frame), client.clock(), generation=1)
 
     assert view == before_view
     assert rig.messages == before_messages
@@ -853,9 +863,13 @@ async def test_frames_of_an_older_connection_change_nothing(rig: Rig) -> None:
 
 async def test_sends_for_an_older_connection_are_dropped(rig: Rig) -> None:
     client, link1 = await rig.live()
+    await rig.follow(client, conv_with("c_1", "a"))
     link2 = await rig.relink(link1)
     sent1, sent2 = len(link1.sent), len(link2.sent)
-    await client._send_raw(1, "face.ping", {})
+    # A jump on connection 1 would resubscribe — on connection 1, which is gone.
+    late = {"type": "face.pong", "payload": {"event_seq": 999}}
+    client.protocol.receive(json.dumps(late), client.clock(), generation=1)
+    assert client.protocol.data_to_send() == []
     assert (len(link1.sent), len(link2.sent)) == (sent1, sent2)
 
 
@@ -1145,7 +1159,7 @@ async def test_request_subscribe_without_a_view_does_not_break_the_client(rig: R
             since={"c_9": f"{EPOCH}.1"},
         )
     )
-    supervisor = client._supervisor
+    supervisor = client.supervisor
     assert supervisor is not None
     try:
         done, _ = await asyncio.wait(
@@ -1201,7 +1215,8 @@ async def test_I6_unsafe_chat_admitted_without_reply_is_unknown_with_what_is_kno
 async def test_a_refused_resubscribe_is_tried_again_not_abandoned(rig: Rig) -> None:
     """A retryable refusal (busy, rate_limited…) of the client's own subscribe
     must not leave the view silently frozen: it subscribes again."""
-    client, link = await rig.live()
+    clock = FakeClock()
+    client, link = await rig.live(clock=clock)
     await rig.follow(client, conv_with("c_1", "a"))
     rig.mind.auto_subscribe = False
     before = len(link.frames("face.subscribe"))
@@ -1211,6 +1226,10 @@ async def test_a_refused_resubscribe_is_tried_again_not_abandoned(rig: Rig) -> N
     refused = link.frames("face.subscribe")[-1]
     link.push("face.error", {"request_id": refused["request_id"], "code": "rate_limited",
                              "message": "", "retryable": True})
+    await rig.changes.until(lambda: bool(rig.received("face.error")), "the refusal")
+    assert len(link.frames("face.subscribe")) == before + 1  # not at once: after a pause
+    clock.now += 1.5  # the longest pause (0.5 s + up to 1 s of jitter)
+    link.push("face.pong", {})  # the client looks at its timers whenever it wakes
     await rig.changes.until(lambda: len(link.frames("face.subscribe")) == before + 2,
                             "the subscribe tried again")
     again = link.frames("face.subscribe")[-1]
@@ -1219,14 +1238,6 @@ async def test_a_refused_resubscribe_is_tried_again_not_abandoned(rig: Rig) -> N
 
 
 # -- honest connection state: where, why, when ------------------------------------------
-
-
-class FakeClock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 async def test_status_says_where_why_and_when_the_next_attempt_starts(rig: Rig) -> None:

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from halfpi.client.transport import ConnectionLost, Transport
 from halfpi.core.policy import Rule
-from halfpi.face.transport import ConnectionLost, Transport
 from halfpi.hand.executor import TOOLS, Outcome, Progress
 from halfpi.hand.node import HandNode, ToolFn
 from halfpi.hand.policy import HandPolicy

@@ -3,8 +3,9 @@
 What it does for you (DESIGN §3, §4, I4-I6):
 
 - connects to one of several Mind URLs (the next one on failure), says
-  hello, and reconnects with jittered exponential backoff (a pure generator,
-  :func:`halfpi.core.backoff.backoff`) for as long as it lives;
+  hello, and reconnects with jittered exponential backoff for as long as it
+  lives — the loop the Hand uses too (:mod:`halfpi.client.reconnect`), and
+  sooner when the Mind is on this machine (a restart there takes seconds);
 - watches the heartbeat: silence beyond ``dead_after_s`` means a dead link;
 - keeps a :class:`~halfpi.face.view.ConversationView` per subscribed
   conversation, resubscribes after every reconnect from each view's cursor
@@ -14,42 +15,37 @@ What it does for you (DESIGN §3, §4, I4-I6):
   ignored, so it can never overwrite newer state;
 - keeps a table of outstanding commands: after a reconnect, those the Mind
   declared replay-safe (``face.welcome.replay_safe``) are re-sent with the
-  same ``request_id``; any other that was already on the wire fails with
-  :class:`~halfpi.face.errors.OutcomeUnknown` — never silently re-sent;
+  same ``request_id``; any other that was already on the wire is reconciled
+  by reading state, or fails with :class:`~halfpi.face.errors.OutcomeUnknown`
+  — never silently re-sent;
 - keeps two live lists no subscription covers — the conversations and the
-  approvals waiting in any conversation — re-read after every (re)connect
-  and kept current by ``face.conversation.changed`` and
-  ``face.approval.pending`` / ``face.approval.settled`` (docs/protocol.md §16);
+  approvals waiting in any conversation (docs/protocol.md §16);
 - says where it is and why in :attr:`status` (the URL, the last failure, when
-  the next attempt starts), and retries sooner when the Mind is on this
-  machine (a restart there takes seconds, not minutes).
+  the next attempt starts).
 
-The transport is a seam (:data:`~halfpi.face.transport.Connector`): the default speaks WebSocket
-through ``websockets``; tests inject a scripted one, and time (``sleep``,
-``rng``) is injectable too.
+Every rule above lives in :class:`~halfpi.face.protocol.FaceProtocol`, a pure
+object fed frames and the time; this class is its asyncio driver: it dials
+(:class:`~halfpi.client.reconnect.Reconnect`), moves frames between the
+transport and the protocol, and turns the protocol's events into futures and
+callbacks. The transport is a seam (:data:`~halfpi.client.transport.Connector`):
+the default speaks WebSocket; tests inject a scripted one, and time
+(``sleep``, ``clock``, ``rng``) is injectable too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
-import json
 import logging
-import os
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
-from urllib.parse import urlsplit
 
-from halfpi import __version__
-from halfpi.core.backoff import backoff
-from halfpi.core.scopes import SESSIONS_READ
-from halfpi.face.errors import AuthError, ClientClosed, FaceError, OutcomeUnknown, command_error
-from halfpi.face.lists import LiveLists
-from halfpi.face.results import Result, Status
-from halfpi.face.transport import (
+from halfpi.client.reconnect import Link, Reconnect
+from halfpi.client.redial import LOCAL_CAP_S, REMOTE_CAP_S, Retry, default_cap, is_local
+from halfpi.client.transport import (
+    AUTH_CLOSE_CODES,
     ConnectionLost,
     Connector,
     Transport,
@@ -57,66 +53,17 @@ from halfpi.face.transport import (
     tls_connector,
     websocket_connector,
 )
-from halfpi.face.view import APPLIED, RESYNC, ConversationView
+from halfpi.core.backoff import backoff
+from halfpi.face.errors import AuthError, ClientClosed, FaceError
+from halfpi.face.events import Accepted, Answered, Event, Failed, Received, StatusChanged, Updated
+from halfpi.face.handles import ChatHandle, Waiter
+from halfpi.face.lists import LiveLists
+from halfpi.face.outstanding import new_request_id
+from halfpi.face.protocol import FaceProtocol, HelloRefused
+from halfpi.face.results import Result, Status
+from halfpi.face.view import ConversationView
 
 log = logging.getLogger("halfpi.face")
-
-AUTH_CLOSE_CODES = frozenset({4001, 4003})
-# Backoff ceilings: DESIGN §11's 30 s for a Mind across a network; a Mind on
-# this machine that went away is restarting, so it is tried every 2 s at most.
-REMOTE_CAP_S = 30.0
-LOCAL_CAP_S = 2.0
-LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
-
-
-def is_local(url: str) -> bool:
-    """True if ``url`` names this machine (a loopback host)."""
-    try:
-        host = urlsplit(url).hostname
-    except ValueError:
-        return False
-    return host is not None and (host in LOCAL_HOSTS or host.startswith("127."))
-
-
-class _Pending:
-    __slots__ = ("accepted", "internal", "payload", "request_id", "result", "sent_gen", "type")
-
-    def __init__(self, type_: str, payload: dict[str, Any], *, internal: bool = False) -> None:
-        loop = asyncio.get_running_loop()
-        self.type = type_
-        self.payload = payload
-        self.request_id: str = payload["request_id"]
-        self.accepted: asyncio.Future[dict[str, Any]] = loop.create_future()
-        self.result: asyncio.Future[Any] = loop.create_future()
-        self.sent_gen: int | None = None
-        self.internal = internal
-
-    def fail(self, exc: BaseException) -> None:
-        for future in (self.accepted, self.result):
-            if not future.done():
-                future.set_exception(exc)
-                future.exception()  # retrieved: callers may await only one
-
-
-class ChatHandle:
-    def __init__(self, client: FaceClient, pending: _Pending) -> None:
-        self.client = client
-        self.request_id = pending.request_id
-        self._pending = pending
-
-    async def accepted(self) -> dict[str, Any]:
-        return await self._pending.accepted
-
-    async def result(self) -> Result:
-        value: Result = await self._pending.result
-        return value
-
-
-_counter = itertools.count(1)
-
-
-def new_request_id(prefix: str = "q") -> str:
-    return f"{prefix}-{os.urandom(6).hex()}-{next(_counter)}"
 
 
 class FaceClient:
@@ -140,19 +87,17 @@ class FaceClient:
         max_delay_s: float | None = None,
     ) -> None:
         self.urls = [urls] if isinstance(urls, str) else list(urls)
+        if not self.urls:
+            raise ValueError("a FaceClient needs at least one Mind URL")
         self.token = token
         self.client_name = client_name
         # ``ssl``: an ssl.SSLContext or a CA file to verify a wss:// Mind with.
         self.connector = tls_connector(ssl) if ssl is not None else connector
         self.sleep = sleep
         self.rng = rng or random.Random()
-        self.heartbeat_s = heartbeat_s
         self.dead_after_s = dead_after_s
         self.clock = clock
-        if max_delay_s is None:
-            local = all(is_local(url) for url in self.urls)
-            max_delay_s = LOCAL_CAP_S if local else REMOTE_CAP_S
-        self.max_delay_s = max_delay_s
+        self.max_delay_s = default_cap(self.urls) if max_delay_s is None else max_delay_s
         self._delays = delays or (lambda: backoff(cap=self.max_delay_s, rng=self.rng))
         self.on_status = on_status
         # on_update(kind, conversation_id): a view changed (kind: the message
@@ -160,30 +105,63 @@ class FaceClient:
         # ("conversations", "approvals"; conversation_id "" when re-read whole).
         self.on_update = on_update
         self.on_message = on_message
-        self.url = self.urls[0] if self.urls else ""
+        self.protocol = FaceProtocol(
+            token, client_name, heartbeat_s=heartbeat_s, dead_after_s=dead_after_s, rng=self.rng
+        )
+        self._reconnect: Reconnect[dict[str, Any]] = Reconnect(
+            self.urls,
+            lambda url: self.connector(url),
+            self._hello,
+            sleep=lambda delay: self.sleep(delay),
+            clock=lambda: self.clock(),
+            delays=self._delays,
+            on_retry=self._retrying,
+        )
         self.status = Status("connecting", url=self.url)
-        self.lists = LiveLists()  # docs/protocol.md §16
-        self._wake = asyncio.Event()
-        self.views: dict[str, ConversationView] = {}
-        self.welcome: dict[str, Any] = {}
-        self.generation = 0
-        self.sent_log: list[tuple[int, str, str]] = []  # (generation, type, request_id)
-        self._wanted: set[str] = set()
-        self._pending: dict[str, _Pending] = {}
+        self._waiters: dict[str, Waiter] = {}
         self._transport: Transport | None = None
-        self._expected_event_seq = 1
-        self._catching_up: dict[str, int] = {}
-        # subscribe request_id -> cid, for subscriptions that asked for a snapshot
-        self._awaiting_snapshot: dict[str, str] = {}
-        self._replayed = 0
-        self._resume_pending: set[str] = set()
-        self._resubscribing: dict[str, str] = {}  # cid -> subscribe request_id after a gap
         self._supervisor: asyncio.Task[None] | None = None
         self._live = asyncio.Event()
         self._changed = asyncio.Event()
-        self._tasks: set[asyncio.Future[None]] = set()
         self._closing = False
         self._fatal: BaseException | None = None
+
+    # -- what the protocol holds -----------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The Mind this is about: connected to, or dialed last."""
+        return self._reconnect.url
+
+    @property
+    def views(self) -> dict[str, ConversationView]:
+        return self.protocol.views
+
+    @property
+    def lists(self) -> LiveLists:
+        return self.protocol.lists
+
+    @property
+    def welcome(self) -> dict[str, Any]:
+        return self.protocol.welcome
+
+    @property
+    def generation(self) -> int:
+        return self.protocol.generation
+
+    @property
+    def sent_log(self) -> list[tuple[int, str, str]]:
+        """(generation, type, request_id) of every command put on the wire."""
+        return self.protocol.sent_log
+
+    @property
+    def heartbeat_s(self) -> float:
+        return self.protocol.heartbeat_s
+
+    @property
+    def supervisor(self) -> asyncio.Task[None] | None:
+        """The task that keeps the connection (None before :meth:`connect`)."""
+        return self._supervisor
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -210,29 +188,19 @@ class FaceClient:
 
     async def close(self) -> None:
         self._closing = True
+        self._reconnect.close()
         if self._transport is not None:
             await self._transport.close()
         if self._supervisor is not None:
             self._supervisor.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._supervisor
-        for task in list(self._tasks):
-            task.cancel()
-        for pending in list(self._pending.values()):
-            pending.fail(ClientClosed("client closed"))
-        self._pending.clear()
+        self._abandon(ClientClosed("client closed"))
         self._set_status(Status("closed", url=self.url))
 
-    def _set_status(self, status: Status) -> None:
-        self.status = status
-        if self.on_status is not None:
-            self.on_status(status)
-
-    def _notify(self, kind: str, conversation_id: str) -> None:
-        if self.on_update is not None:
-            self.on_update(kind, conversation_id)
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+    def reconnect_now(self) -> None:
+        """Skip the rest of the backoff wait: try the next URL at once."""
+        self._reconnect.wake()
 
     async def wait_for(self, predicate: Callable[[], bool], timeout: float | None = None) -> None:
         """Wait until ``predicate()`` holds (checked whenever anything changes)."""
@@ -242,25 +210,6 @@ class FaceClient:
                 await self._changed.wait()
 
         await asyncio.wait_for(until(), timeout)
-
-    def reconnect_now(self) -> None:
-        """Skip the rest of the backoff wait: try the next URL at once."""
-        self._wake.set()
-
-    @property
-    def conversations(self) -> dict[str, dict[str, Any]]:
-        """Every conversation, live: id -> {id, name, created_at}."""
-        return self.lists.conversations
-
-    @property
-    def approvals(self) -> dict[str, dict[str, Any]]:
-        """Every approval waiting for a decision, in any conversation, live:
-        id -> {conversation_id, approval_id, request_id, tool, reason, expires_at}."""
-        return self.lists.approvals
-
-    def conversation_list(self) -> list[dict[str, Any]]:
-        """The live list of conversations, newest first."""
-        return self.lists.conversation_list()
 
     async def wait_view(
         self,
@@ -278,448 +227,173 @@ class FaceClient:
 
         return await asyncio.wait_for(until(), timeout)
 
-    # -- the connection supervisor ---------------------------------------------
+    @property
+    def conversations(self) -> dict[str, dict[str, Any]]:
+        """Every conversation, live: id -> {id, name, created_at}."""
+        return self.lists.conversations
+
+    @property
+    def approvals(self) -> dict[str, dict[str, Any]]:
+        """Every approval waiting for a decision, in any conversation, live:
+        id -> {conversation_id, approval_id, request_id, tool, reason, expires_at}."""
+        return self.lists.approvals
+
+    def conversation_list(self) -> list[dict[str, Any]]:
+        """The live list of conversations, newest first."""
+        return self.lists.conversation_list()
+
+    # -- the connection: frames between the transport and the protocol ----------
 
     async def _supervise(self) -> None:
-        delays = self._delays()
-        attempt = 0
-        urls = itertools.cycle(self.urls)
-        while not self._closing:
-            url = next(urls)
-            self.url = url
-            transport: Transport | None = None
-            try:
-                transport = await self.connector(url)
-                await self._hello(transport)
-            except ConnectionLost as exc:
-                if transport is not None:
-                    await transport.close()
-                if exc.code in AUTH_CLOSE_CODES:
-                    self._refuse(AuthError(exc.code or 0, exc.reason))
-                    return
-                attempt += 1
-                await self._back_off(attempt, next(delays), url, exc.describe())
-                continue
-            # Welcomed: the backoff starts over, so a Mind that comes back
-            # after a restart is found again within the first short delays.
-            attempt, delays = 0, self._delays()
-            why = "the connection ended"
-            try:
-                await self._run_connection(transport)
-            except ConnectionLost as exc:
-                if exc.code in AUTH_CLOSE_CODES:
-                    self._refuse(AuthError(exc.code or 0, exc.reason))
-                    return
-                why = exc.describe()
-            finally:
-                self._transport = None
-                await transport.close()
-            if self._closing:
-                return
-            attempt = 1
-            await self._back_off(attempt, next(delays), url, why)
-
-    async def _back_off(self, attempt: int, delay: float, url: str, why: str) -> None:
-        """Say where and why, then wait ``delay`` (or until :meth:`reconnect_now`)."""
-        next_at = self.clock() + delay
-        self._set_status(
-            Status("reconnecting", attempt, delay, detail=why, url=url, next_at=next_at)
-        )
-        self._wake.clear()
-        sleeper = asyncio.ensure_future(self.sleep(delay))
-        waker = asyncio.ensure_future(self._wake.wait())
         try:
-            await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            sleeper.cancel()
-            waker.cancel()
+            async with contextlib.aclosing(self._reconnect.links()) as links:
+                async for link in links:
+                    try:
+                        await self._serve(link)
+                    except ConnectionLost as exc:
+                        link.lost = exc
+                    finally:
+                        self._transport = None
+                        self.protocol.connection_lost()
+        except ConnectionLost as exc:  # 4001 / 4003: retrying cannot help
+            self._refuse(AuthError(exc.code or 0, exc.reason))
+
+    async def _hello(self, transport: Transport) -> dict[str, Any]:
+        """The handshake of every connection: the welcome, or ConnectionLost."""
+        await transport.send(self.protocol.hello())
+        try:
+            text = await asyncio.wait_for(transport.recv(), self.dead_after_s)
+        except TimeoutError:
+            raise ConnectionLost(None, "no welcome in time") from None
+        try:
+            return self.protocol.welcome_of(text)
+        except HelloRefused as refused:
+            # A failed hello is explained, then closed: report the close code
+            # (4001 refused, 4029 retry later) with the Mind's explanation.
+            try:
+                await asyncio.wait_for(transport.recv(), self.dead_after_s)
+            except ConnectionLost as exc:
+                raise ConnectionLost(exc.code, refused.reason or exc.reason) from None
+            except TimeoutError:
+                pass
+            raise ConnectionLost(None, refused.reason) from None
+
+    async def _serve(self, link: Link[dict[str, Any]]) -> None:
+        protocol, transport = self.protocol, link.transport
+        generation = protocol.connection_made(link.url, link.welcome, self.clock())
+        self._transport = transport
+        self._pump()
+        await self._flush(transport)
+        self._live.set()
+        while True:
+            deadline, now = protocol.next_timer(), self.clock()
+            if deadline is not None and deadline <= now:
+                protocol.handle_timer(now)  # a dead link raises ConnectionLost
+            else:
+                try:
+                    wait = None if deadline is None else deadline - now
+                    text = await asyncio.wait_for(transport.recv(), wait)
+                except TimeoutError:
+                    continue
+                protocol.receive(text, self.clock(), generation=generation)
+            self._pump()
+            await self._flush(transport)
+
+    async def _flush(self, transport: Transport) -> None:
+        """Write what the protocol queued, in order; a dead link is the
+        reader's to notice."""
+        for text in self.protocol.data_to_send():
+            try:
+                await transport.send(text)
+            except ConnectionLost:
+                return
+
+    async def _send_queued(self) -> None:
+        transport = self._transport
+        if transport is not None:
+            await self._flush(transport)
+
+    def _pump(self) -> None:
+        """Turn the protocol's events into futures and callbacks, in order."""
+        for event in self.protocol.events_received():
+            try:
+                self._deliver(event)
+            except Exception:  # a caller's callback bug must not end the connection
+                log.exception("a Face callback failed on %s", type(event).__name__)
+
+    def _deliver(self, event: Event) -> None:
+        if isinstance(event, StatusChanged):
+            self._set_status(event.status)
+        elif isinstance(event, Updated):
+            self._notify(event.kind, event.conversation_id)
+        elif isinstance(event, Received):
+            if self.on_message is not None:
+                self.on_message(event.type, event.payload)
+        elif isinstance(event, Accepted):
+            waiter = self._waiters.get(event.request_id)
+            if waiter is not None:
+                waiter.accept(event.payload)
+        elif isinstance(event, Answered):
+            waiter = self._waiters.pop(event.request_id, None)
+            if waiter is not None:
+                waiter.finish(event.value)
+        elif isinstance(event, Failed):
+            waiter = self._waiters.pop(event.request_id, None)
+            if waiter is not None:
+                waiter.fail(event.error)
+
+    def _retrying(self, retry: Retry) -> None:
+        self._set_status(
+            Status(
+                "reconnecting",
+                retry.attempt,
+                retry.delay,
+                detail=retry.why,
+                url=retry.url,
+                next_at=retry.next_at,
+            )
+        )
 
     def _refuse(self, exc: AuthError) -> None:
         self._fatal = exc
         self._set_status(Status("refused", detail=str(exc), url=self.url))
-        for pending in list(self._pending.values()):
-            pending.fail(exc)
-        self._pending.clear()
+        self._abandon(exc)
 
-    async def _hello(self, transport: Transport) -> None:
-        await transport.send(
-            json.dumps(
-                {
-                    "type": "face.hello",
-                    "payload": {
-                        "token": self.token,
-                        "client": {"name": self.client_name, "version": __version__},
-                        "protocol": 3,
-                    },
-                }
-            )
-        )
-        try:
-            frame = json.loads(await asyncio.wait_for(transport.recv(), self.dead_after_s))
-        except TimeoutError:
-            raise ConnectionLost(None, "no welcome in time") from None
-        if frame.get("type") == "face.error":
-            # A failed hello is explained, then closed: report the close code
-            # (4001 refused, 4029 retry later) with the Mind's explanation.
-            message = str((frame.get("payload") or {}).get("message", ""))
-            try:
-                await asyncio.wait_for(transport.recv(), self.dead_after_s)
-            except ConnectionLost as exc:
-                raise ConnectionLost(exc.code, message or exc.reason) from None
-            except TimeoutError:
-                pass
-            raise ConnectionLost(None, message)
-        if frame.get("type") != "face.welcome":
-            raise ConnectionLost(None, f"expected face.welcome, got {frame.get('type')}")
-        self.welcome = frame["payload"]
-        self.heartbeat_s = float(self.welcome.get("heartbeat_s", self.heartbeat_s))
-        self._expected_event_seq = int(self.welcome.get("event_seq", 1)) + 1
+    def _abandon(self, exc: FaceError) -> None:
+        self.protocol.abandon(exc)
+        self._pump()
+        for waiter in self._waiters.values():
+            waiter.fail(exc)
+        self._waiters.clear()
 
-    async def _run_connection(self, transport: Transport) -> None:
-        self.generation += 1
-        gen = self.generation
-        self._transport = transport
-        resumed = await self._after_connect(gen)
-        self._set_status(Status("resuming" if resumed else "live", url=self.url))
-        self._live.set()
-        loop = asyncio.get_running_loop()
-        last_rx = loop.time()
-        while True:
-            try:
-                text = await asyncio.wait_for(transport.recv(), self.heartbeat_s)
-            except TimeoutError:
-                if loop.time() - last_rx >= self.dead_after_s:
-                    raise ConnectionLost(None, "heartbeat lost") from None
-                await self._send_raw(gen, "face.ping", {})
-                continue
-            last_rx = loop.time()
-            try:
-                frame = json.loads(text)
-                self._dispatch(gen, frame if isinstance(frame, dict) else {})
-            except (ValueError, KeyError, TypeError) as exc:
-                # A malformed frame is the Mind's bug, not a reason to stop.
-                log.warning("ignored a malformed frame: %s", exc)
+    def _set_status(self, status: Status) -> None:
+        self.status = status
+        if self.on_status is not None:
+            self.on_status(status)
 
-    async def _after_connect(self, gen: int) -> bool:
-        """Resubscribe from cursors, then settle the outstanding table (I6)."""
-        resumed = False
-        self._awaiting_snapshot.clear()
-        self._catching_up.clear()
-        self._resubscribing.clear()
-        self._replayed = 0
-        self._resume_pending = {cid for cid in self._wanted if self.views[cid].ready}
-        outstanding = list(self._pending.values())  # before this connection adds its own
-        for cid in sorted(self._wanted):
-            view = self.views[cid]
-            resumed = resumed or view.ready
-            await self._subscribe_now(gen, cid)
-        replay_safe = set(self.welcome.get("replay_safe", ()))
-        for pending in outstanding:
-            if pending.internal:
-                self._pending.pop(pending.request_id, None)
-                pending.fail(ConnectionLost(None, "superseded by a new connection"))
-            elif pending.sent_gen is None or pending.type in replay_safe:
-                await self._send_pending(gen, pending)
-            else:
-                # Not replay-safe and already on the wire: never re-sent.
-                # Reconcile by reading state instead (I6).
-                self._pending.pop(pending.request_id, None)
-                self._spawn(self._reconcile(pending))
-        if SESSIONS_READ in self.welcome.get("scopes", ()):
-            self._spawn(self._read_conversations(gen))
-            if "approval_summaries" in self.welcome.get("features", ()):
-                self._spawn(self._read_approvals(gen))
-        return resumed
-
-    # -- the live lists (docs/protocol.md §16) -------------------------------------
-
-    async def _internal_read(self, gen: int, type_: str, payload: dict[str, Any]) -> Result:
-        pending = _Pending(type_, {"request_id": new_request_id("list"), **payload}, internal=True)
-        self._pending[pending.request_id] = pending
-        await self._send_pending(gen, pending)
-        result: Result = await pending.result
-        return result
-
-    async def _read_conversations(self, gen: int) -> None:
-        self.lists.reading_conversations()
-        rows = None
-        try:
-            result = await self._internal_read(gen, "face.conversation.list", {"limit": 200})
-            rows = list(result.data.get("conversations", []))
-        except (FaceError, ConnectionLost):
-            pass
-        finally:
-            self.lists.conversations_read(rows if gen == self.generation else None)
-        if rows is not None and gen == self.generation:
-            self._notify("conversations", "")
-
-    async def _read_approvals(self, gen: int) -> None:
-        try:
-            result = await self._internal_read(gen, "face.approval.list", {})
-        except (FaceError, ConnectionLost):
-            return
-        if gen == self.generation:
-            self.lists.approvals_read(list(result.data.get("approvals", [])))
-            self._notify("approvals", "")
-
-    def _session_news(self, type_: str, payload: dict[str, Any]) -> bool:
-        cid = self.lists.apply(type_, payload)
-        if cid is None:
-            return False
-        if type_ == "face.conversation.changed":
-            view = self.views.get(cid)
-            if view is not None:
-                view.name = self.lists.conversations[cid].get("name")
-            self._notify("conversations", cid)
-        else:
-            self._notify("approvals", cid)
-        return True
-
-    async def _retry_subscribe(self, gen: int, cid: str) -> None:
-        await self.sleep(0.5 + self.rng.random())
-        if gen == self.generation and cid in self._wanted and self._transport is not None:
-            await self._subscribe_now(gen, cid)
-
-    async def _reconcile(self, pending: _Pending) -> None:
-        """Learn the outcome of a command that may or may not have run, by
-        reading (reads are always safe). A chat whose reply is in the
-        conversation resolves with it; otherwise the caller gets an explicit
-        :class:`OutcomeUnknown` saying what the Mind shows — never a resend."""
-        request_id = pending.request_id
-        hint = "read the conversation to learn what happened"
-        if pending.type == "face.chat":
-            try:
-                snap = await self.snapshot(pending.payload["conversation_id"], messages_limit=500)
-            except FaceError:
-                snap = None
-            if snap is not None:
-                mine = [m for m in snap.get("messages", []) if m.get("request_id") == request_id]
-                reply = next((m for m in mine if m.get("role") == "assistant"), None)
-                if reply is not None:
-                    status = reply.get("status") or "succeeded"
-                    self._finish(
-                        pending,
-                        Result(request_id, status, reply.get("content"), data={"reconciled": True}),
-                    )
-                    return
-                hint = (
-                    "the Mind admitted it and it has no reply yet: follow the conversation"
-                    if mine
-                    else "the Mind shows no admission of it yet; it may still be in flight"
-                )
-        pending.fail(OutcomeUnknown(request_id, pending.type, hint))
-
-    async def _subscribe_now(self, gen: int, cid: str, request_id: str | None = None) -> None:
-        view = self.views[cid]
-        payload: dict[str, Any] = {
-            "request_id": request_id or new_request_id("sub"),
-            "conversation_ids": [cid],
-        }
-        if view.ready and view.cursor is not None:
-            payload["since"] = {cid: view.cursor}
-        else:
-            payload["snapshot"] = True
-            self._awaiting_snapshot[payload["request_id"]] = cid
-        pending = _Pending("face.subscribe", payload, internal=True)
-        self._pending[pending.request_id] = pending
-        await self._send_pending(gen, pending)
-
-    async def _send_pending(self, gen: int, pending: _Pending) -> None:
-        pending.sent_gen = gen
-        self.sent_log.append((gen, pending.type, pending.request_id))
-        await self._send_raw(gen, pending.type, pending.payload)
-
-    async def _send_raw(self, gen: int, type_: str, payload: dict[str, Any]) -> None:
-        transport = self._transport
-        if transport is None or gen != self.generation:
-            return
-        with contextlib.suppress(ConnectionLost):
-            await transport.send(json.dumps({"type": type_, "payload": payload}))
-
-    # -- incoming ------------------------------------------------------------------
-
-    def _dispatch(self, gen: int, frame: dict[str, Any]) -> None:
-        if gen != self.generation:
-            return  # a late message of an older connection never touches newer state
-        type_ = frame.get("type")
-        payload = frame.get("payload") or {}
-        event_seq = payload.get("event_seq")
-        if isinstance(event_seq, int):
-            jumped = event_seq != self._expected_event_seq
-            self._expected_event_seq = event_seq + 1
-            if jumped:
-                # Something was lost inside this connection: resubscribe from the
-                # last good cursors *before* folding anything newer, so the
-                # replay starts right after what we hold (dedupe drops overlap).
-                log.warning("event_seq jumped to %s: resubscribing", event_seq)
-                self._resubscribe_all(gen)
-                if type_ in ("face.event", "face.chat.delta"):
-                    return  # the replay brings it again, in order
-        if self._route(gen, type_, payload) and self.on_message is not None:
-            self.on_message(str(type_), payload)
-
-    def _route(self, gen: int, type_: Any, payload: dict[str, Any]) -> bool:
-        """Fold one message into the client; True if it is news for the caller
-        (not a duplicate event, not a second accepted for a re-sent command)."""
-        if type_ in ("face.event", "face.chat.delta"):
-            return self._conversation_message(gen, type_, payload)
-        if isinstance(type_, str) and self._session_news(type_, payload):
-            return True
-        if type_ == "face.reset":
-            self._rebuild(payload["conversation_id"], payload["snapshot"])
-            return True
-        request_id = payload.get("request_id", "")
-        if type_ == "face.snapshot":
-            cid = self._awaiting_snapshot.pop(request_id, None)
-            if cid is not None:
-                self._rebuild(cid, payload, quiet=True)
-                return True
-            pending = self._pending.get(request_id)
-            if pending is not None:
-                self._finish(pending, payload)
-            return pending is not None
-        if type_ == "face.accepted":
-            return self._accepted(payload)
-        if type_ == "face.result":
-            pending = self._pending.get(request_id)
-            if pending is not None:
-                self._finish(pending, Result.from_wire(payload) if "status" in payload else payload)
-            return pending is not None and not pending.internal
-        if type_ == "face.error":
-            pending = self._pending.pop(request_id, None)
-            if pending is not None and pending.internal:
-                pending.fail(command_error(payload))
-                for cid in pending.payload.get("conversation_ids", ()):
-                    self._resume_pending.discard(cid)
-                    if self._resubscribing.get(cid) == request_id:
-                        del self._resubscribing[cid]
-                log.warning("%s refused: %s", pending.type, payload)
-                self._maybe_resumed()
-                if payload.get("retryable"):
-                    # busy, rate_limited, unavailable…: the view must not
-                    # silently stop updating — try again after a pause.
-                    for cid in pending.payload.get("conversation_ids", ()):
-                        self._spawn(self._retry_subscribe(gen, cid))
-            elif pending is not None:
-                pending.fail(command_error(payload))
-            else:
-                log.warning("face.error: %s", payload)
-            return True
-        return False
-
-    def _finish(self, pending: _Pending, value: Any) -> None:
-        self._pending.pop(pending.request_id, None)
-        if not pending.accepted.done():
-            pending.accepted.set_result({})
-        if not pending.result.done():
-            pending.result.set_result(value)
-
-    def _accepted(self, payload: dict[str, Any]) -> bool:
-        pending = self._pending.get(payload.get("request_id", ""))
-        if pending is None:
-            return False
-        first = not pending.accepted.done()
-        if first:
-            pending.accepted.set_result(payload)
-        if payload.get("operation") != "subscribe":
-            return first
-        heads = payload.get("heads") or {}
-        for cid, mode in (payload.get("conversations") or {}).items():
-            if self._resubscribing.get(cid) == pending.request_id:
-                del self._resubscribing[cid]
-            if mode != "reset":  # a reset ends in 'resynced', never in 'resumed'
-                self._resume_pending.discard(cid)
-            view = self.views.get(cid)
-            if view is not None and mode == "exact" and cid in heads:
-                head = int(str(heads[cid]).rpartition(".")[2])
-                if head > view.seq:
-                    self._catching_up[cid] = head
-        self._maybe_resumed()
-        if not pending.internal:
-            self._finish(pending, payload)
-        else:
-            self._pending.pop(pending.request_id, None)
-        return first
-
-    def _conversation_message(self, gen: int, type_: str, payload: dict[str, Any]) -> bool:
-        cid = payload["conversation_id"]
-        view = self.views.get(cid)
-        if view is None or cid in self._resubscribing:
-            return False
-        outcome = view.apply(type_, payload)
-        if outcome is RESYNC:
-            # Not placeable exactly: forget the view and rebuild it from a
-            # fresh snapshot (once; events meanwhile are covered by it).
-            view.seq = -1
-            if cid not in self._awaiting_snapshot.values():
-                self._spawn(self._subscribe_now(gen, cid))
-            return False
-        if outcome is APPLIED:
-            head = self._catching_up.get(cid)
-            if head is not None:
-                self._replayed += 1
-                if view.seq >= head:
-                    del self._catching_up[cid]
-                    self._maybe_resumed()
-            self._notify(type_, cid)
-            return True
-        return False
-
-    def _maybe_resumed(self) -> None:
-        """'resumed: k events replayed' only once every conversation has caught up."""
-        if self.status.state == "resuming" and not self._resume_pending and not self._catching_up:
-            self._set_status(Status("resumed", replayed=self._replayed, url=self.url))
-
-    def _rebuild(self, cid: str, snapshot: dict[str, Any], *, quiet: bool = False) -> None:
-        view = self.views.get(cid)
-        if view is None:
-            return
-        for request_id in [r for r, c in self._awaiting_snapshot.items() if c == cid]:
-            del self._awaiting_snapshot[request_id]
-        view.apply_snapshot(snapshot)
-        self._catching_up.pop(cid, None)
-        self._resume_pending.discard(cid)
-        if not quiet:
-            self._set_status(Status("resynced", url=self.url))
-        self._notify("snapshot", cid)
-
-    def _resubscribe_all(self, gen: int) -> None:
-        """After a loss inside this connection: resubscribe from the cursors we
-        hold, and fold nothing of those conversations until the Mind accepts —
-        everything after our cursors comes again in the replay, in order."""
-        for cid in sorted(self._wanted):
-            if cid in self._resubscribing:
-                continue  # one already on its way covers this loss too: no storm
-            request_id = new_request_id("sub")
-            self._resubscribing[cid] = request_id
-            self._spawn(self._subscribe_now(gen, cid, request_id))
-
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _notify(self, kind: str, conversation_id: str) -> None:
+        if self.on_update is not None:
+            self.on_update(kind, conversation_id)
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
     # -- commands ------------------------------------------------------------------
 
-    async def _submit(self, type_: str, payload: dict[str, Any]) -> _Pending:
+    async def _submit(self, type_: str, payload: dict[str, Any]) -> ChatHandle:
         if self._fatal is not None:
             raise self._fatal
         if self._closing:
             raise ClientClosed("client closed")
         payload.setdefault("request_id", new_request_id(type_.rsplit(".", 1)[-1][:4]))
-        pending = _Pending(type_, payload)
-        existing = self._pending.get(pending.request_id)
-        if existing is not None:
-            return existing
-        self._pending[pending.request_id] = pending
-        if self._transport is not None:
-            await self._send_pending(self.generation, pending)
-        return pending
+        command = self.protocol.submit(type_, payload)
+        waiter = self._waiters.setdefault(command.request_id, Waiter())
+        await self._send_queued()
+        return ChatHandle(command.type, command.request_id, waiter)
 
     async def request(self, type_: str, **payload: Any) -> Any:
         """Send any command; return its ``face.result`` (a :class:`Result`) or snapshot."""
-        pending = await self._submit(type_, payload)
-        return await pending.result
+        handle = await self._submit(type_, payload)
+        return await handle.waiter.result
 
     async def create_conversation(
         self, name: str | None = None, *, request_id: str | None = None
@@ -765,11 +439,8 @@ class FaceClient:
 
     async def subscribe(self, conversation_id: str) -> ConversationView:
         """Follow a conversation; its view stays exact across reconnects."""
-        view = self.views.setdefault(conversation_id, ConversationView(conversation_id))
-        if conversation_id not in self._wanted:
-            self._wanted.add(conversation_id)
-            if self._transport is not None:
-                await self._subscribe_now(self.generation, conversation_id)
+        view = self.protocol.follow(conversation_id)
+        await self._send_queued()
         return view
 
     async def chat(
@@ -778,8 +449,7 @@ class FaceClient:
         payload: dict[str, Any] = {"conversation_id": conversation_id, "content": content}
         if request_id:
             payload["request_id"] = request_id
-        pending = await self._submit("face.chat", payload)
-        return ChatHandle(self, pending)
+        return await self._submit("face.chat", payload)
 
     async def ask(
         self, conversation_id: str, content: str, *, request_id: str | None = None
@@ -790,21 +460,21 @@ class FaceClient:
     async def cancel(
         self, conversation_id: str, target_request_id: str, *, request_id: str | None = None
     ) -> ChatHandle:
-        view = self.views.get(conversation_id)
-        if view is not None:
-            view.mark_cancel_requested(target_request_id)
-            self._notify("cancel_requested", conversation_id)
+        self.protocol.mark_cancel_requested(conversation_id, target_request_id)
+        self._pump()
         payload: dict[str, Any] = {
             "conversation_id": conversation_id,
             "target_request_id": target_request_id,
         }
         if request_id:
             payload["request_id"] = request_id
-        pending = await self._submit("face.chat.cancel", payload)
-        return ChatHandle(self, pending)
+        return await self._submit("face.chat.cancel", payload)
 
 
 __all__ = [
+    "AUTH_CLOSE_CODES",
+    "LOCAL_CAP_S",
+    "REMOTE_CAP_S",
     "ChatHandle",
     "ConnectionLost",
     "Connector",
@@ -812,6 +482,7 @@ __all__ = [
     "Result",
     "Status",
     "Transport",
+    "is_local",
     "new_request_id",
     "websocket_connector",
 ]

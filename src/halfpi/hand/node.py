@@ -22,6 +22,7 @@ never runs, ``ask`` runs only if the Mind says a human approved it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import logging
@@ -35,16 +36,17 @@ from pathlib import Path
 from typing import Any
 
 from halfpi import __version__
-from halfpi.core.backoff import backoff
-from halfpi.core.hand_wire import HAND_PROTOCOL, REASON_CHARS
-from halfpi.core.policy import Rule
-from halfpi.face.transport import (
+from halfpi.client.reconnect import Link, Reconnect
+from halfpi.client.redial import Narrator, Retry
+from halfpi.client.transport import (
     ConnectionLost,
     Connector,
     Transport,
     tls_connector,
     websocket_connector,
 )
+from halfpi.core.hand_wire import HAND_PROTOCOL, REASON_CHARS
+from halfpi.core.policy import Rule
 from halfpi.hand.conceal import conceal
 from halfpi.hand.executor import TOOLS, Outcome, ToolError
 from halfpi.hand.leftovers import Leftovers
@@ -52,7 +54,7 @@ from halfpi.hand.policy import HandPolicy, scrub_environment, without_secrets
 
 log = logging.getLogger("halfpi.hand")
 
-AUTH_CLOSE_CODES = frozenset({4001, 4003})
+HELLO_TIMEOUT_S = 30.0  # for hand.welcome
 
 ToolFn = Callable[..., Awaitable[Outcome]]
 # Called as ``tool(args, progress, cancelled, spawned, **policy_keywords)``:
@@ -94,7 +96,8 @@ class HandNode:
         self.tools: dict[str, ToolFn] = dict(tools or TOOLS)
         self.connector = connector
         self.sleep = sleep
-        self.delays = delays or (lambda: backoff())
+        # None: the shared plan's (full jitter, 30 s cap; 2 s for a local Mind).
+        self.delays = delays
         self.policy = policy or HandPolicy()
         self.runs: dict[str, HandRun] = {}
         self._checks: set[asyncio.Task[None]] = set()
@@ -103,6 +106,8 @@ class HandNode:
         self.connected = asyncio.Event()
         self._transport: Transport | None = None
         self._stopping = False
+        self._reconnect: Reconnect[dict[str, Any]] | None = None
+        self._narrator = Narrator()
 
     # -- connection loop -------------------------------------------------------
 
@@ -112,45 +117,65 @@ class HandNode:
         await self.leftovers.kill_all()  # commands of a previous instance of this Hand
         for root in self.policy.protected_roots():
             log.warning("root %s is a protected path: tools are refused there", root)
-        delays = self.delays()
-        while not self._stopping:
-            try:
-                transport = await self.connector(self.url)
-            except ConnectionLost:
-                await self.sleep(next(delays))
-                continue
-            try:
-                await self._session(transport)
-            except ConnectionLost as exc:
-                if exc.code in AUTH_CLOSE_CODES:
-                    log.error("the Mind refused this Hand (%s): %s", exc.code, exc.reason)
-                    return False
-            finally:
-                if self.connected.is_set():
-                    delays = self.delays()  # a welcomed session starts the backoff over
-                self._transport = None
-                self.connected.clear()
-                await transport.close()
-            if not self._stopping:
-                await self.sleep(next(delays))
+        # The shared loop (the Face SDK's too): the URL in turn, backoff reset
+        # after a welcome, a 2 s cap for a Mind on this machine.
+        self._reconnect = reconnect = Reconnect(
+            self.url,
+            self.connector,
+            self._handshake,
+            sleep=self.sleep,
+            delays=self.delays,
+            on_retry=self._retrying,
+        )
+        if self._stopping:
+            return True
+        try:
+            async with contextlib.aclosing(reconnect.links()) as links:
+                async for link in links:
+                    try:
+                        await self._session(link)
+                    except ConnectionLost as exc:
+                        link.lost = exc
+                    finally:
+                        self._transport = None
+                        self.connected.clear()
+        except ConnectionLost as exc:  # refused (4001) or revoked (4003)
+            log.error("the Mind refused this Hand (%s): %s", exc.code, exc.reason)
+            return False
         return True
 
     async def stop(self) -> None:
         self._stopping = True
+        if self._reconnect is not None:
+            self._reconnect.close()
         for run in self.runs.values():
             run.cancelled.set()
         if self._transport is not None:
             await self._transport.close()
 
-    async def _session(self, transport: Transport) -> None:
+    def _retrying(self, retry: Retry) -> None:
+        """While the Mind cannot be reached: one line per change of reason."""
+        line = self._narrator.failed(retry)
+        if line is not None:
+            log.warning("%s", line)
+
+    async def _handshake(self, transport: Transport) -> dict[str, Any]:
+        """Say ``hand.hello``; the ``hand.welcome`` payload, or ConnectionLost."""
         await transport.send(json.dumps({"type": "hand.hello", "payload": self._hello()}))
         try:
-            welcome = json.loads(await asyncio.wait_for(transport.recv(), 30))
+            welcome = json.loads(await asyncio.wait_for(transport.recv(), HELLO_TIMEOUT_S))
         except TimeoutError:
             raise ConnectionLost(None, "no hand.welcome in time") from None
-        if welcome.get("type") != "hand.welcome":
-            raise ConnectionLost(None, f"expected hand.welcome, got {welcome.get('type')}")
-        payload = welcome["payload"]
+        except ValueError:
+            raise ConnectionLost(None, "the Mind's answer to hand.hello is not JSON") from None
+        kind = welcome.get("type") if isinstance(welcome, dict) else None
+        payload = welcome.get("payload") if isinstance(welcome, dict) else None
+        if kind != "hand.welcome" or not isinstance(payload, dict):
+            raise ConnectionLost(None, f"expected hand.welcome, got {kind}")
+        return payload
+
+    async def _session(self, link: Link[dict[str, Any]]) -> None:
+        transport, payload = link.transport, link.welcome
         self.generation = int(payload["generation"])
         self.policy.protect(str(p) for p in payload.get("protect", []))  # the Mind's home
         for run_id in payload.get("abandon", []):
@@ -164,6 +189,9 @@ class HandNode:
                 run.generation = self.generation
         self._transport = transport
         self.connected.set()
+        line = self._narrator.connected(link.url)
+        if line is not None:
+            log.info("%s", line)
         for run in list(self.runs.values()):
             if run.result is not None:
                 await self._deliver(run)

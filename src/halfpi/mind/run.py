@@ -19,8 +19,8 @@ from typing import Protocol
 
 from halfpi.agents.base import Agent
 from halfpi.agents.scripted import ScriptedAgent
+from halfpi.client.transport import pinned_tls_context, tls_connector
 from halfpi.config import Config
-from halfpi.face.transport import pinned_tls_context, tls_connector
 from halfpi.journal.memory import MemoryJournal
 from halfpi.mind.home import Address, CannotStart, prepare_home, remove_address, write_address
 from halfpi.mind.home_lock import HomeLock

@@ -39,7 +39,7 @@ from halfpi.store.base import (
 )
 
 if TYPE_CHECKING:
-    from halfpi.face.transport import Connector
+    from halfpi.client.transport import Connector
 
 log = logging.getLogger("halfpi.mind")
 

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from halfpi.face.transport import ConnectionLost, websocket_connector
+from halfpi.client.transport import ConnectionLost, websocket_connector
 
 
 def free_port() -> int:

@@ -63,6 +63,12 @@ class Config:
     invalid_frames_before_close: int = 3
     queue: QueueLimits = field(default_factory=QueueLimits)
     journal: JournalLimits = field(default_factory=JournalLimits)
+    # The backends, picked in one place (halfpi.wiring; docs/operations.md,
+    # "The store"). The Store: ``sqlite:///PATH``, None for HOME/halfpi.db;
+    # ``postgresql://…`` is reserved for cluster mode. The Journal: "memory"
+    # (in-process), the only kind so far; "redis" is reserved.
+    store_url: str | None = None
+    journal_kind: str = "memory"
     requests: RequestRetention = field(default_factory=RequestRetention)
     # Browsers must present one of these Origins; clients that send no Origin
     # header (scripts, terminals) are not browsers and are not checked.

@@ -10,7 +10,6 @@ import logging
 import os
 import signal
 import socket
-import sqlite3
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -18,13 +17,13 @@ from collections.abc import AsyncIterator
 from halfpi.agents.base import Agent
 from halfpi.agents.scripted import ScriptedAgent
 from halfpi.config import Config
+from halfpi.errors import StoreError
 from halfpi.face.transport import pinned_tls_context, tls_connector
 from halfpi.gateway.native import FaceServer
-from halfpi.journal.memory import MemoryJournal
 from halfpi.mind.home import Address, CannotStart, prepare_home, remove_address, write_address
 from halfpi.mind.home_lock import HomeLock
 from halfpi.mind.service import Mind
-from halfpi.store.sqlite import SQLiteStore
+from halfpi.wiring import make_journal, make_store
 
 log = logging.getLogger("halfpi.mind")
 
@@ -32,8 +31,8 @@ log = logging.getLogger("halfpi.mind")
 def build_mind(config: Config, agent: Agent | None = None) -> Mind:
     return Mind(
         config,
-        SQLiteStore(config.db_path),
-        MemoryJournal(config.journal),
+        make_store(config),
+        make_journal(config),
         agent or ScriptedAgent(config.scripted_delta_ms),
     )
 
@@ -55,8 +54,8 @@ async def running_mind(
         mind = build_mind(config, agent)
         try:
             await mind.start()
-        except sqlite3.DatabaseError as exc:
-            raise CannotStart(f"cannot open the database {config.db_path}: {exc}") from None
+        except StoreError as exc:  # one line naming the database (DESIGN §12)
+            raise CannotStart(str(exc)) from None
         server = FaceServer(mind)
         try:
             await server.start()

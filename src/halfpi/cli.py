@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from halfpi import __version__
-from halfpi.config import DEFAULT_PORT, Config, default_home, env_delta_ms
+from halfpi.config import DEFAULT_PORT, Config, default_home, env_delta_ms, sqlite_file
 from halfpi.core.policy import Rule, parse_approval
 from halfpi.core.scopes import ALL_FACE_SCOPES, PROFILES
 from halfpi.mind.home import Address, CannotStart, StaleAddress, prepare_home, read_address
@@ -123,10 +123,8 @@ def origin(text: str) -> str:
 
 def store_url(text: str) -> str:
     """A store URL this halfpi can use (``--store``), else one line why not."""
-    from halfpi.wiring import sqlite_path
-
     try:
-        sqlite_path(text)
+        sqlite_file(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text

@@ -6,20 +6,16 @@ wiring (``mind/run.py``) and the command line (credentials) both get their
 Store here, so they always agree on where the truth lives.
 
 Store URLs (``Config.store_url``, ``--store``; docs/operations.md):
-
-- ``sqlite:///PATH`` — SQLite at the absolute PATH (``sqlite:PATH`` for a
-  relative one); the default (None) is ``HOME/halfpi.db``.
-- ``postgresql://…`` — reserved for cluster mode (DESIGN §10): refused with
-  one line until it exists.
+``sqlite:///PATH`` (the default, None, is ``HOME/halfpi.db``);
+``postgresql://…`` is reserved for cluster mode (DESIGN §10) and refused
+with one line until it exists (:func:`halfpi.config.sqlite_file`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import TypeVar
-from urllib.parse import unquote, urlsplit
 
 from halfpi.config import Config
 from halfpi.journal.base import Journal
@@ -29,34 +25,10 @@ from halfpi.store.sqlite import SQLiteStore
 
 T = TypeVar("T")
 
-_USE_SQLITE = "use sqlite:///PATH (the default is sqlite:///HOME/halfpi.db)"
-
-
-def sqlite_path(url: str) -> Path:
-    """The database file a store URL names. Raises ValueError, one line
-    that never repeats the URL (it may hold a password), for any URL this
-    halfpi cannot use — ``postgresql://`` included, until it exists."""
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower().split("+", 1)[0]
-    if scheme in ("postgresql", "postgres"):
-        raise ValueError(f"the PostgreSQL store (cluster mode) is not built yet: {_USE_SQLITE}")
-    if scheme != "sqlite":
-        what = f"{scheme}: is not a store this halfpi knows" if scheme else "not a store URL"
-        raise ValueError(f"{what}: {_USE_SQLITE}")
-    if parts.netloc:
-        raise ValueError(f"a sqlite: URL names a file on this machine, with no host: {_USE_SQLITE}")
-    if parts.query or parts.fragment:
-        raise ValueError(f"a sqlite: URL takes no options: {_USE_SQLITE}")
-    if not parts.path:
-        raise ValueError(f"the sqlite: URL names no file: {_USE_SQLITE}")
-    return Path(unquote(parts.path)).expanduser()
-
 
 def make_store(config: Config) -> Store:
     """The configured Store, not yet opened (``await store.open()``)."""
-    if config.store_url is None:
-        return SQLiteStore(config.db_path)
-    return SQLiteStore(sqlite_path(config.store_url))
+    return SQLiteStore(config.db_path)  # raises ValueError for a URL it cannot use
 
 
 def make_journal(config: Config) -> Journal:

@@ -28,7 +28,9 @@ T = TypeVar("T")
 
 def make_store(config: Config) -> Store:
     """The configured Store, not yet opened (``await store.open()``)."""
-    return SQLiteStore(config.db_path)  # raises ValueError for a URL it cannot use
+    # config.db_path raises ValueError for a store URL this halfpi cannot use.
+    # The home is the Mind's own folder; one named by a URL may be shared.
+    return SQLiteStore(config.db_path, own_folder=config.store_url is None)
 
 
 def make_journal(config: Config) -> Journal:

@@ -54,11 +54,21 @@ _STOP = object()
 
 
 class SQLiteStore:
-    """The default :class:`~halfpi.store.base.Store`."""
+    """The default :class:`~halfpi.store.base.Store`. ``own_folder``: the
+    database's folder is its own (the home) and is made 0700; otherwise an
+    existing folder keeps its mode (see ``prepare_private``)."""
 
-    def __init__(self, path: Path, *, synchronous: str = "FULL", readers: int = 2) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        synchronous: str = "FULL",
+        readers: int = 2,
+        own_folder: bool = True,
+    ) -> None:
         self.path = path
         self.synchronous = synchronous
+        self.own_folder = own_folder
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._writer: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -73,7 +83,7 @@ class SQLiteStore:
 
     async def open(self) -> None:
         self._loop = asyncio.get_running_loop()
-        conn = open_database(self.path, synchronous=self.synchronous)
+        conn = open_database(self.path, synchronous=self.synchronous, own_folder=self.own_folder)
         self._writer = threading.Thread(
             target=self._writer_main, args=(conn,), name="halfpi-sqlite-writer", daemon=True
         )

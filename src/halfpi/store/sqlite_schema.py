@@ -208,26 +208,32 @@ def connect(path: Path, *, synchronous: str = "FULL") -> sqlite3.Connection:
     return conn
 
 
-def prepare_private(path: Path) -> None:
-    """The database holds every message and stored tool output: its folder is
-    0700 and its files (database, WAL, shared memory) 0600, whatever the
-    umask. SQLite gives the WAL and -shm files the database file's mode."""
+def prepare_private(path: Path, *, own_folder: bool = True) -> None:
+    """The database holds every message and stored tool output: its files
+    (database, WAL, shared memory) are 0600 and its folder 0700, whatever
+    the umask. SQLite gives the WAL and -shm files the database file's mode.
+    A folder that is not the database's own (``own_folder=False``: one named
+    by a store URL, maybe ``/srv`` or ``/tmp``) keeps its mode if it exists."""
+    existed = path.parent.is_dir()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with contextlib.suppress(PermissionError):
-        os.chmod(path.parent, 0o700)
+    if own_folder or not existed:
+        with contextlib.suppress(PermissionError):
+            os.chmod(path.parent, 0o700)
     os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
     for name in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
         with contextlib.suppress(FileNotFoundError, PermissionError):
             os.chmod(name, 0o600)
 
 
-def open_database(path: Path, *, synchronous: str = "FULL") -> sqlite3.Connection:
+def open_database(
+    path: Path, *, synchronous: str = "FULL", own_folder: bool = True
+) -> sqlite3.Connection:
     """A connection to the database at ``path``, created private if missing,
     its schema current. Any failure is one :class:`StoreError` line naming
     the file (``cannot open the database PATH: why``)."""
     conn: sqlite3.Connection | None = None
     try:
-        prepare_private(path)
+        prepare_private(path, own_folder=own_folder)
         conn = connect(path, synchronous=synchronous)
         init_schema(conn)
     except (OSError, sqlite3.Error, StoreError) as exc:

@@ -15,17 +15,22 @@ import logging
 import math
 import os
 import re
-import sqlite3
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from halfpi import __version__
-from halfpi.config import DEFAULT_PORT, Config, default_home, env_delta_ms
+from halfpi.config import DEFAULT_PORT, Config, default_home, env_delta_ms, sqlite_file
 from halfpi.core.policy import Rule, parse_approval
 from halfpi.core.scopes import ALL_FACE_SCOPES, PROFILES
 from halfpi.mind.home import Address, CannotStart, StaleAddress, prepare_home, read_address
+
+if TYPE_CHECKING:
+    from halfpi.store.base import Store
+
+T = TypeVar("T")
 
 EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 1, 64, 130
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -116,6 +121,15 @@ def origin(text: str) -> str:
     return text.rstrip("/")
 
 
+def store_url(text: str) -> str:
+    """A store URL this halfpi can use (``--store``), else one line why not."""
+    try:
+        sqlite_file(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _home(value: str | None) -> Path:
     return Path(value).expanduser() if value else default_home()
 
@@ -179,6 +193,7 @@ def cmd_mind(args: argparse.Namespace) -> int:
         hand_roots=tuple(args.hand_root or ()),
         hand_approval=tuple((tool, rule.value) for tool, rule in args.hand_approval or ()),
         server=args.server,
+        store_url=args.store,
     )
     logging.basicConfig(
         level=args.log_level.upper(),
@@ -196,32 +211,39 @@ def cmd_mind(args: argparse.Namespace) -> int:
     return 0
 
 
-def _db(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from halfpi.store.sqlite import open_db
+def _on_store(args: argparse.Namespace, work: Callable[[Store], Awaitable[T]]) -> T:
+    """Run ``work`` on the Store the Mind of ``--home`` uses (or ``--store``),
+    opened and closed around it; a store that cannot be used is one line."""
+    from halfpi.errors import StoreError
+    from halfpi.wiring import run_on_store
 
-    config = Config(home=_home(args.home))
+    config = Config(home=_home(args.home), store_url=args.store)
     prepare_home(config.home)
     try:
-        return open_db(config.db_path)
-    except sqlite3.DatabaseError as exc:
-        raise UserError(f"cannot open the database {config.db_path}: {exc}") from None
+        return run_on_store(config, work)
+    except StoreError as exc:
+        raise UserError(str(exc)) from None
 
 
 def cmd_face_add(args: argparse.Namespace) -> int:
+    from halfpi.errors import LabelInUse
     from halfpi.mind.auth import add_credential
 
     extra = tuple(s for s in (args.scopes or "").split(",") if s)
     try:
-        added = add_credential(
-            _db(args),
-            "face",
-            args.label,
-            args.profile,
-            time.time(),
-            extra_scopes=extra,
-            approve=args.approve,
+        added = _on_store(
+            args,
+            lambda store: add_credential(
+                store,
+                "face",
+                args.label,
+                args.profile,
+                time.time(),
+                extra_scopes=extra,
+                approve=args.approve,
+            ),
         )
-    except ValueError as exc:
+    except (ValueError, LabelInUse) as exc:
         raise UserError(str(exc)) from None
     c = added.credential
     print(f"label:        {c.label}", file=sys.stderr)
@@ -234,9 +256,7 @@ def cmd_face_add(args: argparse.Namespace) -> int:
 
 
 def _list_credentials(args: argparse.Namespace, kind: str) -> int:
-    from halfpi.store.sqlite import select_credentials
-
-    rows = [c for c in select_credentials(_db(args)) if c.kind == kind]
+    rows = [c for c in _on_store(args, lambda store: store.credentials()) if c.kind == kind]
     print(f"{'LABEL':<20} {'PROFILE':<9} {'STATE':<8} {'PRINCIPAL':<34} SCOPES")
     for c in rows:
         state = "live" if c.live else "revoked"
@@ -248,9 +268,7 @@ def _list_credentials(args: argparse.Namespace, kind: str) -> int:
 
 
 def _revoke(args: argparse.Namespace, kind: str) -> int:
-    from halfpi.store.sqlite import revoke_credential
-
-    if revoke_credential(_db(args), kind, args.label, time.time()):
+    if _on_store(args, lambda store: store.revoke_credential(kind, args.label, time.time())):
         print(f"revoked {args.label}; its live connections close within a second", file=sys.stderr)
         return 0
     print(f"halfpi: no live {kind} credential labelled {args.label!r}", file=sys.stderr)
@@ -384,6 +402,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="{mind,face,hand}")
     home_help = "data directory (default $HALFPI_HOME, else ~/.halfpi)"
+    store_help = (
+        "where the Mind keeps its truth: sqlite:///PATH (default sqlite:///HOME/halfpi.db; "
+        "postgresql:// is reserved for cluster mode)"
+    )
 
     mind = sub.add_parser(
         "mind",
@@ -405,6 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
         "which the Mind writes to HOME/mind.json for Faces to find)",
     )
     mind.add_argument("--home", metavar="DIR", help=home_help)
+    mind.add_argument("--store", type=store_url, metavar="URL", help=store_help)
     mind.add_argument(
         "--delta-ms",
         type=non_negative_float,
@@ -567,6 +590,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="may resolve tool approvals (default: off)",
     )
     add.add_argument("--home", metavar="DIR", help=home_help)
+    add.add_argument("--store", type=store_url, metavar="URL", help=store_help)
     add.set_defaults(func=cmd_face_add)
     lst = face_sub.add_parser(
         "list",
@@ -574,6 +598,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="List Face credentials: label, profile, state, principal, scopes.",
     )
     lst.add_argument("--home", metavar="DIR", help=home_help)
+    lst.add_argument("--store", type=store_url, metavar="URL", help=store_help)
     lst.set_defaults(func=lambda a: _list_credentials(a, "face"))
     rev = face_sub.add_parser(
         "revoke",
@@ -582,6 +607,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rev.add_argument("label", help="the label of the credential to revoke")
     rev.add_argument("--home", metavar="DIR", help=home_help)
+    rev.add_argument("--store", type=store_url, metavar="URL", help=store_help)
     rev.set_defaults(func=lambda a: _revoke(a, "face"))
     hand = sub.add_parser(
         "hand",
@@ -625,6 +651,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     hadd.add_argument("label", help="the Hand's name, e.g. pi (run it with --id pi)")
     hadd.add_argument("--home", metavar="DIR", help=home_help)
+    hadd.add_argument("--store", type=store_url, metavar="URL", help=store_help)
     hadd.set_defaults(func=cmd_hand_add)
     hlist = hand_sub.add_parser(
         "list",
@@ -632,6 +659,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="List Hand credentials (never their tokens).",
     )
     hlist.add_argument("--home", metavar="DIR", help=home_help)
+    hlist.add_argument("--store", type=store_url, metavar="URL", help=store_help)
     hlist.set_defaults(func=lambda a: _list_credentials(a, "hand"))
     hrev = hand_sub.add_parser(
         "revoke",
@@ -640,6 +668,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     hrev.add_argument("label", help="the label of the Hand credential to revoke")
     hrev.add_argument("--home", metavar="DIR", help=home_help)
+    hrev.add_argument("--store", type=store_url, metavar="URL", help=store_help)
     hrev.set_defaults(func=lambda a: _revoke(a, "hand"))
     return parser
 
@@ -719,11 +748,14 @@ def cmd_hand(args: argparse.Namespace) -> int:
 
 
 def cmd_hand_add(args: argparse.Namespace) -> int:
+    from halfpi.errors import LabelInUse
     from halfpi.mind.auth import add_credential
 
     try:
-        added = add_credential(_db(args), "hand", args.label, "hand", time.time())
-    except ValueError as exc:
+        added = _on_store(
+            args, lambda store: add_credential(store, "hand", args.label, "hand", time.time())
+        )
+    except (ValueError, LabelInUse) as exc:
         raise UserError(str(exc)) from None
     print(f"hand:         {added.credential.label}", file=sys.stderr)
     print(f"principal_id: {added.credential.principal_id}", file=sys.stderr)

@@ -11,6 +11,7 @@ import ipaddress
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 from halfpi.core.throttle import ThrottleLimits
 
@@ -63,6 +64,12 @@ class Config:
     invalid_frames_before_close: int = 3
     queue: QueueLimits = field(default_factory=QueueLimits)
     journal: JournalLimits = field(default_factory=JournalLimits)
+    # The backends, picked in one place (halfpi.wiring; docs/operations.md,
+    # "The store"). The Store: ``sqlite:///PATH``, None for HOME/halfpi.db;
+    # ``postgresql://…`` is reserved for cluster mode. The Journal: "memory"
+    # (in-process), the only kind so far; "redis" is reserved.
+    store_url: str | None = None
+    journal_kind: str = "memory"
     requests: RequestRetention = field(default_factory=RequestRetention)
     # Browsers must present one of these Origins; clients that send no Origin
     # header (scripts, terminals) are not browsers and are not checked.
@@ -111,7 +118,15 @@ class Config:
 
     @property
     def db_path(self) -> Path:
-        return self.home / "halfpi.db"
+        """The SQLite database: the file ``store_url`` names, else HOME/halfpi.db."""
+        return self.home / "halfpi.db" if self.store_url is None else sqlite_file(self.store_url)
+
+    @property
+    def private_paths(self) -> tuple[Path, ...]:
+        """What no tool may ever reach, whatever the policy (DESIGN §8): the
+        home, and the database's files wherever the store keeps them."""
+        db = self.db_path
+        return (self.home, *(db.with_name(db.name + s) for s in ("", "-wal", "-shm", "-journal")))
 
     @property
     def face_token_path(self) -> Path:
@@ -128,6 +143,30 @@ class Config:
         scheme = "https" if self.tls else "http"
         own = (f"{scheme}://127.0.0.1:{port}", f"{scheme}://localhost:{port}")
         return tuple(dict.fromkeys(self.allowed_origins + own))
+
+
+_USE_SQLITE = "use sqlite:///PATH (the default is sqlite:///HOME/halfpi.db)"
+
+
+def sqlite_file(url: str) -> Path:
+    """The database file a store URL names (``sqlite:///PATH``, or
+    ``sqlite:PATH`` relative). Raises ValueError, one line that never
+    repeats the URL (it may hold a password), for any URL this halfpi cannot
+    use: ``postgresql://`` is reserved for cluster mode until it exists."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower().split("+", 1)[0]
+    if scheme in ("postgresql", "postgres"):
+        raise ValueError(f"the PostgreSQL store (cluster mode) is not built yet: {_USE_SQLITE}")
+    if scheme != "sqlite":
+        what = f"{scheme}: is not a store this halfpi knows" if scheme else "not a store URL"
+        raise ValueError(f"{what}: {_USE_SQLITE}")
+    if parts.netloc:
+        raise ValueError(f"a sqlite: URL names a file on this machine, with no host: {_USE_SQLITE}")
+    if parts.query or parts.fragment:
+        raise ValueError(f"a sqlite: URL takes no options: {_USE_SQLITE}")
+    if not parts.path:
+        raise ValueError(f"the sqlite: URL names no file: {_USE_SQLITE}")
+    return Path(unquote(parts.path)).expanduser()
 
 
 def is_loopback(host: str) -> bool:

@@ -19,6 +19,7 @@ Tree::
     ├── Unavailable                   unavailable     yes
     ├── ApprovalExpired               approval_expired no
     ├── HomeInUse                     unavailable     no (another Mind holds the home)
+    ├── LabelInUse                    invalid_request no (a live credential has that label)
     └── InternalError                 internal_error  yes
         └── StoreError                (a backend failed; mapped to internal_error)
             └── TerminalExists        no: a run already has its outcome (I10)
@@ -136,6 +137,13 @@ class HomeInUse(HalfpiError):
     """Another Mind holds this home's lock (DESIGN §12): one line, exit."""
 
     code = ErrorCode.UNAVAILABLE
+
+
+class LabelInUse(HalfpiError):
+    """A live credential of that kind already has that label: a label names
+    one live credential at a time (it is free again once revoked; I8)."""
+
+    code = ErrorCode.INVALID_REQUEST
 
 
 class InternalError(HalfpiError):

@@ -1,17 +1,23 @@
 """One conformance suite for every Store backend (STYLE §4).
 
-Each backend joins ``BACKENDS`` with a way to open a fresh handle on the same
-storage (for restarts) and a way to hold its writer, so that what is queued
-meanwhile provably lands in one group commit.
+A backend joins with one line in ``BACKENDS``: a :class:`BackendKind` that
+names the store URL of a fresh, empty storage (the store itself comes from
+the same factory the Mind and the CLI use, ``halfpi.wiring.make_store``)
+and a way to hold its writer, so that what is queued meanwhile provably
+lands in one group commit. Every method of the ``Store`` Protocol is
+exercised here (a test below fails otherwise).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import inspect
 import json
-import sqlite3
+import re
+import sys
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,11 +25,10 @@ from typing import Any
 
 import pytest
 
-from halfpi.config import RequestRetention
+from halfpi.config import Config, RequestRetention
 from halfpi.core.requests import RequestRecord, Tombstone, replay_frames
-from halfpi.errors import StoreError, TerminalExists
+from halfpi.errors import LabelInUse, StoreError, TerminalExists
 from halfpi.mind import auth
-from halfpi.store import sqlite as sqlite_store
 from halfpi.store.base import (
     ApprovalRow,
     ConversationRow,
@@ -31,6 +36,7 @@ from halfpi.store.base import (
     FinishedRequest,
     MessageRow,
     RunRow,
+    Store,
     StoredEvent,
     ToolCallRow,
     ToolRunRow,
@@ -38,17 +44,29 @@ from halfpi.store.base import (
     WriteTx,
 )
 from halfpi.store.sqlite import SQLiteStore
-from tests.store.schema_v0 import SCHEMA_V0
+from halfpi.wiring import make_store
 
 # -- backends --------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Backend:
+class BackendKind:
     name: str
-    make: Callable[[], Any]  # a new, unopened Store on the same storage
+    url: Callable[[Path], str]  # the store URL of a fresh, empty storage under a tmp dir
     hold_writer: Callable[[Any], AbstractAsyncContextManager[None]]
-    path: Path | None = None
+
+
+@dataclass(frozen=True)
+class Backend:
+    kind: BackendKind
+    config: Config
+
+    def make(self) -> Any:
+        """A new, unopened Store on the same storage (for restarts)."""
+        return make_store(self.config)
+
+    def hold_writer(self, store: Any) -> AbstractAsyncContextManager[None]:
+        return self.kind.hold_writer(store)
 
 
 class _HeldTx(WriteTx):
@@ -80,15 +98,18 @@ async def _hold_sqlite_writer(store: SQLiteStore) -> AsyncIterator[None]:
         assert (await held).committed
 
 
-BACKENDS = [pytest.param("sqlite", id="sqlite")]
+SQLITE = BackendKind("sqlite", lambda tmp: f"sqlite://{tmp}/halfpi.db", _hold_sqlite_writer)
+
+BACKENDS = [
+    pytest.param(SQLITE, id="sqlite"),
+    # PostgreSQL (cluster mode) joins here, marked to skip where no server runs.
+]
 
 
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
-    if request.param == "sqlite":
-        path = tmp_path / "halfpi.db"
-        return Backend("sqlite", lambda: SQLiteStore(path), _hold_sqlite_writer, path)
-    raise AssertionError(f"no such backend {request.param}")  # pragma: no cover
+    kind: BackendKind = request.param
+    return Backend(kind, Config(home=tmp_path, store_url=kind.url(tmp_path)))
 
 
 @pytest.fixture
@@ -102,15 +123,15 @@ async def store(backend: Backend) -> AsyncIterator[Any]:
 
 
 @pytest.fixture
-def sqlite_conn(backend: Backend, store: Any) -> Iterator[sqlite3.Connection]:
-    """A synchronous connection, as the CLI uses, on the store's database."""
-    if backend.name != "sqlite" or backend.path is None:
-        pytest.skip("the synchronous credential functions are SQLite's")
-    conn = sqlite_store.open_db(backend.path)
+async def other_handle(backend: Backend, store: Any) -> AsyncIterator[Any]:
+    """A second Store on the same storage, opened while ``store`` is: what
+    another process (the CLI while the Mind runs) sees and writes."""
+    s = backend.make()
+    await s.open()
     try:
-        yield conn
+        yield s
     finally:
-        conn.close()
+        await s.close()
 
 
 # -- builders --------------------------------------------------------------------
@@ -439,22 +460,6 @@ async def test_a_reply_keeps_its_error_code_and_reason(store: Any) -> None:
     assert page.messages == [failed]
     assert page.messages[0].to_wire()["error_code"] == "agent_failed"
     assert page.messages[0].to_wire()["reason"] == "it broke"
-
-
-async def test_an_older_database_gains_the_reply_reason_columns(tmp_path: Path) -> None:
-    path = tmp_path / "old.db"
-    conn = sqlite3.connect(path)
-    conn.executescript(SCHEMA_V0)  # a database written before replies kept reasons
-    conn.execute("INSERT INTO messages VALUES ('c_1', 1, 'user', 'old', NULL, NULL, 1.0)")
-    conn.commit()
-    conn.close()
-    store = SQLiteStore(path)
-    await store.open()
-    try:
-        page = await store.messages("c_1", limit=10, before_seq=None, max_seq=None)
-        assert page.messages == [MessageRow("c_1", 1, "user", "old", None, None, 1.0)]
-    finally:
-        await store.close()
 
 
 async def test_messages_latest_page_is_oldest_first(messages_store: Any) -> None:
@@ -863,26 +868,34 @@ async def test_credentials_add_list_and_version(store: Any) -> None:
 async def test_a_live_label_is_unique_per_kind(store: Any) -> None:
     await store.add_credential(face_credential("laptop", "p_a"))
     version = await store.credentials_version()
-    with pytest.raises(StoreError):
+    with pytest.raises(LabelInUse) as refused:
         await store.add_credential(face_credential("laptop", "p_b"))
+    assert str(refused.value) == "a live face credential labelled 'laptop' already exists"
     assert await store.credentials_version() == version
     hand = Credential("p_h", "laptop", "hand", "hand", frozenset(), "hash_h", 2.0)
     await store.add_credential(hand)
     assert {c.kind for c in await store.credentials()} == {"face", "hand"}
 
 
-async def test_revocation_bumps_the_version_and_frees_the_label(
-    store: Any, sqlite_conn: sqlite3.Connection
-) -> None:
+async def test_a_reused_token_hash_is_a_store_error_not_a_label_in_use(store: Any) -> None:
+    await store.add_credential(face_credential("laptop", "p_a", token_hash="same"))
+    with pytest.raises(StoreError) as refused:
+        await store.add_credential(face_credential("phone", "p_b", token_hash="same"))
+    assert not isinstance(refused.value, LabelInUse)
+    assert [c.principal_id for c in await store.credentials()] == ["p_a"]
+
+
+async def test_revocation_bumps_the_version_and_frees_the_label(store: Any) -> None:
     await store.add_credential(face_credential("laptop", "p_old"))
     version = await store.credentials_version()
-    assert sqlite_store.revoke_credential(sqlite_conn, "face", "laptop", 50.0) == 1
+    assert await store.revoke_credential("face", "laptop", 50.0) is True
     assert await store.credentials_version() == version + 1
     [old] = await store.credentials()
     assert (old.revoked_at, old.live) == (50.0, False)
-    # Revoking again changes nothing.
-    assert sqlite_store.revoke_credential(sqlite_conn, "face", "laptop", 60.0) == 0
-    assert sqlite_store.revoke_credential(sqlite_conn, "hand", "laptop", 60.0) == 0
+    # Revoking again changes nothing; nor does revoking another kind's label.
+    assert await store.revoke_credential("face", "laptop", 60.0) is False
+    assert await store.revoke_credential("hand", "laptop", 60.0) is False
+    assert await store.revoke_credential("face", "nobody", 60.0) is False
     assert await store.credentials_version() == version + 1
     # The label is free again, under a new principal.
     await store.add_credential(face_credential("laptop", "p_new", created_at=70.0))
@@ -890,30 +903,64 @@ async def test_revocation_bumps_the_version_and_frees_the_label(
     assert [(c.principal_id, c.live) for c in creds] == [("p_old", False), ("p_new", True)]
 
 
-async def test_I8_cli_credentials_get_fresh_principals(
-    store: Any, sqlite_conn: sqlite3.Connection
+async def test_revocation_revokes_only_that_kind(store: Any) -> None:
+    await store.add_credential(face_credential("box", "p_face"))
+    await store.add_credential(Credential("p_hand", "box", "hand", "hand", frozenset(), "h", 2.0))
+    assert await store.revoke_credential("hand", "box", 5.0)
+    assert {c.principal_id: c.live for c in await store.credentials()} == {
+        "p_face": True,
+        "p_hand": False,
+    }
+
+
+async def test_I8_a_change_by_another_process_moves_the_version_it_polls(
+    store: Any, other_handle: Any
 ) -> None:
-    added = auth.add_credential(sqlite_conn, "face", "laptop", "operator", 10.0, approve=True)
+    """The Mind polls ``credentials_version`` and re-reads when it moved: a
+    credential added or revoked through another handle on the same storage
+    (the CLI, while the Mind runs) must move it, and be read back."""
+    seen = await store.credentials_version()
+    await other_handle.add_credential(face_credential("phone", "p_phone"))
+    assert await store.credentials_version() != seen
+    seen = await store.credentials_version()
+    assert [c.principal_id for c in await store.credentials()] == ["p_phone"]
+    assert await other_handle.revoke_credential("face", "phone", 9.0)
+    assert await store.credentials_version() != seen
+    [revoked] = await store.credentials()
+    assert revoked.revoked_at == 9.0
+    # …and the label is free on both handles.
+    await store.add_credential(face_credential("phone", "p_again", created_at=10.0))
+    with pytest.raises(LabelInUse):
+        await other_handle.add_credential(face_credential("phone", "p_third", created_at=11.0))
+
+
+async def test_I8_added_credentials_get_fresh_principals(store: Any) -> None:
+    added = await auth.add_credential(store, "face", "laptop", "operator", 10.0, approve=True)
     assert added.token.startswith("hpf_")
     assert added.credential.token_hash == auth.hash_token(added.token)
     assert "face:approve" in added.credential.scopes
-    with pytest.raises(ValueError, match="already exists"):
-        auth.add_credential(sqlite_conn, "face", "laptop", "observer", 11.0)
-    assert sqlite_store.revoke_credential(sqlite_conn, "face", "laptop", 12.0) == 1
-    again = auth.add_credential(sqlite_conn, "face", "laptop", "observer", 13.0)
+    with pytest.raises(LabelInUse, match="already exists"):
+        await auth.add_credential(store, "face", "laptop", "observer", 11.0)
+    assert await store.revoke_credential("face", "laptop", 12.0)
+    again = await auth.add_credential(store, "face", "laptop", "observer", 13.0)
     assert again.credential.principal_id != added.credential.principal_id
     assert again.token != added.token
     stored_creds = {c.principal_id: c for c in await store.credentials()}
     assert stored_creds[added.credential.principal_id].revoked_at == 12.0
     assert stored_creds[again.credential.principal_id] == again.credential
-    assert await store.credentials_version() == sqlite_store.read_credentials_version(sqlite_conn)
 
 
-async def test_I8_credential_cache_follows_the_store(
-    store: Any, sqlite_conn: sqlite3.Connection
-) -> None:
-    face = auth.add_credential(sqlite_conn, "face", "laptop", "operator", 10.0)
-    hand = auth.add_credential(sqlite_conn, "hand", "box", "hand", 10.0)
+async def test_an_unknown_scope_is_refused_before_the_store_is_touched(store: Any) -> None:
+    version = await store.credentials_version()
+    with pytest.raises(ValueError, match="unknown scopes"):
+        await auth.add_credential(store, "face", "x", "operator", 1.0, extra_scopes=("face:fly",))
+    assert await store.credentials_version() == version
+    assert await store.credentials() == []
+
+
+async def test_I8_credential_cache_follows_the_store(store: Any) -> None:
+    face = await auth.add_credential(store, "face", "laptop", "operator", 10.0)
+    hand = await auth.add_credential(store, "hand", "box", "hand", 10.0)
     cache = auth.CredentialCache()
     assert cache.load(await store.credentials(), await store.credentials_version()) == set()
     assert cache.authenticate(face.token, "face") == face.credential
@@ -922,9 +969,88 @@ async def test_I8_credential_cache_follows_the_store(
     assert cache.authenticate("hpf_wrong", "face") is None
     assert cache.has_face()
 
-    sqlite_store.revoke_credential(sqlite_conn, "face", "laptop", 20.0)
+    await store.revoke_credential("face", "laptop", 20.0)
     gone = cache.load(await store.credentials(), await store.credentials_version())
     assert gone == {face.credential.principal_id}
     assert cache.authenticate(face.token, "face") is None
     assert cache.get(face.credential.principal_id) is None
     assert cache.get(hand.credential.principal_id) == hand.credential
+
+
+# -- tool calls, approvals and tool runs (DESIGN §6 to §8) ------------------------------
+
+
+def full_tool_call(tool_call_id: str, called_seq: int, *, conv: str = "c_1") -> ToolCallRow:
+    return ToolCallRow(
+        tool_call_id, conv, "run_1", "r_1", "exec_command", "transparent", f"d_{tool_call_id}",
+        {"command": "ls", "nested": [1, None]}, ("looks like a secret",), called_seq, "called",
+        100.0 + called_seq, hand_id="local", run_id=f"tr_{tool_call_id}",
+    )
+
+
+async def test_tool_history_is_the_newest_calls_up_to_a_seq_oldest_first(store: Any) -> None:
+    calls = [full_tool_call(f"t_{n}", n) for n in (2, 4, 6, 8)]
+    await commit(store, WriteTx(tool_calls=[*calls, full_tool_call("t_x", 3, conv="c_2")]))
+    assert await store.tool_history("c_1", max_seq=100, limit=10) == calls
+    assert await store.tool_history("c_1", max_seq=6, limit=2) == calls[1:3]
+    assert await store.tool_history("c_1", max_seq=1, limit=10) == []
+    assert await store.tool_history("c_none", max_seq=100, limit=10) == []
+
+
+async def test_a_tool_call_record_is_completed_in_place(store: Any) -> None:
+    called = full_tool_call("t_1", 5)
+    await commit(store, WriteTx(tool_calls=[called]))
+    assert await store.open_tool_calls() == [called]
+    done = dataclasses.replace(
+        called, status="succeeded", success=True, output_bytes=12, digest="sha",
+        truncated=False, result={"stdout": "a\n"}, completed_seq=7, finished_at=150.0,
+    )
+    await commit(store, WriteTx(tool_calls=[done]))
+    assert await store.tool_history("c_1", max_seq=10, limit=10) == [done]
+    assert await store.open_tool_calls() == []
+
+
+async def test_approvals_round_trip_and_open_ones_are_undecided(store: Any) -> None:
+    pending = ApprovalRow("a_1", "c_1", "r_1", "t_1", "exec_command", "why", "d",
+                          {"command": "rm -rf /tmp/x"}, "transparent", "pending", 100.0, 220.0)
+    other = dataclasses.replace(approval_row("pending", None), approval_id="a_2")
+    await commit(store, WriteTx(approvals=[pending, other]))
+    assert await store.get_approval("a_1") == pending
+    assert await store.get_approval("a_404") is None
+    assert sorted(a.approval_id for a in await store.open_approvals()) == ["a_1", "a_2"]
+    decided = dataclasses.replace(
+        pending, status="allowed", decision="allow_once", decided_by="p_1",
+        decision_reason="fine", decided_at=130.0,
+    )
+    await commit(store, WriteTx(approvals=[decided]))
+    assert await store.get_approval("a_1") == decided
+    assert [a.approval_id for a in await store.open_approvals()] == ["a_2"]
+
+
+async def test_tool_runs_round_trip_and_open_ones_are_unfinished(store: Any) -> None:
+    running = tool_run_row("running", None)
+    await commit(store, WriteTx(tool_runs=[running]))
+    assert await store.get_tool_run("tr_1") == running
+    assert await store.get_tool_run("tr_404") is None
+    assert await store.open_tool_runs() == [running]
+    done = ToolRunRow("tr_1", "t_1", "c_1", "local", "exec_command", "succeeded", 100.0, 150.0,
+                      0, 42, "sha")
+    await commit(store, WriteTx(tool_runs=[done]))
+    assert await store.get_tool_run("tr_1") == done
+    assert await store.open_tool_runs() == []
+
+
+# -- the suite covers the seam --------------------------------------------------------
+
+
+def test_every_store_method_is_exercised_here() -> None:
+    """A method added to the Store Protocol needs a test here, so every
+    backend proves it the same way."""
+    methods = {
+        name
+        for name, value in vars(Store).items()
+        if not name.startswith("_") and inspect.isfunction(value)
+    }
+    source = inspect.getsource(sys.modules[__name__])
+    missing = {m for m in methods if not re.search(rf"\.{m}\(", source)}
+    assert methods and not missing, f"no test calls {sorted(missing)}"

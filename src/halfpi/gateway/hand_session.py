@@ -107,7 +107,7 @@ class HandSession:
         self.principal_id = credential.principal_id
         self.hand_id = hello.hand_id
         welcome = self.mind.hands.connect(self, hello, credential.principal_id)
-        welcome["protect"] = [str(self.mind.config.home.resolve())]
+        welcome["protect"] = [str(p.resolve()) for p in self.mind.config.private_paths]
         self.send("hand.welcome", welcome)
         log.info("Hand %s connected (generation %s)", hello.hand_id, welcome["generation"])
 

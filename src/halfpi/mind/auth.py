@@ -14,7 +14,6 @@ import hmac
 import logging
 import os
 import secrets
-import sqlite3
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +21,7 @@ from pathlib import Path
 from halfpi.core.ids import new_principal_id
 from halfpi.core.scopes import scopes_for
 from halfpi.private import private_dir
-from halfpi.store import sqlite as sqlite_store
-from halfpi.store.base import Credential
+from halfpi.store.base import Credential, Store
 
 log = logging.getLogger("halfpi.mind.auth")
 
@@ -145,8 +143,8 @@ class AddedCredential:
     token: str
 
 
-def add_credential(
-    conn: sqlite3.Connection,
+async def add_credential(
+    store: Store,
     kind: str,
     label: str,
     profile: str,
@@ -155,13 +153,13 @@ def add_credential(
     extra_scopes: tuple[str, ...] = (),
     approve: bool = False,
 ) -> AddedCredential:
-    """Create a credential (CLI path). Raises ValueError for a live duplicate label."""
+    """Create a credential with a fresh principal and token (``halfpi face
+    add``, ``halfpi hand add``). Raises ValueError for an unknown profile or
+    scope (before touching the store) and LabelInUse when a live credential
+    of ``kind`` has ``label``."""
     scopes = scopes_for(profile, extra_scopes, approve=approve) if kind == "face" else frozenset()
     credential, token = make_credential(kind, label, profile, scopes, now)
-    try:
-        sqlite_store.insert_credential(conn, credential)
-    except sqlite3.IntegrityError:
-        raise ValueError(f"a live {kind} credential labelled {label!r} already exists") from None
+    await store.add_credential(credential)
     return AddedCredential(credential, token)
 
 

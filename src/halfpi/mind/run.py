@@ -11,7 +11,6 @@ import logging
 import os
 import signal
 import socket
-import sqlite3
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -21,11 +20,11 @@ from halfpi.agents.base import Agent
 from halfpi.agents.scripted import ScriptedAgent
 from halfpi.client.transport import pinned_tls_context, tls_connector
 from halfpi.config import Config
-from halfpi.journal.memory import MemoryJournal
+from halfpi.errors import StoreError
 from halfpi.mind.home import Address, CannotStart, prepare_home, remove_address, write_address
 from halfpi.mind.home_lock import HomeLock
 from halfpi.mind.service import Mind
-from halfpi.store.sqlite import SQLiteStore
+from halfpi.wiring import make_journal, make_store
 
 log = logging.getLogger("halfpi.mind")
 
@@ -61,8 +60,8 @@ def server_class(name: str) -> Callable[[Mind], Server]:
 def build_mind(config: Config, agent: Agent | None = None) -> Mind:
     return Mind(
         config,
-        SQLiteStore(config.db_path),
-        MemoryJournal(config.journal),
+        make_store(config),
+        make_journal(config),
         agent or ScriptedAgent(config.scripted_delta_ms),
     )
 
@@ -95,8 +94,8 @@ async def running_mind(
         mind = build_mind(config, agent)
         try:
             await mind.start()
-        except sqlite3.DatabaseError as exc:
-            raise CannotStart(f"cannot open the database {config.db_path}: {exc}") from None
+        except StoreError as exc:  # one line naming the database (DESIGN §12)
+            raise CannotStart(str(exc)) from None
         server = server_class(config.server)(mind)
         try:
             await server.start()

@@ -150,7 +150,7 @@ class Mind:
             "local",
             # In this process: the Mind's home (and so its database and
             # tokens) is this Hand's own, and never reachable by a tool.
-            policy=HandPolicy(config.hand_roots, rules, [config.home]),
+            policy=HandPolicy(config.hand_roots, rules, config.private_paths),
             state_dir=config.home / "hands",
         )
         if connector is not None:

@@ -9,6 +9,8 @@ knowing what they mean, and so the same transaction is portable SQL-wise.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -259,18 +261,16 @@ class WriteTx:
 
     @property
     def only_events(self) -> bool:
-        return not (
-            self.seq_reservations
-            or self.conversation_names
-            or self.admit
-            or self.conversations
-            or self.messages
-            or self.runs
-            or self.finished
-            or self.tool_calls
-            or self.approvals
-            or self.tool_runs
-        )
+        """True when the write carries events and nothing else: the writer
+        merges such writes into one insert. Derived from the fields, so a
+        new kind of write can never be mistaken for a plain append."""
+        return not any(_ALL_BUT_EVENTS(self))
+
+
+# Every field of WriteTx except ``events``, read at C speed (the hot path).
+_ALL_BUT_EVENTS = operator.attrgetter(
+    *(f.name for f in dataclasses.fields(WriteTx) if f.name != "events")
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,9 +362,26 @@ class Store(Protocol):
         self, conversation_id: str, after_seq: int, limit: int
     ) -> list[StoredEvent]: ...
 
-    # Credentials (also used synchronously by the CLI through the backend).
-    async def credentials(self) -> list[Credential]: ...
+    # Credentials (I8): the Mind reads them, the CLI adds, lists and revokes
+    # them, possibly from another process while the Mind runs.
 
-    async def credentials_version(self) -> int: ...
+    async def credentials(self) -> list[Credential]:
+        """Every credential, live and revoked, oldest first."""
+        ...
 
-    async def add_credential(self, credential: Credential) -> None: ...
+    async def credentials_version(self) -> int:
+        """A number that changes whenever any process adds or revokes a
+        credential on this storage. The Mind polls it (``credential_poll_s``)
+        and re-reads the credentials when it moved, so a revocation closes
+        live connections within a second."""
+        ...
+
+    async def add_credential(self, credential: Credential) -> None:
+        """Store a new credential. Raises :class:`~halfpi.errors.LabelInUse`
+        when a live credential of the same kind has its label."""
+        ...
+
+    async def revoke_credential(self, kind: str, label: str, now: float) -> bool:
+        """Revoke the live credential of ``kind`` labelled ``label`` (the label
+        is free again); False if there is none."""
+        ...

@@ -25,15 +25,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from halfpi.config import RequestRetention
-from halfpi.core.requests import Finished, RequestRecord, Tombstone, prunable
+from halfpi.core.requests import RequestRecord, Tombstone
 from halfpi.errors import StoreError, TerminalExists
+from halfpi.store import sqlite_sql as sql
 from halfpi.store.base import (
     COMMITTED,
     ApprovalRow,
     ConversationRow,
     Credential,
     MessagePage,
-    MessageRow,
     RunRow,
     StoredEvent,
     ToolCallRow,
@@ -41,56 +41,34 @@ from halfpi.store.base import (
     TxOutcome,
     WriteTx,
 )
-from halfpi.store.sqlite_sql import (
-    _APPROVAL_FIELDS,
-    _REQUEST_COLUMNS,
-    _RUN_COLUMNS,
-    _TOOL_CALL_FIELDS,
-    _TOOL_RUN_FIELDS,
-    MAX_BATCH,
-    SCHEMA,
-    _from_row,
-    _request_from_row,
-    apply_tx,
-    connect,
-    init_schema,
-    insert_credential,
-    insert_events,
-    is_terminal_refusal,
-    lookup_request,
-    open_db,
-    prepare_private,
-    read_credentials_version,
-    revoke_credential,
-    select_credentials,
-)
+from halfpi.store.sqlite_schema import SCHEMA, connect, open_database
 
-__all__ = [
-    "SCHEMA",
-    "SQLiteStore",
-    "connect",
-    "init_schema",
-    "insert_credential",
-    "open_db",
-    "read_credentials_version",
-    "revoke_credential",
-    "select_credentials",
-]
+__all__ = ["SCHEMA", "SQLiteStore"]
 
 T = TypeVar("T")
 
-
-# -- the async Store ---------------------------------------------------------
+# The most writes one group commit takes.
+MAX_BATCH = 4096
 
 _STOP = object()
 
 
 class SQLiteStore:
-    """The default :class:`~halfpi.store.base.Store`."""
+    """The default :class:`~halfpi.store.base.Store`. ``own_folder``: the
+    database's folder is its own (the home) and is made 0700; otherwise an
+    existing folder keeps its mode (see ``prepare_private``)."""
 
-    def __init__(self, path: Path, *, synchronous: str = "FULL", readers: int = 2) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        synchronous: str = "FULL",
+        readers: int = 2,
+        own_folder: bool = True,
+    ) -> None:
         self.path = path
         self.synchronous = synchronous
+        self.own_folder = own_folder
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._writer: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -105,9 +83,7 @@ class SQLiteStore:
 
     async def open(self) -> None:
         self._loop = asyncio.get_running_loop()
-        prepare_private(self.path)
-        conn = connect(self.path, synchronous=self.synchronous)
-        init_schema(conn)
+        conn = open_database(self.path, synchronous=self.synchronous, own_folder=self.own_folder)
         self._writer = threading.Thread(
             target=self._writer_main, args=(conn,), name="halfpi-sqlite-writer", daemon=True
         )
@@ -189,7 +165,7 @@ class SQLiteStore:
                     outcomes.append((future, COMMITTED))
                     continue
                 _insert_merged(conn, merged)
-                outcomes.append((future, _in_savepoint(conn, partial(apply_tx, conn, tx))))
+                outcomes.append((future, _in_savepoint(conn, partial(sql.apply_tx, conn, tx))))
             _insert_merged(conn, merged)
             conn.execute("COMMIT")
             self.batches += 1
@@ -214,12 +190,15 @@ class SQLiteStore:
                 self._reader_conns.append(conn)
         return conn
 
-    async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def _read(self, fn: Callable[[sqlite3.Connection], T], *, doing: str = "read") -> T:
+        """Run ``fn`` on a reader thread's connection; a driver error becomes
+        a StoreError (our own errors, such as LabelInUse, pass as they are)."""
+
         def run() -> T:
             try:
                 return fn(self._reader())
             except sqlite3.Error as exc:
-                raise StoreError(f"read failed: {exc}") from exc
+                raise StoreError(f"{doing} failed: {exc}") from exc
 
         assert self._loop is not None
         return await self._loop.run_in_executor(self._readers, run)
@@ -227,225 +206,101 @@ class SQLiteStore:
     async def get_request(
         self, principal_id: str, request_id: str
     ) -> RequestRecord | Tombstone | None:
-        return await self._read(lambda c: lookup_request(c, principal_id, request_id))
+        return await self._read(
+            partial(sql.lookup_request, principal_id=principal_id, request_id=request_id)
+        )
 
     async def prune_requests(self, now: float, retention: RequestRetention) -> int:
         """Move terminal records past retention to tombstones; expire old tombstones."""
-
-        def run(conn: sqlite3.Connection) -> int:
-            pruned = 0
-            principals = [
-                r[0]
-                for r in conn.execute(
-                    "SELECT principal_id FROM requests WHERE finished_at IS NOT NULL"
-                    " GROUP BY principal_id HAVING COUNT(*) > ?",
-                    (retention.max_per_principal,),
-                )
-            ]
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                for principal in principals:
-                    finished = [
-                        Finished(r[0], r[1])
-                        for r in conn.execute(
-                            "SELECT request_id, finished_at FROM requests"
-                            " WHERE principal_id = ? AND finished_at IS NOT NULL",
-                            (principal,),
-                        )
-                    ]
-                    for request_id in prunable(finished, now, retention):
-                        conn.execute(
-                            "INSERT OR REPLACE INTO tombstones"
-                            " (principal_id, request_id, digest, result, expires_at)"
-                            " SELECT principal_id, request_id, digest, result, ?"
-                            " FROM requests WHERE principal_id = ? AND request_id = ?",
-                            (now + retention.tombstone_seconds, principal, request_id),
-                        )
-                        conn.execute(
-                            "DELETE FROM requests WHERE principal_id = ? AND request_id = ?",
-                            (principal, request_id),
-                        )
-                        pruned += 1
-                conn.execute("DELETE FROM tombstones WHERE expires_at < ?", (now,))
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            return pruned
-
         # Pruning writes, but rarely: it runs on a reader thread with its own
         # BEGIN IMMEDIATE so it never holds up the group-commit writer's queue.
-        return await self._read(run)
+        return await self._read(
+            partial(sql.prune_requests, now=now, retention=retention), doing="pruning"
+        )
 
     async def get_conversation(self, conversation_id: str) -> ConversationRow | None:
-        def run(conn: sqlite3.Connection) -> ConversationRow | None:
-            row = conn.execute(
-                "SELECT conversation_id, name, created_at, created_by FROM conversations"
-                " WHERE conversation_id = ?",
-                (conversation_id,),
-            ).fetchone()
-            return ConversationRow(*row) if row else None
-
-        return await self._read(run)
+        return await self._read(partial(sql.conversation, conversation_id=conversation_id))
 
     async def list_conversations(self, limit: int, before: str | None) -> list[ConversationRow]:
-        def run(conn: sqlite3.Connection) -> list[ConversationRow]:
-            if before is None:
-                rows = conn.execute(
-                    "SELECT conversation_id, name, created_at, created_by FROM conversations"
-                    " ORDER BY conversation_id DESC LIMIT ?",
-                    (limit,),
-                ).fetchall()
-            else:
-                rows = conn.execute(
-                    "SELECT conversation_id, name, created_at, created_by FROM conversations"
-                    " WHERE conversation_id < ? ORDER BY conversation_id DESC LIMIT ?",
-                    (before, limit),
-                ).fetchall()
-            return [ConversationRow(*r) for r in rows]
-
-        return await self._read(run)
+        return await self._read(partial(sql.conversations, limit=limit, before=before))
 
     async def head_seq(self, conversation_id: str) -> int:
-        def run(conn: sqlite3.Connection) -> int:
-            row = conn.execute(
-                "SELECT MAX(COALESCE((SELECT MAX(seq) FROM events WHERE conversation_id = ?), 0),"
-                " COALESCE((SELECT seq_reserved FROM conversations WHERE conversation_id = ?), 0))",
-                (conversation_id, conversation_id),
-            ).fetchone()
-            return int(row[0] or 0)
-
-        return await self._read(run)
+        return await self._read(partial(sql.head_seq, conversation_id=conversation_id))
 
     async def messages(
         self, conversation_id: str, *, limit: int, before_seq: int | None, max_seq: int | None
     ) -> MessagePage:
         bounds = [b for b in (before_seq, None if max_seq is None else max_seq + 1) if b]
         upper = min(bounds) if bounds else None
-
-        def run(conn: sqlite3.Connection) -> MessagePage:
-            if upper is None:
-                rows = conn.execute(
-                    "SELECT conversation_id, seq, role, content, request_id, status, ts,"
-                    " error_code, reason FROM messages WHERE conversation_id = ?"
-                    " ORDER BY seq DESC LIMIT ?",
-                    (conversation_id, limit + 1),
-                ).fetchall()
-            else:
-                rows = conn.execute(
-                    "SELECT conversation_id, seq, role, content, request_id, status, ts,"
-                    " error_code, reason FROM messages WHERE conversation_id = ? AND seq < ?"
-                    " ORDER BY seq DESC LIMIT ?",
-                    (conversation_id, upper, limit + 1),
-                ).fetchall()
-            more = len(rows) > limit
-            page = [MessageRow(*r) for r in reversed(rows[:limit])]
-            return MessagePage(page, more)
-
-        return await self._read(run)
+        return await self._read(
+            partial(sql.message_page, conversation_id=conversation_id, limit=limit, upper=upper)
+        )
 
     async def run_for_request(
         self, conversation_id: str, request_id: str, principal_id: str | None = None
     ) -> RunRow | None:
-        def run(conn: sqlite3.Connection) -> RunRow | None:
-            row = conn.execute(
-                f"SELECT {_RUN_COLUMNS} FROM runs WHERE conversation_id = ? AND request_id = ?"
-                " AND (? IS NULL OR principal_id = ?) ORDER BY started_at DESC LIMIT 1",
-                (conversation_id, request_id, principal_id, principal_id),
-            ).fetchone()
-            return RunRow(*row) if row else None
-
-        return await self._read(run)
+        return await self._read(
+            partial(
+                sql.run_for_request,
+                conversation_id=conversation_id,
+                request_id=request_id,
+                principal_id=principal_id,
+            )
+        )
 
     async def tool_history(
         self, conversation_id: str, *, max_seq: int, limit: int
     ) -> list[ToolCallRow]:
-        def run(conn: sqlite3.Connection) -> list[ToolCallRow]:
-            rows = conn.execute(
-                f"SELECT {', '.join(_TOOL_CALL_FIELDS)} FROM tool_calls"
-                " WHERE conversation_id = ? AND called_seq <= ?"
-                " ORDER BY called_seq DESC LIMIT ?",
-                (conversation_id, max_seq, limit),
-            ).fetchall()
-            return [_from_row(ToolCallRow, _TOOL_CALL_FIELDS, r) for r in reversed(rows)]
-
-        return await self._read(run)
+        return await self._read(
+            partial(
+                sql.tool_history, conversation_id=conversation_id, max_seq=max_seq, limit=limit
+            )
+        )
 
     async def get_approval(self, approval_id: str) -> ApprovalRow | None:
-        def run(conn: sqlite3.Connection) -> ApprovalRow | None:
-            row = conn.execute(
-                f"SELECT {', '.join(_APPROVAL_FIELDS)} FROM approvals WHERE approval_id = ?",
-                (approval_id,),
-            ).fetchone()
-            return _from_row(ApprovalRow, _APPROVAL_FIELDS, row) if row else None
-
-        return await self._read(run)
+        return await self._read(partial(sql.approval, approval_id=approval_id))
 
     async def get_tool_run(self, run_id: str) -> ToolRunRow | None:
-        def run(conn: sqlite3.Connection) -> ToolRunRow | None:
-            row = conn.execute(
-                f"SELECT {', '.join(_TOOL_RUN_FIELDS)} FROM tool_runs WHERE run_id = ?",
-                (run_id,),
-            ).fetchone()
-            return _from_row(ToolRunRow, _TOOL_RUN_FIELDS, row) if row else None
-
-        return await self._read(run)
-
-    async def _open(self, cls: Any, table: str, fields: tuple[str, ...], done: str) -> list[Any]:
-        def run(conn: sqlite3.Connection) -> list[Any]:
-            rows = conn.execute(
-                f"SELECT {', '.join(fields)} FROM {table} WHERE {done} IS NULL"
-            ).fetchall()
-            return [_from_row(cls, fields, r) for r in rows]
-
-        return await self._read(run)
+        return await self._read(partial(sql.tool_run, run_id=run_id))
 
     async def open_approvals(self) -> list[ApprovalRow]:
-        return await self._open(ApprovalRow, "approvals", _APPROVAL_FIELDS, "decided_at")
+        return await self._read(sql.open_approvals)
 
     async def open_tool_calls(self) -> list[ToolCallRow]:
-        return await self._open(ToolCallRow, "tool_calls", _TOOL_CALL_FIELDS, "finished_at")
+        return await self._read(sql.open_tool_calls)
 
     async def open_tool_runs(self) -> list[ToolRunRow]:
-        return await self._open(ToolRunRow, "tool_runs", _TOOL_RUN_FIELDS, "finished_at")
+        return await self._read(sql.open_tool_runs)
 
     async def open_runs(self) -> list[RunRow]:
-        def run(conn: sqlite3.Connection) -> list[RunRow]:
-            rows = conn.execute(
-                f"SELECT {_RUN_COLUMNS} FROM runs WHERE finished_at IS NULL ORDER BY started_at"
-            ).fetchall()
-            return [RunRow(*r) for r in rows]
-
-        return await self._read(run)
+        return await self._read(sql.open_runs)
 
     async def open_requests(self) -> list[RequestRecord]:
-        def run(conn: sqlite3.Connection) -> list[RequestRecord]:
-            rows = conn.execute(
-                f"SELECT {_REQUEST_COLUMNS} FROM requests WHERE finished_at IS NULL"
-            ).fetchall()
-            return [_request_from_row(r) for r in rows]
-
-        return await self._read(run)
+        return await self._read(sql.open_requests)
 
     async def events(self, conversation_id: str, after_seq: int, limit: int) -> list[StoredEvent]:
-        def run(conn: sqlite3.Connection) -> list[StoredEvent]:
-            rows = conn.execute(
-                "SELECT conversation_id, seq, type, data, ts FROM events"
-                " WHERE conversation_id = ? AND seq > ? ORDER BY seq LIMIT ?",
-                (conversation_id, after_seq, limit),
-            ).fetchall()
-            return [StoredEvent(r[0], r[1], r[2], r[3].encode(), r[4]) for r in rows]
+        return await self._read(
+            partial(
+                sql.events, conversation_id=conversation_id, after_seq=after_seq, limit=limit
+            )
+        )
 
-        return await self._read(run)
+    # credentials: rare writes, each in its own transaction on a reader thread
 
     async def credentials(self) -> list[Credential]:
-        return await self._read(select_credentials)
+        return await self._read(sql.credentials)
 
     async def credentials_version(self) -> int:
-        return await self._read(read_credentials_version)
+        return await self._read(sql.credentials_version)
 
     async def add_credential(self, credential: Credential) -> None:
-        await self._read(lambda c: insert_credential(c, credential))
+        await self._read(partial(sql.add_credential, c=credential), doing="adding a credential")
+
+    async def revoke_credential(self, kind: str, label: str, now: float) -> bool:
+        return await self._read(
+            partial(sql.revoke_credential, kind=kind, label=label, now=now),
+            doing="revoking a credential",
+        )
 
 
 class _RetryCarefully(Exception):
@@ -455,7 +310,7 @@ class _RetryCarefully(Exception):
 def _insert_merged(conn: sqlite3.Connection, merged: list[StoredEvent]) -> None:
     if merged:
         try:
-            insert_events(conn, merged)
+            sql.insert_events(conn, merged)
         except sqlite3.Error as exc:
             raise _RetryCarefully from exc
         merged.clear()
@@ -472,7 +327,7 @@ def _in_savepoint(
     except sqlite3.Error as exc:
         conn.execute("ROLLBACK TO tx")
         conn.execute("RELEASE tx")
-        if is_terminal_refusal(exc):
+        if sql.is_terminal_refusal(exc):
             return TerminalExists("a second outcome for a run was refused; the first stands")
         return StoreError(f"write failed: {exc}")
     return result if isinstance(result, TxOutcome) else COMMITTED

@@ -1,330 +1,70 @@
-"""SQLite statements, schema and row mapping for the SQLite Store.
+"""Every SQL statement of the SQLite Store, and the mapping between rows and
+the Store's values.
 
-Synchronous functions: the Store's writer and reader threads call them, and
-so does the CLI (credentials) directly. Nothing here knows about asyncio.
+Synchronous functions of a connection, called on the Store's writer and
+reader threads; nothing here knows about asyncio or threads. This module's
+public functions are the whole surface the Store uses (``__all__``); column
+lists and row mapping stay private to it. The schema and its upgrades live
+in :mod:`halfpi.store.sqlite_schema`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import os
 import sqlite3
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
-from halfpi.core.requests import RequestRecord, Tombstone
-from halfpi.errors import StoreError
+from halfpi.config import RequestRetention
+from halfpi.core.requests import Finished, RequestRecord, Tombstone, prunable
+from halfpi.errors import LabelInUse
 from halfpi.store.base import (
     COMMITTED,
     TERMINAL_EVENT_TYPES,
+    ApprovalRow,
+    ConversationRow,
     Credential,
+    MessagePage,
+    MessageRow,
+    RunRow,
     StoredEvent,
+    ToolCallRow,
+    ToolRunRow,
     TxOutcome,
     WriteTx,
     terminal_of,
 )
+from halfpi.store.sqlite_schema import TERMINAL_REFUSAL
 
-log = logging.getLogger("halfpi.store")
-
-# Schema versions (``PRAGMA user_version``):
-#   0  before versioning (no constraint on outcomes)
-#   1  one outcome per run: events.terminal_of under a UNIQUE index, and
-#      triggers that keep an ended row's terminal status (I10, DESIGN §12)
-SCHEMA_VERSION = 2
-
-# The refusal raised by the triggers; the Store maps it (and the unique
-# index's violation) to TerminalExists.
-TERMINAL_REFUSAL = "halfpi: this run already has its outcome"
-
-ONE_OUTCOME_PER_RUN = (
-    "CREATE UNIQUE INDEX IF NOT EXISTS events_terminal_of"
-    " ON events (terminal_of) WHERE terminal_of IS NOT NULL",
-    *(
-        f"CREATE TRIGGER IF NOT EXISTS {table}_first_outcome_stands"
-        f" BEFORE UPDATE ON {table}"
-        f" WHEN OLD.{ended} IS NOT NULL AND NEW.status IS NOT OLD.status"
-        f" BEGIN SELECT RAISE(ABORT, '{TERMINAL_REFUSAL}'); END"
-        for table, ended in (
-            ("runs", "finished_at"),
-            ("tool_runs", "finished_at"),
-            ("tool_calls", "finished_at"),
-            ("approvals", "decided_at"),
-        )
-    ),
-)
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (
-    key TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS credentials (
-    principal_id TEXT PRIMARY KEY,
-    label TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    profile TEXT NOT NULL,
-    scopes TEXT NOT NULL,
-    token_hash TEXT NOT NULL UNIQUE,
-    created_at REAL NOT NULL,
-    revoked_at REAL
-);
-CREATE UNIQUE INDEX IF NOT EXISTS credentials_live_label
-    ON credentials (kind, label) WHERE revoked_at IS NULL;
-CREATE TABLE IF NOT EXISTS conversations (
-    conversation_id TEXT PRIMARY KEY,
-    name TEXT,
-    created_at REAL NOT NULL,
-    created_by TEXT,
-    seq_reserved INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS events (
-    conversation_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    type TEXT NOT NULL,
-    data TEXT NOT NULL,
-    ts REAL NOT NULL,
-    terminal_of TEXT,  -- the run this event ends (store.base.terminal_of), else NULL
-    PRIMARY KEY (conversation_id, seq)
-);
-CREATE TABLE IF NOT EXISTS messages (
-    conversation_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    role TEXT NOT NULL,
-    content TEXT NOT NULL,
-    request_id TEXT,
-    status TEXT,
-    ts REAL NOT NULL,
-    error_code TEXT,
-    reason TEXT,
-    PRIMARY KEY (conversation_id, seq)
-);
-CREATE TABLE IF NOT EXISTS runs (
-    run_id TEXT PRIMARY KEY,
-    conversation_id TEXT NOT NULL,
-    request_id TEXT NOT NULL,
-    principal_id TEXT NOT NULL,
-    status TEXT NOT NULL,
-    started_at REAL NOT NULL,
-    finished_at REAL,
-    content TEXT,
-    error_code TEXT
-);
-CREATE INDEX IF NOT EXISTS runs_open ON runs (status) WHERE finished_at IS NULL;
-CREATE TABLE IF NOT EXISTS requests (
-    principal_id TEXT NOT NULL,
-    request_id TEXT NOT NULL,
-    type TEXT NOT NULL,
-    digest TEXT NOT NULL,
-    status TEXT NOT NULL,
-    conversation_id TEXT,
-    run_id TEXT,
-    accepted TEXT NOT NULL,
-    result TEXT,
-    created_at REAL NOT NULL,
-    finished_at REAL,
-    PRIMARY KEY (principal_id, request_id)
-);
-CREATE INDEX IF NOT EXISTS requests_open ON requests (status) WHERE finished_at IS NULL;
-CREATE INDEX IF NOT EXISTS requests_finished
-    ON requests (principal_id, finished_at) WHERE finished_at IS NOT NULL;
-CREATE TABLE IF NOT EXISTS tombstones (
-    principal_id TEXT NOT NULL,
-    request_id TEXT NOT NULL,
-    digest TEXT NOT NULL,
-    result TEXT NOT NULL,
-    expires_at REAL NOT NULL,
-    PRIMARY KEY (principal_id, request_id)
-);
-CREATE TABLE IF NOT EXISTS tool_calls (
-    tool_call_id TEXT PRIMARY KEY,
-    conversation_id TEXT NOT NULL,
-    chat_run_id TEXT NOT NULL,
-    request_id TEXT NOT NULL,
-    tool TEXT NOT NULL,
-    detail_mode TEXT NOT NULL,
-    args_digest TEXT NOT NULL,
-    args TEXT,
-    scan_warnings TEXT NOT NULL,
-    called_seq INTEGER NOT NULL,
-    status TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    hand_id TEXT,
-    run_id TEXT,
-    success INTEGER,
-    output_bytes INTEGER,
-    digest TEXT,
-    truncated INTEGER,
-    error_category TEXT,
-    result TEXT,
-    completed_seq INTEGER,
-    finished_at REAL
-);
-CREATE INDEX IF NOT EXISTS tool_calls_by_conversation ON tool_calls (conversation_id, called_seq);
-CREATE INDEX IF NOT EXISTS tool_calls_open ON tool_calls (status) WHERE finished_at IS NULL;
-CREATE TABLE IF NOT EXISTS approvals (
-    approval_id TEXT PRIMARY KEY,
-    conversation_id TEXT NOT NULL,
-    request_id TEXT NOT NULL,
-    tool_call_id TEXT NOT NULL,
-    tool TEXT NOT NULL,
-    reason TEXT NOT NULL,
-    args_digest TEXT NOT NULL,
-    args TEXT,
-    detail_mode TEXT NOT NULL,
-    status TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    expires_at REAL NOT NULL,
-    decision TEXT,
-    decided_by TEXT,
-    decision_reason TEXT,
-    decided_at REAL
-);
-CREATE INDEX IF NOT EXISTS approvals_open ON approvals (status) WHERE decided_at IS NULL;
-CREATE TABLE IF NOT EXISTS tool_runs (
-    run_id TEXT PRIMARY KEY,
-    tool_call_id TEXT NOT NULL,
-    conversation_id TEXT NOT NULL,
-    hand_id TEXT NOT NULL,
-    tool TEXT NOT NULL,
-    status TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    finished_at REAL,
-    exit_code INTEGER,
-    output_bytes INTEGER,
-    digest TEXT
-);
-CREATE INDEX IF NOT EXISTS tool_runs_open ON tool_runs (status) WHERE finished_at IS NULL;
-INSERT OR IGNORE INTO meta (key, value) VALUES ('credentials_version', '0');
-""" + "\n".join(f"{statement};" for statement in ONE_OUTCOME_PER_RUN)
+__all__ = [
+    "add_credential",
+    "apply_tx",
+    "approval",
+    "conversation",
+    "conversations",
+    "credentials",
+    "credentials_version",
+    "events",
+    "head_seq",
+    "insert_events",
+    "is_terminal_refusal",
+    "lookup_request",
+    "message_page",
+    "open_approvals",
+    "open_requests",
+    "open_runs",
+    "open_tool_calls",
+    "open_tool_runs",
+    "prune_requests",
+    "revoke_credential",
+    "run_for_request",
+    "tool_history",
+    "tool_run",
+]
 
 _encode = msgspec.json.encode
 _decode = msgspec.json.decode
-
-MAX_BATCH = 4096
-
-
-def connect(path: Path, *, synchronous: str = "FULL") -> sqlite3.Connection:
-    """A connection in autocommit mode (we issue BEGIN/COMMIT ourselves)."""
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute(f"PRAGMA synchronous={synchronous}")
-    conn.execute("PRAGMA busy_timeout=30000")
-    return conn
-
-
-# Columns added after a table first shipped: a database made by an older
-# version gets them on open (SQLite's ADD COLUMN is instant and keeps rows).
-ADDED_COLUMNS = (
-    ("messages", "error_code", "TEXT"),
-    ("messages", "reason", "TEXT"),
-)
-
-
-def init_schema(conn: sqlite3.Connection) -> None:
-    """Create the schema, or upgrade an older one to :data:`SCHEMA_VERSION`
-    (one transaction: all or nothing). A database written by a newer halfpi
-    is refused untouched."""
-    if _user_version(conn) == SCHEMA_VERSION:
-        return  # the usual start: nothing to write
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        found = _user_version(conn)  # another process may have just upgraded it
-        if found > SCHEMA_VERSION:
-            raise StoreError(
-                f"the database has schema version {found}, newer than this halfpi"
-                f" understands ({SCHEMA_VERSION}): upgrade halfpi"
-            )
-        if found < SCHEMA_VERSION:
-            if found == 0 and not _has_table(conn, "events"):
-                for statement in _statements(SCHEMA):
-                    conn.execute(statement)
-            else:
-                for upgrade in _UPGRADES[found:]:
-                    upgrade(conn)
-            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-
-
-def _user_version(conn: sqlite3.Connection) -> int:
-    return int(conn.execute("PRAGMA user_version").fetchone()[0])
-
-
-def _has_table(conn: sqlite3.Connection, name: str) -> bool:
-    row = conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
-    ).fetchone()
-    return row is not None
-
-
-def _statements(script: str) -> list[str]:
-    """Split a script into statements (``executescript`` would commit)."""
-    statements: list[str] = []
-    pending = ""
-    for line in script.splitlines(keepends=True):
-        pending += line
-        if sqlite3.complete_statement(pending):
-            statements.append(pending.strip())
-            pending = ""
-    return statements
-
-
-def _upgrade_0_to_1(conn: sqlite3.Connection) -> None:
-    """Mark every event that ends a run; when an old log holds two outcomes
-    for one run (two Minds once shared a home), the first written keeps the
-    mark and stands, the later one stays in the log unmarked."""
-    conn.execute("ALTER TABLE events ADD COLUMN terminal_of TEXT")
-    seen: set[str] = set()
-    marks: list[tuple[str, str, int]] = []
-    duplicates = 0
-    types = tuple(TERMINAL_EVENT_TYPES)
-    rows = conn.execute(
-        f"SELECT conversation_id, seq, type, data, ts FROM events"
-        f" WHERE type IN ({', '.join('?' for _ in types)}) ORDER BY rowid",
-        types,
-    )
-    for conversation_id, seq, type_, data, ts in rows:
-        key = terminal_of(StoredEvent(conversation_id, seq, type_, data.encode(), ts))
-        if key is None:
-            continue
-        if key in seen:
-            duplicates += 1
-            continue
-        seen.add(key)
-        marks.append((key, conversation_id, seq))
-    conn.executemany(
-        "UPDATE events SET terminal_of = ? WHERE conversation_id = ? AND seq = ?", marks
-    )
-    if duplicates:
-        log.warning(
-            "the log holds %d second outcome(s) for runs that had one already;"
-            " the first of each stands",
-            duplicates,
-        )
-    for statement in ONE_OUTCOME_PER_RUN:
-        conn.execute(statement)
-    log.info("upgraded the database schema from version 0 to 1")
-
-
-def _upgrade_1_to_2(conn: sqlite3.Connection) -> None:
-    """A reply keeps its error code and its reason (every end is a message)."""
-    for table, column, kind in ADDED_COLUMNS:
-        present = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
-        if column not in present:
-            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
-    log.info("upgraded the database schema from version 1 to 2")
-
-
-# _UPGRADES[n] takes a database from version n to n + 1.
-_UPGRADES: tuple[Callable[[sqlite3.Connection], None], ...] = (_upgrade_0_to_1, _upgrade_1_to_2)
-assert len(_UPGRADES) == SCHEMA_VERSION
-
 
 # -- row mapping -------------------------------------------------------------
 
@@ -482,7 +222,7 @@ _CREDENTIAL_COLUMNS = (
 )
 
 
-# -- synchronous operations (writer/reader threads and the CLI) --------------
+# -- writes (the writer thread) ----------------------------------------------
 
 
 def lookup_request(
@@ -618,14 +358,19 @@ def is_terminal_refusal(exc: sqlite3.Error) -> bool:
     )
 
 
-def bump_credentials_version(conn: sqlite3.Connection) -> None:
+# -- credentials (reader threads: rare writes with their own transaction) -----
+
+
+def _bump_credentials_version(conn: sqlite3.Connection) -> None:
     conn.execute(
         "UPDATE meta SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT)"
         " WHERE key = 'credentials_version'"
     )
 
 
-def insert_credential(conn: sqlite3.Connection, c: Credential) -> None:
+def add_credential(conn: sqlite3.Connection, c: Credential) -> None:
+    """Insert ``c`` and bump the version; :class:`LabelInUse` if a live
+    credential of its kind has its label (the partial unique index)."""
     conn.execute("BEGIN IMMEDIATE")
     try:
         conn.execute(
@@ -641,21 +386,29 @@ def insert_credential(conn: sqlite3.Connection, c: Credential) -> None:
                 c.revoked_at,
             ),
         )
-        bump_credentials_version(conn)
+        _bump_credentials_version(conn)
         conn.execute("COMMIT")
-    except BaseException:
+    except BaseException as exc:
         conn.execute("ROLLBACK")
+        if isinstance(exc, sqlite3.IntegrityError) and _LIVE_LABEL in str(exc):
+            raise LabelInUse(
+                f"a live {c.kind} credential labelled {c.label!r} already exists", field="label"
+            ) from None
         raise
 
 
-def select_credentials(conn: sqlite3.Connection) -> list[Credential]:
+# How SQLite names the live-label index (kind, label) when it refuses a row.
+_LIVE_LABEL = "credentials.kind, credentials.label"
+
+
+def credentials(conn: sqlite3.Connection) -> list[Credential]:
     rows = conn.execute(
         f"SELECT {_CREDENTIAL_COLUMNS} FROM credentials ORDER BY created_at"
     ).fetchall()
     return [_credential_from_row(r) for r in rows]
 
 
-def revoke_credential(conn: sqlite3.Connection, kind: str, label: str, now: float) -> int:
+def revoke_credential(conn: sqlite3.Connection, kind: str, label: str, now: float) -> bool:
     conn.execute("BEGIN IMMEDIATE")
     try:
         cur = conn.execute(
@@ -664,35 +417,205 @@ def revoke_credential(conn: sqlite3.Connection, kind: str, label: str, now: floa
             (now, kind, label),
         )
         if cur.rowcount:
-            bump_credentials_version(conn)
+            _bump_credentials_version(conn)
         conn.execute("COMMIT")
-        return cur.rowcount
     except BaseException:
         conn.execute("ROLLBACK")
         raise
+    return cur.rowcount > 0
 
 
-def read_credentials_version(conn: sqlite3.Connection) -> int:
+def credentials_version(conn: sqlite3.Connection) -> int:
     row = conn.execute("SELECT value FROM meta WHERE key = 'credentials_version'").fetchone()
     return int(row[0]) if row else 0
 
 
-def prepare_private(path: Path) -> None:
-    """The database holds every message and stored tool output: its folder is
-    0700 and its files (database, WAL, shared memory) 0600, whatever the
-    umask. SQLite gives the WAL and -shm files the database file's mode."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with contextlib.suppress(PermissionError):
-        os.chmod(path.parent, 0o700)
-    os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
-    for name in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
-        with contextlib.suppress(FileNotFoundError, PermissionError):
-            os.chmod(name, 0o600)
+# -- reads (reader threads) ---------------------------------------------------
 
 
-def open_db(path: Path) -> sqlite3.Connection:
-    """Open (creating if needed) the database for synchronous use by the CLI."""
-    prepare_private(path)
-    conn = connect(path)
-    init_schema(conn)
-    return conn
+def prune_requests(conn: sqlite3.Connection, now: float, retention: RequestRetention) -> int:
+    """Move terminal records past retention to tombstones; expire old tombstones."""
+    pruned = 0
+    principals = [
+        r[0]
+        for r in conn.execute(
+            "SELECT principal_id FROM requests WHERE finished_at IS NOT NULL"
+            " GROUP BY principal_id HAVING COUNT(*) > ?",
+            (retention.max_per_principal,),
+        )
+    ]
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for principal in principals:
+            finished = [
+                Finished(r[0], r[1])
+                for r in conn.execute(
+                    "SELECT request_id, finished_at FROM requests"
+                    " WHERE principal_id = ? AND finished_at IS NOT NULL",
+                    (principal,),
+                )
+            ]
+            for request_id in prunable(finished, now, retention):
+                conn.execute(
+                    "INSERT OR REPLACE INTO tombstones"
+                    " (principal_id, request_id, digest, result, expires_at)"
+                    " SELECT principal_id, request_id, digest, result, ?"
+                    " FROM requests WHERE principal_id = ? AND request_id = ?",
+                    (now + retention.tombstone_seconds, principal, request_id),
+                )
+                conn.execute(
+                    "DELETE FROM requests WHERE principal_id = ? AND request_id = ?",
+                    (principal, request_id),
+                )
+                pruned += 1
+        conn.execute("DELETE FROM tombstones WHERE expires_at < ?", (now,))
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return pruned
+
+
+_CONVERSATION_COLUMNS = "conversation_id, name, created_at, created_by"
+
+
+def conversation(conn: sqlite3.Connection, conversation_id: str) -> ConversationRow | None:
+    row = conn.execute(
+        f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE conversation_id = ?",
+        (conversation_id,),
+    ).fetchone()
+    return ConversationRow(*row) if row else None
+
+
+def conversations(
+    conn: sqlite3.Connection, limit: int, before: str | None
+) -> list[ConversationRow]:
+    if before is None:
+        rows = conn.execute(
+            f"SELECT {_CONVERSATION_COLUMNS} FROM conversations"
+            " ORDER BY conversation_id DESC LIMIT ?",
+            (limit,),
+        ).fetchall()
+    else:
+        rows = conn.execute(
+            f"SELECT {_CONVERSATION_COLUMNS} FROM conversations"
+            " WHERE conversation_id < ? ORDER BY conversation_id DESC LIMIT ?",
+            (before, limit),
+        ).fetchall()
+    return [ConversationRow(*r) for r in rows]
+
+
+def head_seq(conn: sqlite3.Connection, conversation_id: str) -> int:
+    row = conn.execute(
+        "SELECT MAX(COALESCE((SELECT MAX(seq) FROM events WHERE conversation_id = ?), 0),"
+        " COALESCE((SELECT seq_reserved FROM conversations WHERE conversation_id = ?), 0))",
+        (conversation_id, conversation_id),
+    ).fetchone()
+    return int(row[0] or 0)
+
+
+_MESSAGE_COLUMNS = (
+    "conversation_id, seq, role, content, request_id, status, ts, error_code, reason"
+)
+
+
+def message_page(
+    conn: sqlite3.Connection, conversation_id: str, limit: int, upper: int | None
+) -> MessagePage:
+    """The newest ``limit`` messages below seq ``upper`` (if given), oldest first."""
+    if upper is None:
+        rows = conn.execute(
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE conversation_id = ?"
+            " ORDER BY seq DESC LIMIT ?",
+            (conversation_id, limit + 1),
+        ).fetchall()
+    else:
+        rows = conn.execute(
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE conversation_id = ? AND seq < ?"
+            " ORDER BY seq DESC LIMIT ?",
+            (conversation_id, upper, limit + 1),
+        ).fetchall()
+    more = len(rows) > limit
+    return MessagePage([MessageRow(*r) for r in reversed(rows[:limit])], more)
+
+
+def run_for_request(
+    conn: sqlite3.Connection, conversation_id: str, request_id: str, principal_id: str | None
+) -> RunRow | None:
+    row = conn.execute(
+        f"SELECT {_RUN_COLUMNS} FROM runs WHERE conversation_id = ? AND request_id = ?"
+        " AND (? IS NULL OR principal_id = ?) ORDER BY started_at DESC LIMIT 1",
+        (conversation_id, request_id, principal_id, principal_id),
+    ).fetchone()
+    return RunRow(*row) if row else None
+
+
+def tool_history(
+    conn: sqlite3.Connection, conversation_id: str, max_seq: int, limit: int
+) -> list[ToolCallRow]:
+    rows = conn.execute(
+        f"SELECT {', '.join(_TOOL_CALL_FIELDS)} FROM tool_calls"
+        " WHERE conversation_id = ? AND called_seq <= ?"
+        " ORDER BY called_seq DESC LIMIT ?",
+        (conversation_id, max_seq, limit),
+    ).fetchall()
+    return [_from_row(ToolCallRow, _TOOL_CALL_FIELDS, r) for r in reversed(rows)]
+
+
+def approval(conn: sqlite3.Connection, approval_id: str) -> ApprovalRow | None:
+    row = conn.execute(
+        f"SELECT {', '.join(_APPROVAL_FIELDS)} FROM approvals WHERE approval_id = ?",
+        (approval_id,),
+    ).fetchone()
+    return _from_row(ApprovalRow, _APPROVAL_FIELDS, row) if row else None
+
+
+def tool_run(conn: sqlite3.Connection, run_id: str) -> ToolRunRow | None:
+    row = conn.execute(
+        f"SELECT {', '.join(_TOOL_RUN_FIELDS)} FROM tool_runs WHERE run_id = ?", (run_id,)
+    ).fetchone()
+    return _from_row(ToolRunRow, _TOOL_RUN_FIELDS, row) if row else None
+
+
+def _unfinished(
+    conn: sqlite3.Connection, cls: Any, table: str, fields: tuple[str, ...], done: str
+) -> list[Any]:
+    rows = conn.execute(f"SELECT {', '.join(fields)} FROM {table} WHERE {done} IS NULL")
+    return [_from_row(cls, fields, r) for r in rows.fetchall()]
+
+
+def open_approvals(conn: sqlite3.Connection) -> list[ApprovalRow]:
+    return _unfinished(conn, ApprovalRow, "approvals", _APPROVAL_FIELDS, "decided_at")
+
+
+def open_tool_calls(conn: sqlite3.Connection) -> list[ToolCallRow]:
+    return _unfinished(conn, ToolCallRow, "tool_calls", _TOOL_CALL_FIELDS, "finished_at")
+
+
+def open_tool_runs(conn: sqlite3.Connection) -> list[ToolRunRow]:
+    return _unfinished(conn, ToolRunRow, "tool_runs", _TOOL_RUN_FIELDS, "finished_at")
+
+
+def open_runs(conn: sqlite3.Connection) -> list[RunRow]:
+    rows = conn.execute(
+        f"SELECT {_RUN_COLUMNS} FROM runs WHERE finished_at IS NULL ORDER BY started_at"
+    ).fetchall()
+    return [RunRow(*r) for r in rows]
+
+
+def open_requests(conn: sqlite3.Connection) -> list[RequestRecord]:
+    rows = conn.execute(
+        f"SELECT {_REQUEST_COLUMNS} FROM requests WHERE finished_at IS NULL"
+    ).fetchall()
+    return [_request_from_row(r) for r in rows]
+
+
+def events(
+    conn: sqlite3.Connection, conversation_id: str, after_seq: int, limit: int
+) -> list[StoredEvent]:
+    rows = conn.execute(
+        "SELECT conversation_id, seq, type, data, ts FROM events"
+        " WHERE conversation_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+        (conversation_id, after_seq, limit),
+    ).fetchall()
+    return [StoredEvent(r[0], r[1], r[2], r[3].encode(), r[4]) for r in rows]

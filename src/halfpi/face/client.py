@@ -45,6 +45,7 @@ from urllib.parse import urlsplit
 
 from halfpi import __version__
 from halfpi.core.backoff import backoff
+from halfpi.core.cursor import parse_cursor
 from halfpi.core.scopes import SESSIONS_READ
 from halfpi.face.errors import AuthError, ClientClosed, FaceError, OutcomeUnknown, command_error
 from halfpi.face.lists import LiveLists
@@ -631,7 +632,7 @@ class FaceClient:
                 self._resume_pending.discard(cid)
             view = self.views.get(cid)
             if view is not None and mode == "exact" and cid in heads:
-                head = int(str(heads[cid]).rpartition(".")[2])
+                head = parse_cursor(str(heads[cid]), field="heads").seq
                 if head > view.seq:
                     self._catching_up[cid] = head
         self._maybe_resumed()

@@ -18,8 +18,11 @@ from collections.abc import AsyncIterator
 from halfpi.agents.base import Agent
 from halfpi.agents.scripted import ScriptedAgent
 from halfpi.config import Config
-from halfpi.face.transport import pinned_tls_context, tls_connector
+from halfpi.core.policy import parse_rule
+from halfpi.face.transport import Connector, pinned_tls_context, tls_connector
 from halfpi.gateway.native import FaceServer
+from halfpi.hand.node import HandNode
+from halfpi.hand.policy import HandPolicy
 from halfpi.journal.memory import MemoryJournal
 from halfpi.mind.home import Address, CannotStart, prepare_home, remove_address, write_address
 from halfpi.mind.home_lock import HomeLock
@@ -35,7 +38,25 @@ def build_mind(config: Config, agent: Agent | None = None) -> Mind:
         SQLiteStore(config.db_path),
         MemoryJournal(config.journal),
         agent or ScriptedAgent(config.scripted_delta_ms),
+        local_hand=lambda url, connector: local_hand(config, url, connector),
     )
+
+
+def local_hand(config: Config, url: str, connector: Connector | None = None) -> HandNode:
+    """The embedded set-up's Hand, dialling the Mind at ``url``. In this
+    process: the Mind's home (and so its database and tokens) is this Hand's
+    own, and never reachable by a tool."""
+    rules = {tool: parse_rule(rule) for tool, rule in config.hand_approval}
+    hand = HandNode(
+        url,
+        config.hand_token_path.read_text().strip(),
+        "local",
+        policy=HandPolicy(config.hand_roots, rules, [config.home]),
+        state_dir=config.home / "hands",
+    )
+    if connector is not None:
+        hand.connector = connector
+    return hand
 
 
 @contextlib.asynccontextmanager

@@ -31,6 +31,7 @@ from halfpi.journal.base import Journal
 from halfpi.mind.actor import ConversationActor
 
 REPLAY_BATCH = 256
+FRAME_SLACK = 12  # a frame beyond its prefix and body: event_seq digits, a brace
 
 # What ``face.subscribe.transient_types`` may name (docs/protocol.md §6):
 # ``face.run.progress`` is reserved for background tasks.
@@ -234,10 +235,14 @@ class Subscriptions:
                     self.replaying.remove(sub)
                     break
                 for m in batch:
+                    if budget <= 0:
+                        break  # the rest comes with the next flush
                     sub.pos = m.seq
                     shown = m.for_mode(sub.detail_mode)
                     if shown is not None and (m.kind == RELIABLE or sub.wants(m)):
-                        budget -= len(shown.prefix) + len(shown.encoded_body())
+                        # The frame's size, with room for the event_seq the
+                        # connection splices in.
+                        budget -= len(shown.prefix) + len(shown.encoded_body()) + FRAME_SLACK
                         out.append(shown)
             if budget <= 0:
                 break

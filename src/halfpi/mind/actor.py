@@ -298,7 +298,11 @@ class ConversationActor:
         Shielded: a cancelled caller (a cancelled chat) must not cancel the
         write itself — it commits regardless, and what commits is shown."""
         events = [s.event for s in staged]
-        tx = WriteTx(events=events) if tx is None else dataclasses.replace(tx, events=events)
+        if tx is None:
+            tx = WriteTx(events=events)
+        else:
+            assert not tx.events, "events are appended staged, never as rows"
+            tx = dataclasses.replace(tx, events=events)
         future = self.env.store.write(tx)
         for entry in staged:
             self._outbox.append((entry.message, future, entry))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import halfpi.gateway
-from tests.core.test_purity import _imported
+from tests.core.test_purity import imported_modules
 
 GATEWAY_DIR = Path(halfpi.gateway.__file__).resolve().parent
 GATEWAY_MODULES = sorted(GATEWAY_DIR.rglob("*.py"))
@@ -54,7 +54,7 @@ def reaches(source: str, package: str = "halfpi.gateway") -> list[str]:
     found = sorted(
         {
             m
-            for m in _imported(tree, package)
+            for m in imported_modules(tree, package)
             if any(m == f or m.startswith(f + ".") for f in FORBIDDEN_IMPORTS)
         }
     )

@@ -116,7 +116,7 @@ async def chats_halfpi(home: Path, writers: int, per_writer: int) -> dict[str, A
             actor = actors[w]
             for i in range(first, first + count):
                 key = (principal, f"chat-{w}-{i}")
-                async with mind.request_lock(key):
+                async with mind.registry.lock(key):
                     if await mind.store.get_request(*key) is not None:
                         raise RuntimeError(f"{key} exists")
                     record = RequestRecord(principal, key[1], "face.chat", _rawsql.DIGEST,

@@ -13,8 +13,6 @@ from halfpi.core.projection import (
     canonical_digest,
     is_secret_key,
     project_args,
-    summary_data,
-    summary_record,
     truncate_output,
 )
 
@@ -99,24 +97,6 @@ def test_projection_is_bounded() -> None:
     projection = project_args({"blob": "z" * (MAX_PROJECTED_BYTES * 2)})
     assert projection.truncated
     assert len(json.dumps(projection.args)) <= MAX_PROJECTED_BYTES
-
-
-def test_summary_drops_bodies_but_keeps_facts() -> None:
-    data = {"tool_call_id": "t", "args": {"a": 1}, "args_digest": "sha256:x"}
-    assert summary_data("chat.tool_called", data) == {
-        "tool_call_id": "t",
-        "args_digest": "sha256:x",
-    }
-    done = {"tool_call_id": "t", "result": {"stdout": "x"}, "output_bytes": 1, "digest": "d"}
-    assert summary_data("chat.tool_completed", done) == {
-        "tool_call_id": "t",
-        "output_bytes": 1,
-        "digest": "d",
-    }
-    assert summary_record({"args": 1, "result": 2, "status": "succeeded"}) == {
-        "status": "succeeded"
-    }
-    assert summary_data("chat.message", {"content": "c"}) == {"content": "c"}
 
 
 def test_output_truncation_reports_it() -> None:

@@ -43,7 +43,7 @@ def _resolve(node: ast.ImportFrom, package: str) -> str:
     return ".".join([*base, node.module] if node.module else base)
 
 
-def _imported(tree: ast.AST, package: str) -> list[str]:
+def imported_modules(tree: ast.AST, package: str) -> list[str]:
     found: list[str] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -67,7 +67,7 @@ def _imported(tree: ast.AST, package: str) -> list[str]:
 
 def forbidden_imports(source: str, package: str = "halfpi.core") -> list[str]:
     """The forbidden modules ``source`` (a module of ``package``) imports."""
-    return sorted({m for m in _imported(ast.parse(source), package) if _is_forbidden(m)})
+    return sorted({m for m in imported_modules(ast.parse(source), package) if _is_forbidden(m)})
 
 
 def test_the_core_package_has_modules() -> None:

@@ -233,3 +233,92 @@ async def test_a_hello_that_fails_inside_the_mind_is_answered_and_closed(rig: Ri
     assert transport.types() == ["face.error"]
     assert transport.frames[0]["payload"]["code"] == "internal_error"
     assert transport.closed is not None and transport.closed[0] == 1011
+
+
+# -- commands: decode, authorise, call the Mind API, write what it sends --------------
+
+
+async def send(session: FaceSession, type_: str, **payload: Any) -> None:
+    session.on_frame(json.dumps({"type": type_, "payload": payload}).encode())
+    await settle(session)
+
+
+async def until_sent(transport: FakeTransport, type_: str, request_id: str) -> Frame:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while True:
+        for frame in transport.frames:
+            if frame["type"] == type_ and frame["payload"].get("request_id") == request_id:
+                return frame
+        assert loop.time() < deadline, f"no {type_} for {request_id}"
+        await asyncio.sleep(0.001)
+
+
+async def conversation_with_a_reply(
+    session: FaceSession, transport: FakeTransport, words: int
+) -> tuple[str, str]:
+    """A conversation, its cursor before anything was said, then a reply of
+    ``words`` deltas, finished."""
+    await send(session, "face.conversation.create", request_id="c1")
+    cid = (await until_sent(transport, "face.result", "c1"))["payload"]["data"]["conversation_id"]
+    await send(session, "face.subscribe", request_id="s0", conversation_ids=[cid], snapshot=True)
+    start = (await until_sent(transport, "face.snapshot", "s0"))["payload"]["cursor"]
+    await send(session, "face.chat", request_id="q1", conversation_id=cid,
+               content=f"/repeat {words} w")
+    await until_sent(transport, "face.result", "q1")
+    return cid, start
+
+
+async def test_a_resumed_subscription_is_written_after_its_accepted_in_order(rig: Rig) -> None:
+    writer, written = await rig.hello()
+    cid, start = await conversation_with_a_reply(writer, written, 20)
+    reader, transport = await rig.hello()
+    await send(reader, "face.subscribe", request_id="s1", conversation_ids=[cid],
+               since={cid: start})
+    await until_sent(transport, "face.accepted", "s1")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while reader.subscriptions.replaying:  # the flush pulls as the transport takes it
+        assert loop.time() < deadline
+        await asyncio.sleep(0.001)
+    types = transport.types()
+    assert types[:2] == ["face.welcome", "face.accepted"]
+    replayed = transport.frames[2:]
+    assert [f["payload"]["seq"] for f in replayed] == list(range(1, len(replayed) + 1))
+    assert replayed[-1]["payload"]["type"] == "chat.completed"
+    event_seqs = [f["payload"]["event_seq"] for f in transport.frames]
+    assert event_seqs == list(range(1, len(event_seqs) + 1))
+
+
+async def test_I7_an_eviction_while_replaying_hands_over_the_replay_position(rig: Rig) -> None:
+    writer, written = await rig.hello()
+    cid, start = await conversation_with_a_reply(writer, written, 5)
+    reader, transport = await rig.hello()
+    reader.pause_writing()  # nothing flows: the replay cannot start
+    await send(reader, "face.subscribe", request_id="s1", conversation_ids=[cid],
+               since={cid: start})
+    reader.evict()
+    assert transport.frames[-1]["type"] == "face.evicted"
+    assert transport.frames[-1]["payload"]["cursors"] == {cid: start}
+    assert transport.closed is not None and transport.closed[0] == 4008
+
+
+async def test_a_refusal_of_the_mind_is_one_face_error_naming_the_request(rig: Rig) -> None:
+    session, transport = await rig.hello()
+    await send(session, "face.chat", request_id="q9", conversation_id="c_nowhere",
+               content="hello")
+    error = await until_sent(transport, "face.error", "q9")
+    assert error["payload"]["code"] == "conversation_not_found"
+    assert error["payload"]["field"] == "conversation_id"
+    assert transport.closed is None
+
+
+async def test_I8_a_command_after_revocation_closes_4003_and_reaches_no_handler(
+    rig: Rig,
+) -> None:
+    session, transport = await rig.hello()
+    rig.mind.auth.load([], rig.mind.auth.version + 1)  # the credential is gone
+    await send(session, "face.conversation.create", request_id="c1")
+    assert transport.closed is not None and transport.closed[0] == 4003
+    assert "face.accepted" not in transport.types()
+    assert await rig.mind.store.list_conversations(10, None) == []

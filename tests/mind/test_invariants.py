@@ -7,6 +7,7 @@ can see while a commit is held is exactly what I3 forbids.
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -146,8 +147,8 @@ async def test_I3_terminal_event_and_result_wait_for_commit(mind: Mind) -> None:
     cid = await _conversation(mind)
     actor = await mind.actor(cid)
     recorder = _watch(actor)
-    results: list[dict[str, Any]] = []
-    mind.deliver_result = lambda p, r, payload: results.append(payload)  # type: ignore[method-assign]
+    waiter = Recorder()  # attached for the chat's face.result, as a replaying Face is
+    mind.registry.attach(("p_test", "chat-2"), waiter)
     record = RequestRecord("p_test", "chat-2", "face.chat", "d", "accepted", 0.0)
     gated = GatedStore(mind.store)
     mind.store = gated  # type: ignore[assignment]
@@ -159,8 +160,9 @@ async def test_I3_terminal_event_and_result_wait_for_commit(mind: Mind) -> None:
     await gated.arrived.wait()  # the terminal transaction is waiting
     shown = [m for m in recorder.messages if m.type == "face.event"]
     assert all(b'"chat.completed"' not in (m.body or b"") for m in shown)
-    assert results == []
+    assert waiter.messages == []
     await gated.release()
     await run.done
-    assert results and results[0]["status"] == "succeeded"
+    results = [(m.type, json.loads(m.encoded_body())["status"]) for m in waiter.messages]
+    assert results == [("face.result", "succeeded")]
     assert any(b'"chat.completed"' in (m.body or b"") for m in recorder.messages)

@@ -13,7 +13,7 @@ their way to a Hand; what is stored and shown is their *projection*:
 
 A ``summary`` admission stores no projection at all, only the digest; a
 transparent projection is downgraded for summary viewers, never the reverse
-(I9).
+(I9): each event's ``summary()`` in ``core/events.py``.
 """
 
 from __future__ import annotations
@@ -123,23 +123,3 @@ def truncate_output(data: bytes, limit: int = MAX_DISPLAY_OUTPUT) -> tuple[str, 
     are always computed over the full output elsewhere."""
     truncated = len(data) > limit
     return data[:limit].decode("utf-8", errors="replace"), truncated
-
-
-# -- downgrading for summary viewers (I9) --------------------------------------------
-
-SUMMARY_DROPS = {
-    "chat.tool_called": ("args",),
-    "chat.tool_completed": ("result",),
-    "approval.requested": ("args",),
-}
-
-
-def summary_data(event_type: str, data: Mapping[str, Any]) -> dict[str, Any]:
-    """The event's data as a summary viewer may see it."""
-    drops = SUMMARY_DROPS.get(event_type, ())
-    return {k: v for k, v in data.items() if k not in drops}
-
-
-def summary_record(record: Mapping[str, Any]) -> dict[str, Any]:
-    """A stored tool-history record as a summary viewer may see it."""
-    return {k: v for k, v in record.items() if k not in ("args", "result")}

@@ -25,6 +25,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from halfpi.core.cursor import parse_cursor
 from halfpi.face.view import ConversationView
 
 # After a refused resubscribe: wait RETRY_S + uniform [0, RETRY_JITTER_S).
@@ -107,7 +108,7 @@ class Subscriptions:
                 self.resume_pending.discard(cid)
             view = views.get(cid)
             if view is not None and mode == "exact" and cid in heads:
-                head = int(str(heads[cid]).rpartition(".")[2])
+                head = parse_cursor(str(heads[cid]), field="heads").seq
                 if head > view.seq:
                     self.catching_up[cid] = head
 

@@ -2,7 +2,11 @@
 
 No I/O, no clock. Every Face (SDK users, the headless face, the terminal
 face) folds the Mind's messages through this one reducer, so they agree by
-construction. It dedupes by ``seq`` (an event at or below the cursor is
+construction. It reads them with the Mind's own definitions
+(``core/events.py``): each event's ``data`` is decoded into the struct the
+Mind encoded it from, and rules both sides need — "every end of a chat
+keeps an assistant message" (``ChatEnded.reply``) — are written there once.
+It dedupes by ``seq`` (an event at or below the cursor is
 ignored) and refuses to guess: a message it cannot place exactly — a
 coalesced delta straddling the cursor, an event from another epoch — makes
 :meth:`apply` return :data:`RESYNC`, and the caller re-reads the snapshot.
@@ -14,6 +18,27 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
+from halfpi.core.cursor import encode_cursor, parse_cursor
+from halfpi.core.events import (
+    CHAT_END_EVENTS,
+    ApprovalRequested,
+    ApprovalResolved,
+    ChatEnded,
+    ChatMessage,
+    ChatStarted,
+    ConversationChanged,
+    MessageEntry,
+    PendingChat,
+    RunChanged,
+    ToolCalled,
+    ToolCompleted,
+    ToolRecord,
+    decode_event,
+    present,
+)
+
 
 class Applied(enum.Enum):
     APPLIED = "applied"
@@ -23,7 +48,7 @@ class Applied(enum.Enum):
 
 APPLIED, DUPLICATE, RESYNC = Applied.APPLIED, Applied.DUPLICATE, Applied.RESYNC
 
-TERMINAL_EVENTS = frozenset({"chat.completed", "chat.failed", "chat.cancelled", "chat.interrupted"})
+TERMINAL_EVENTS = CHAT_END_EVENTS
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,14 +63,18 @@ class ViewMessage:
 
     @classmethod
     def from_wire(cls, m: dict[str, Any]) -> ViewMessage:
+        return cls.from_entry(msgspec.convert(m, MessageEntry))
+
+    @classmethod
+    def from_entry(cls, m: MessageEntry) -> ViewMessage:
         return cls(
-            m["seq"],
-            m["role"],
-            m["content"],
-            m.get("request_id"),
-            m.get("status"),
-            m.get("error_code"),
-            m.get("reason"),
+            m.seq,
+            m.role,
+            m.content,
+            m.request_id,
+            m.status,
+            present(m.error_code),
+            present(m.reason),
         )
 
 
@@ -91,7 +120,7 @@ class ConversationView:
 
     @property
     def cursor(self) -> str | None:
-        return None if self.epoch is None or self.seq < 0 else f"{self.epoch}.{self.seq}"
+        return None if self.epoch is None or self.seq < 0 else encode_cursor(self.epoch, self.seq)
 
     @property
     def ready(self) -> bool:
@@ -101,55 +130,57 @@ class ConversationView:
 
     def apply_snapshot(self, snapshot: dict[str, Any]) -> None:
         """Replace everything with the snapshot (DESIGN §4.1)."""
-        epoch, _, seq_text = str(snapshot["cursor"]).rpartition(".")
-        self.epoch = epoch
-        self.seq = int(seq_text)
+        position = parse_cursor(str(snapshot["cursor"]), field="cursor")
+        self.epoch = position.epoch
+        self.seq = position.seq
         conversation = snapshot.get("conversation") or {}
         self.name = conversation.get("name", self.name)
         self.messages = [ViewMessage.from_wire(m) for m in snapshot.get("messages", [])]
         self.has_more_older = bool(snapshot.get("has_more_older", False))
         self.detail_mode = snapshot.get("detail_mode")
+        pending = msgspec.convert(snapshot.get("pending_chats", []), list[PendingChat])
         self.streaming = {
-            p["request_id"]: StreamingReply(
-                p["request_id"],
-                p.get("run_id"),
-                p.get("text_so_far", ""),
-                "cancel_requested" if p.get("status") == "cancel_requested" else "running",
+            p.request_id: StreamingReply(
+                p.request_id,
+                p.run_id,
+                p.text_so_far,
+                "cancel_requested" if p.status == "cancel_requested" else "running",
             )
-            for p in snapshot.get("pending_chats", [])
+            for p in pending
         }
+        approvals = snapshot.get("pending_approvals", [])
+        typed = msgspec.convert(approvals, list[ApprovalRequested])
         self.pending_approvals = {
-            a["approval_id"]: dict(a) for a in snapshot.get("pending_approvals", [])
+            t.approval_id: dict(a) for t, a in zip(typed, approvals, strict=True)
         }
         self.tasks = {t["task_id"]: dict(t) for t in snapshot.get("tasks", [])}
         self.tool_cards = {}
-        for record in snapshot.get("tool_history", []):
-            result = record.get("result") or {}
+        for record in msgspec.convert(snapshot.get("tool_history", []), list[ToolRecord]):
+            result = present(record.result)
             card = ToolCard(
-                record["tool_call_id"],
-                record.get("tool", "?"),
-                record.get("request_id"),
-                record.get("args"),
-                record.get("status", "running"),
-                record.get("output_bytes"),
-                record.get("digest"),
-                record.get("success"),
-                int(record.get("seq") or 0),
-                error_category=record.get("error_category"),
+                record.tool_call_id,
+                record.tool,
+                record.request_id,
+                present(record.args),
+                record.status,
+                present(record.output_bytes),
+                present(record.digest),
+                present(record.success),
+                record.seq,
+                error_category=present(record.error_category),
                 exit_code=result.get("exit_code") if isinstance(result, dict) else None,
             )
             self.tool_cards[card.tool_call_id] = card
-        for run in snapshot.get("active_runs", []):
-            running = self.tool_cards.get(run.get("tool_call_id", ""))
+        for run in msgspec.convert(snapshot.get("active_runs", []), list[RunChanged]):
+            running = self.tool_cards.get(run.tool_call_id or "")
             if running is not None:
-                running.run_status = run.get("status")
+                running.run_status = run.status
 
     def apply(self, type_: str, payload: dict[str, Any]) -> Applied:
         """Fold one ``face.event`` or ``face.chat.delta`` payload."""
         if not self.ready:
             return RESYNC
-        epoch, _, _ = str(payload["cursor"]).rpartition(".")
-        if epoch != self.epoch:
+        if parse_cursor(str(payload["cursor"]), field="cursor").epoch != self.epoch:
             return RESYNC
         seq = int(payload["seq"])
         if seq <= self.seq:
@@ -163,72 +194,56 @@ class ConversationView:
                 return RESYNC  # a delta of a reply we never saw start
             reply.text += payload["text"]
         elif type_ == "face.event":
-            self._event(payload["type"], payload.get("data") or {}, seq)
+            self._event(payload["type"], payload.get("data") or {}, seq, payload.get("ts", 0.0))
         else:
             raise ValueError(f"not a conversation message: {type_}")
         self.seq = seq
         return APPLIED
 
-    def _event(self, kind: str, data: dict[str, Any], seq: int) -> None:
-        request_id: str = data.get("request_id") or ""
-        if kind == "chat.message":
-            self.messages.append(
-                ViewMessage(
-                    seq, data.get("role", "user"), data.get("content", ""), request_id, None
-                )
-            )
-        elif kind == "chat.started":
-            self.streaming[request_id] = StreamingReply(request_id, data.get("run_id"))
-        elif kind in TERMINAL_EVENTS:
-            self.streaming.pop(request_id, None)
-            # Every end is an assistant message, with its status, its reason
-            # and whatever text it had (the same rule as the store).
-            self.messages.append(
-                ViewMessage(
-                    seq,
-                    "assistant",
-                    data.get("content", ""),
-                    request_id,
-                    data.get("status"),
-                    data.get("error_code"),
-                    data.get("reason"),
-                )
-            )
-        elif kind == "conversation.changed":
-            conversation = data.get("conversation") or {}
-            self.name = conversation.get("name", self.name)
-        elif kind == "chat.tool_called":
+    def _event(self, kind: str, data: dict[str, Any], seq: int, ts: float) -> None:
+        event = decode_event(kind, data)
+        if isinstance(event, ChatMessage):
+            self.messages.append(ViewMessage.from_entry(event.entry(seq, ts)))
+        elif isinstance(event, ChatStarted):
+            request_id = event.request_id or ""
+            self.streaming[request_id] = StreamingReply(request_id, event.run_id)
+        elif isinstance(event, ChatEnded):
+            self.streaming.pop(event.request_id or "", None)
+            # Every end is an assistant message: the rule the Mind stores by.
+            self.messages.append(ViewMessage.from_entry(event.reply(seq, ts)))
+        elif isinstance(event, ConversationChanged):
+            name = event.conversation.name
+            if name is not msgspec.UNSET:
+                self.name = name
+        elif isinstance(event, ToolCalled):
             card = ToolCard(
-                data["tool_call_id"], data.get("tool", "?"), request_id, data.get("args"), seq=seq
+                event.tool_call_id, event.tool, event.request_id, present(event.args), seq=seq
             )
             self.tool_cards[card.tool_call_id] = card
-        elif kind == "run.changed":
-            running = self.tool_cards.get(data.get("tool_call_id") or "")
+        elif isinstance(event, RunChanged):
+            running = self.tool_cards.get(event.tool_call_id or "")
             if running is not None:
-                running.run_status = data.get("status")
-        elif kind == "chat.tool_completed":
-            done = self.tool_cards.get(data["tool_call_id"])
+                running.run_status = event.status
+        elif isinstance(event, ToolCompleted):
+            done = self.tool_cards.get(event.tool_call_id)
             if done is not None:
-                done.status = data.get("status") or (
-                    "succeeded" if data.get("success") else "failed"
-                )
-                done.success = data.get("success")
-                done.output_bytes = data.get("output_bytes")
-                done.digest = data.get("digest")
-                done.error_category = data.get("error_category")
-                result = data.get("result")
-                if isinstance(result, dict):
-                    done.exit_code = result.get("exit_code")
-        elif kind == "approval.requested":
-            self.pending_approvals[data["approval_id"]] = dict(data)
-        elif kind == "approval.resolved":
-            self.pending_approvals.pop(data["approval_id"], None)
-            decided = self.tool_cards.get(data.get("tool_call_id") or "")
+                done.status = event.status or ("succeeded" if event.success else "failed")
+                done.success = event.success
+                done.output_bytes = event.output_bytes
+                done.digest = event.digest
+                done.error_category = event.error_category
+                if event.result is not msgspec.UNSET:
+                    done.exit_code = event.result.exit_code
+        elif isinstance(event, ApprovalRequested):
+            self.pending_approvals[event.approval_id] = dict(data)
+        elif isinstance(event, ApprovalResolved):
+            self.pending_approvals.pop(event.approval_id, None)
+            decided = self.tool_cards.get(event.tool_call_id or "")
             if decided is not None:
-                decided.approval = data.get("status")
-                if data.get("decided_by"):
-                    decided.decided_by = data.get("decided_by_label") or data.get("decided_by")
-        elif kind == "task.changed":
+                decided.approval = event.status
+                if event.decided_by:
+                    decided.decided_by = present(event.decided_by_label) or event.decided_by
+        elif kind == "task.changed":  # reserved for background tasks (no struct yet)
             self.tasks[data["task_id"]] = dict(data)
         # Unknown kinds are still positions in the log: the cursor advances.
 

@@ -138,9 +138,6 @@ class HandSession:
         if not self.closed:
             self.transport.write_frames([encode_hand_message(type_, payload)])
 
-    def send_result(self, payload: dict[str, Any]) -> None:
-        """Hands receive no Face results (the Session protocol asks for it)."""
-
     def close(self, code: int, reason: str) -> None:
         if self.closed:
             return

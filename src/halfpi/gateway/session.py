@@ -1,14 +1,22 @@
 """One Face connection, whatever transport carries it (DESIGN §4, I7, I8).
 
-The session owns the connection's state machine (``awaiting_hello → open →
-closing → closed``), its bounded outbound queue and its subscriptions. A
-transport adapter feeds it text frames and writability changes and gives it
-a :class:`Transport` to write to; the session never touches a socket.
+The session owns the connection: its state machine (``awaiting_hello →
+open → closing → closed``), the hello and authentication, the per-command
+re-authorisation and scope check (I8), the order of its commands, its
+bounded outbound queue and flush (I7), and liveness. What a command means
+is the Mind's: the session decodes a frame, checks who may send it, and
+calls the Mind API (``mind/api.py``) as a :class:`~halfpi.mind.caller.Caller`
+— a principal with a reply sink — then writes what it is sent. It never
+touches the store, the journal or an actor (``tests/gateway/test_thin.py``).
+
+A transport adapter feeds it text frames and writability changes and gives
+it a :class:`Transport` to write to; the session never touches a socket.
 
 Commands of one connection are handled in arrival order by a worker task
 that exists only while there is work (an idle connection costs no task).
 Frames leave through :meth:`send`: queue, then flush at the end of the
-current loop iteration so several messages share one write.
+current loop iteration so several messages share one write. Replayed
+events are pulled from the connection's subscriptions as it drains.
 """
 
 from __future__ import annotations
@@ -16,20 +24,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+from msgspec import UNSET
 
 from halfpi.config import PROTOCOL_VERSION
 from halfpi.core import wire
-from halfpi.core.outbound import RELIABLE, Message, OutboundQueue, message
-from halfpi.core.requests import (
-    Decision,
-    RequestRecord,
-    Tombstone,
-    decide,
-    payload_digest,
-    replay_frames,
-)
-from halfpi.core.scopes import COMMAND_SCOPE, default_detail_mode
+from halfpi.core.events import Error, Evicted, Limits, Ping, Welcome, to_message
+from halfpi.core.outbound import Message, OutboundQueue
+from halfpi.core.scopes import COMMAND_SCOPE
 from halfpi.core.states import CONNECTION
 from halfpi.errors import (
     CloseCode,
@@ -38,23 +41,16 @@ from halfpi.errors import (
     InternalError,
     InvalidRequest,
     RateLimited,
-    RequestConflict,
     Unauthorized,
-    Unavailable,
 )
-from halfpi.gateway.commands import HANDLERS
-from halfpi.mind.subscriptions import Subscription
+from halfpi.mind import api
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
-    from halfpi.mind.actor import ConversationActor
     from halfpi.mind.service import Mind
 
 log = logging.getLogger("halfpi.gateway")
 
 FLUSH_BUDGET = 256 * 1024  # bytes handed to the transport per flush round
-REPLAY_BATCH = 256
 MAX_INBOX = 256
 MAX_INBOX_BEFORE_HELLO = 4  # with at most 1 MiB each: bounded before anyone is known
 OVERSIZED = b"\x00oversized:"  # stands in the inbox for a frame too large to keep
@@ -96,11 +92,13 @@ class FaceSession:
         self.bound = False  # counted against the principal's connection cap
         self.state = CONNECTION.initial
         self.queue = OutboundQueue(mind.config.queue)
+        # The principal, bound at the hello (I8).
         self.principal_id: str | None = None
+        self.label = ""
         self.profile = ""
+        self.scopes: frozenset[str] = frozenset()
         self.detail_mode: str | None = None
-        self.subscriptions: dict[str, Subscription] = {}
-        self._replaying: list[Subscription] = []
+        self.subscriptions = mind.subscriptions_for(self)
         self.paused = False
         self.closed = False
         self._flush_scheduled = False
@@ -114,7 +112,9 @@ class FaceSession:
     def send(self, m: Message) -> None:
         if self.closed:
             return
-        if not (self.paused or self._flush_scheduled or self._replaying or len(self.queue)):
+        if not (
+            self.paused or self._flush_scheduled or self.subscriptions.replaying or len(self.queue)
+        ):
             # Idle: nothing waits, so writing now overtakes nothing.
             self.transport.write_frames([self.queue.emit_now(m)])
             return
@@ -125,23 +125,21 @@ class FaceSession:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
 
-    def send_reliable(self, type_: str, payload: dict[str, Any]) -> None:
-        self.send(message(type_, payload))
-
-    def send_result(self, payload: dict[str, Any]) -> None:
-        self.send(message("face.result", payload))
-
     def send_error(self, exc: HalfpiError, request_id: str | None) -> None:
-        payload: dict[str, Any] = {
-            "code": exc.code.value,
-            "message": exc.message,
-            "retryable": exc.retryable,
-        }
-        if request_id is not None:
-            payload["request_id"] = request_id
-        if exc.field is not None:
-            payload["field"] = exc.field
-        self.send(message("face.error", payload))
+        error = Error(
+            code=exc.code.value,
+            message=exc.message,
+            retryable=exc.retryable,
+            request_id=UNSET if request_id is None else request_id,
+            field=UNSET if exc.field is None else exc.field,
+        )
+        self.send(to_message(error))
+
+    def wake(self) -> None:
+        """Subscriptions have replayed messages waiting: flush soon."""
+        if not self._flush_scheduled and not self.paused and not self.closed:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -149,50 +147,15 @@ class FaceSession:
             return
         queue = self.queue
         frames = queue.take(FLUSH_BUDGET) if len(queue) else []
-        if not len(queue) and self._replaying:
-            self._pull(frames)
+        replay = self.subscriptions
+        if not len(queue) and replay.replaying:
+            # Replay (I4): as fast as this connection drains, never all at once.
+            frames.extend(queue.emit_now(m) for m in replay.pull(FLUSH_BUDGET))
         if frames:
             self.transport.write_frames(frames)
-        if (len(queue) or self._replaying) and not self.paused and not self.closed:
+        if (len(queue) or replay.replaying) and not self.paused and not self.closed:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
-
-    def _pull(self, frames: list[bytes]) -> None:
-        """Replay from the journal for subscriptions still catching up (I4)."""
-        budget = FLUSH_BUDGET
-        journal = self.mind.journal
-        for sub in list(self._replaying):
-            while budget > 0:
-                batch = journal.read_after(sub.conversation_id, sub.pos, REPLAY_BATCH)
-                if batch is None:  # the window moved past us while we replayed
-                    self._replaying.remove(sub)
-                    self._drop_subscription(sub.conversation_id)
-                    self.mind.spawn(self._reset(sub), name="reset subscription")
-                    break
-                if not batch:
-                    sub.live = True
-                    self._replaying.remove(sub)
-                    break
-                for m in batch:
-                    sub.pos = m.seq
-                    shown = m.for_mode(sub.detail_mode)
-                    if shown is not None and (m.kind == RELIABLE or sub.wants(m)):
-                        frame = self.queue.emit_now(shown)
-                        budget -= len(frame)
-                        frames.append(frame)
-            if budget <= 0:
-                return
-
-    async def _reset(self, sub: Subscription) -> None:
-        actor = sub.actor
-        snap = await actor.snapshot(self.mind.config.snapshot_messages, sub.detail_mode)
-        if self.closed:
-            return
-        self.send_reliable(
-            "face.reset",
-            {"conversation_id": actor.id, "reason": "cursor_expired", "snapshot": snap},
-        )
-        self.install(actor, _seq_of(snap), sub.transient_types, sub.detail_mode)
 
     def pause_writing(self) -> None:
         if not self.paused:
@@ -209,55 +172,10 @@ class FaceSession:
         """Slow consumer (I7): drop the queue, hand over the cursors, close 4008."""
         if self.closed:
             return
-        cursors = self.queue.evict()
-        for sub in self._replaying:
-            cursors[sub.conversation_id] = sub.actor.cursor(sub.pos)
-        frame = self.queue.emit_now(message("face.evicted", {"cursors": cursors}))
+        cursors = self.subscriptions.resume_cursors(self.queue.evict())
+        frame = self.queue.emit_now(to_message(Evicted(cursors=cursors)))
         self.transport.write_frames([frame])
         self.close(CloseCode.SLOW_CONSUMER, "slow consumer: resume from your cursors")
-
-    # -- subscriptions -------------------------------------------------------------
-
-    def install(
-        self,
-        actor: ConversationActor,
-        pos: int,
-        transient_types: frozenset[str] | None,
-        detail_mode: str,
-    ) -> None:
-        """Subscribe from ``pos``: replay what is newer, then go live."""
-        if self.closed:  # the connection went while the subscribe was being read
-            return
-        self._drop_subscription(actor.id)
-        sub = Subscription(
-            self, actor, pos=pos, transient_types=transient_types, detail_mode=detail_mode
-        )
-        self.subscriptions[actor.id] = sub
-        actor.subscribers[self] = sub
-        self.queue.written_cursors.setdefault(actor.id, actor.cursor(pos))
-        self._replaying.append(sub)
-        if not self._flush_scheduled and not self.paused:
-            self._flush_scheduled = True
-            self.loop.call_soon(self._flush)
-
-    def _drop_subscription(self, conversation_id: str) -> None:
-        sub = self.subscriptions.pop(conversation_id, None)
-        if sub is None:
-            return
-        sub.actor.subscribers.pop(self, None)
-        if sub in self._replaying:
-            self._replaying.remove(sub)
-
-    def resolve_detail_mode(self, requested: str | None, *, keep: bool = True) -> str:
-        """DESIGN §6: per connection, set by ``face.subscribe`` (``keep``); a
-        snapshot may ask for a mode for itself only. Observers may never ask
-        for transparent (I9)."""
-        if requested == "transparent" and self.profile != "operator":
-            raise Forbidden("observers cannot request transparent detail", field="detail_mode")
-        mode = requested or self.detail_mode or default_detail_mode(self.profile)
-        if keep:
-            self.detail_mode = mode
-        return mode
 
     # -- inbound -------------------------------------------------------------------
 
@@ -347,9 +265,7 @@ class FaceSession:
         try:
             if scope is not None and scope not in credential.scopes:
                 raise Forbidden(f"{type_} needs scope {scope}")
-            if self.mind.draining and type_ in wire.MUTATIONS:
-                raise Unavailable("the Mind is shutting down; retry elsewhere or later")
-            await HANDLERS[type_](self, payload)
+            await api.handle(self.mind, self, type_, payload)
         except HalfpiError as exc:
             self.send_error(exc, request_id)
         except Exception:
@@ -402,82 +318,31 @@ class FaceSession:
             return
         self.bound = True
         self.principal_id = credential.principal_id
+        self.label = credential.label
         self.profile = credential.profile
+        self.scopes = credential.scopes
         self.state = CONNECTION.check(self.state, "open")
         config = self.mind.config
-        self.send_reliable(
-            "face.welcome",
-            {
-                "principal_id": credential.principal_id,
-                "label": credential.label,
-                "profile": credential.profile,
-                "scopes": sorted(credential.scopes),
-                "protocol": PROTOCOL_VERSION,
-                "node_id": self.mind.node_id,
-                "heartbeat_s": config.heartbeat_s,
-                "limits": {
-                    "max_frame_bytes": config.max_frame_bytes,
-                    "max_chat_bytes": config.max_chat_bytes,
-                    "reliable_queue_messages": config.queue.reliable_messages,
-                    "reliable_queue_bytes": config.queue.reliable_bytes,
-                    "transient_queue_messages": config.queue.transient_messages,
-                    "transient_queue_bytes": config.queue.transient_bytes,
-                },
-                "replay_safe": list(wire.REPLAY_SAFE),
-                "features": list(FEATURES),
-            },
+        welcome = Welcome(
+            principal_id=credential.principal_id,
+            label=credential.label,
+            profile=credential.profile,
+            scopes=sorted(credential.scopes),
+            protocol=PROTOCOL_VERSION,
+            node_id=self.mind.node_id,
+            heartbeat_s=config.heartbeat_s,
+            limits=Limits(
+                max_frame_bytes=config.max_frame_bytes,
+                max_chat_bytes=config.max_chat_bytes,
+                reliable_queue_messages=config.queue.reliable_messages,
+                reliable_queue_bytes=config.queue.reliable_bytes,
+                transient_queue_messages=config.queue.transient_messages,
+                transient_queue_bytes=config.queue.transient_bytes,
+            ),
+            replay_safe=list(wire.REPLAY_SAFE),
+            features=list(FEATURES),
         )
-
-    # -- the request registry, seen from a connection (DESIGN §5, I5) ------------
-
-    async def mutation(
-        self,
-        type_: str,
-        payload: Any,
-        admit: Callable[[RequestRecord], Awaitable[RequestRecord | Tombstone]],
-    ) -> None:
-        """Admit ``payload`` once per ``(principal_id, request_id)``.
-
-        ``admit`` runs only for a new key and sends its own replies; a replay
-        gets the stored outcome; a different payload gets ``request_conflict``.
-        """
-        assert self.principal_id is not None
-        digest = payload_digest(type_, payload)
-        key = (self.principal_id, payload.request_id)
-        async with self.mind.request_lock(key):
-            existing = await self.mind.store.get_request(*key)
-            if existing is None:
-                record = RequestRecord(
-                    self.principal_id,
-                    payload.request_id,
-                    type_,
-                    digest,
-                    "accepted",
-                    self.mind.now(),
-                )
-                standing = await admit(record)
-                if standing is record:
-                    return
-                existing = standing
-            await self._replay(key, existing, digest)
-
-    async def _replay(
-        self, key: tuple[str, str], existing: RequestRecord | Tombstone, digest: str
-    ) -> None:
-        if decide(existing, digest) is Decision.CONFLICT:
-            raise RequestConflict(
-                "this request_id was used for a different command", field="request_id"
-            )
-        for type_, body in replay_frames(existing):
-            self.send_reliable(type_, dict(body))
-        if isinstance(existing, RequestRecord) and not existing.terminal:
-            # Attach for the terminal result, then re-read: if it finished in
-            # between and was not delivered to us, deliver it now (once).
-            self.mind.attach(key, self)
-            fresh = await self.mind.store.get_request(*key)
-            if fresh is not None and fresh.result is not None and self.mind.is_attached(key, self):
-                self.mind.detach_key(key, self)
-                self.send_result(dict(fresh.result))
+        self.send(to_message(welcome))
 
     # -- liveness and closing ------------------------------------------------------
 
@@ -523,7 +388,7 @@ class FaceSession:
             ping_at = now + config.heartbeat_s
         if now >= self.last_ping + config.heartbeat_s:
             self.last_ping = now
-            self.send_reliable("face.ping", {"ts": now})
+            self.send(to_message(Ping(ts=now)))
         return self._blocked_deadline(min(dead_at, ping_at, self.last_ping + config.heartbeat_s))
 
     def _blocked_deadline(self, deadline: float) -> float:
@@ -554,9 +419,7 @@ class FaceSession:
         self.state = "closed"
 
     def _cleanup(self) -> None:
-        for conversation_id in list(self.subscriptions):
-            self._drop_subscription(conversation_id)
-        self.mind.detach(self)
+        api.disconnected(self.mind, self)
         self.mind.remove_session(self)
         if self.bound and self.principal_id is not None:
             self.bound = False
@@ -566,6 +429,3 @@ class FaceSession:
         # to a closed session are dropped; a replay re-attaches.
         self._inbox.clear()
 
-
-def _seq_of(snapshot: dict[str, Any]) -> int:
-    return int(str(snapshot["cursor"]).rpartition(".")[2])

@@ -7,6 +7,19 @@ to the journal, to its in-memory view and to subscribed connections — only
 once they and every durable event before them have committed (I3). The
 publication step runs as the store future's done-callback, so an event is
 shown the moment it is durable, never before.
+
+**One way to append.** Every other part of the Mind (tool calls, approvals,
+recovery, Hand presence) appends through :meth:`ConversationActor.stage`
+(a typed event, a ``seq``, encoded once) and :meth:`ConversationActor.commit`
+(those events with the rows they go with, in one transaction; each shown
+once committed, then its ``on_shown`` hook), or :meth:`append` for one
+event. The actor's in-memory view (pending approvals, active tool runs) is
+a fold of what it published, so it can never disagree with the log.
+
+An actor is given what it needs — an :class:`ActorEnv`: the store, the
+journal, the clock, the chat driver and where results and news go — not
+the Mind around it. It does not run the agent or tools itself: the chat
+driver (``mind/chat.py``) does, and appends through this API.
 """
 
 from __future__ import annotations
@@ -15,29 +28,48 @@ import asyncio
 import dataclasses
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from halfpi.agents.base import Agent, AgentFailed, ChatInput
-from halfpi.config import Config
 from halfpi.core.backoff import backoff
 from halfpi.core.cursor import encode_cursor
+from halfpi.core.events import (
+    Accepted,
+    ApprovalRequested,
+    ApprovalResolved,
+    ChatEnded,
+    ChatMessage,
+    ChatOutcome,
+    ChatStarted,
+    ConversationChanged,
+    ConversationInfo,
+    ConversationNews,
+    EventData,
+    FaceEvent,
+    Outbound,
+    PendingChat,
+    Renamed,
+    Result,
+    RunChanged,
+    Snapshot,
+    ToolProgress,
+    builtins,
+)
 from halfpi.core.ids import new_run_id
-from halfpi.core.outbound import DELTA, RELIABLE, Message
-from halfpi.core.projection import summary_data, summary_record
+from halfpi.core.outbound import DELTA, PROGRESS, RELIABLE, Message
 from halfpi.core.requests import RequestRecord, Tombstone
-from halfpi.core.states import CHAT, CHAT_EVENT_FOR_STATUS
+from halfpi.core.states import CHAT
 from halfpi.core.titles import title_from_message
 from halfpi.errors import Busy, StoreError, TerminalExists
 from halfpi.journal.base import Journal
-from halfpi.mind.tools import call_tool, progress_message
+from halfpi.mind.records import message_entry, message_row, tool_record
 from halfpi.store.base import (
     ConversationRow,
     FinishedRequest,
-    MessageRow,
     RunRow,
     Store,
     StoredEvent,
@@ -46,37 +78,52 @@ from halfpi.store.base import (
 )
 
 if TYPE_CHECKING:
-    from halfpi.mind.approvals import Approval, Approvals
-    from halfpi.mind.hands import HandRegistry, ToolRun
-    from halfpi.mind.subscriptions import Subscription
+    from halfpi.mind.hands import ToolRun
 
 log = logging.getLogger("halfpi.actor")
 
 _encode = msgspec.json.encode
 
 
-class ActorHost(Protocol):
-    """What an actor needs from the Mind around it."""
+@dataclass(slots=True)
+class ActorEnv:
+    """What every actor needs from the Mind around it, passed explicitly.
+
+    One value shared by all actors of a Mind: swapping its ``store`` (tests
+    do, to hold or fail commits) reaches every actor at once."""
 
     store: Store
     journal: Journal
-    agent: Agent
-    config: Config
-    hands: HandRegistry
-    approvals: Approvals
-    draining: bool
+    clock: Callable[[], float]
     # Waits ``seconds`` (injected: tests advance time themselves).
     sleep: Callable[[float], Awaitable[object]]
+    # Runs an admitted chat to its end (``mind/chat.py``).
+    drive: Callable[[ConversationActor, ChatRun], Coroutine[Any, Any, None]]
+    # A terminal ``face.result`` payload, to whoever waits for that request.
+    deliver: Callable[[str, str, dict[str, Any]], None]
+    # A session-level message to every Face that may read conversations.
+    announce: Callable[[Outbound], None]
+    tool_history: int = 50
+    draining: bool = False
 
-    def now(self) -> float: ...
 
-    def deliver_result(
-        self, principal_id: str, request_id: str, payload: dict[str, Any]
-    ) -> None: ...
+class Receiver(Protocol):
+    def send(self, message: Message) -> None: ...
 
-    def announce(self, type_: str, payload: dict[str, Any]) -> None:
-        """A session-level message to every Face that may read conversations."""
-        ...
+
+class Listener(Protocol):
+    """A subscription as the actor publishes to it (``mind/subscriptions.py``)."""
+
+    @property
+    def live(self) -> bool: ...
+
+    @property
+    def detail_mode(self) -> str: ...
+
+    @property
+    def session(self) -> Receiver: ...
+
+    def wants(self, message: Message) -> bool: ...
 
 
 class ChatRun:
@@ -139,17 +186,40 @@ class ChatRun:
         # Resolves with the terminal status once it is committed.
         self.done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
-    def pending_view(self) -> dict[str, Any]:
-        return {
-            "request_id": self.request_id,
-            "run_id": self.run_id,
-            "status": self.state,
-            "text_so_far": "".join(self.visible_text),
-            "started_at": self.started_at,
-        }
+    def pending_view(self) -> PendingChat:
+        return PendingChat(
+            request_id=self.request_id,
+            run_id=self.run_id,
+            status=self.state,
+            text_so_far="".join(self.visible_text),
+            started_at=self.started_at,
+        )
 
 
-_OnPublish = Callable[[], None] | None
+@dataclass(slots=True)
+class Staged:
+    """One event with its ``seq``, encoded, waiting to be committed."""
+
+    message: Message
+    event: StoredEvent
+    data: EventData
+    # Runs once the event is shown (after it, and all before it, committed).
+    on_shown: Callable[[], None] | None = None
+
+    @property
+    def seq(self) -> int:
+        return self.message.seq
+
+    @property
+    def cursor(self) -> str:
+        assert self.message.cursor is not None
+        return self.message.cursor
+
+
+# An outbox entry: a message (None: a reservation barrier), the commit it
+# waits for (None: a transient message behind durable ones), and what was
+# staged with it (its view update and hook).
+_Entry = tuple[Message | None, asyncio.Future[TxOutcome] | None, Staged | None]
 
 SEQ_BLOCK = 4096
 CHECKPOINT_S = 1.0  # the text so far is saved at most this often while it streams
@@ -161,29 +231,97 @@ END_RETRY_CAP_S = 30.0
 
 
 class ConversationActor:
-    def __init__(self, host: ActorHost, row: ConversationRow, head: int) -> None:
-        self.host = host
+    def __init__(self, env: ActorEnv, row: ConversationRow, head: int) -> None:
+        self.env = env
         self.row = row
         self.id = row.conversation_id
-        self.epoch = host.journal.open(self.id, head)
+        self.epoch = env.journal.open(self.id, head)
         self.next_seq = head + 1
         self.published = head
-        self.subscribers: dict[object, Subscription] = {}
+        # Live subscriptions, by their connection (``add_listener``).
+        self.subscribers: dict[object, Listener] = {}
         self.reserved = head  # seqs up to here are durably reserved
-        self._outbox: deque[tuple[Message | None, asyncio.Future[TxOutcome] | None, _OnPublish]] = (
-            deque()
-        )
+        self._outbox: deque[_Entry] = deque()
         self.run: ChatRun | None = None  # the admitted, not yet finished chat
-        self.visible_runs: dict[str, ChatRun] = {}  # started and not yet ended, as published
-        self.visible_approvals: dict[str, Approval] = {}  # requested, not yet resolved
-        self.visible_tool_runs: dict[str, dict[str, Any]] = {}  # queued or running
+        # The in-memory view, as published (what a snapshot shows):
+        self.visible_runs: dict[str, ChatRun] = {}  # started and not yet ended
+        self.visible_approvals: dict[str, ApprovalRequested] = {}  # requested, not resolved
+        self.visible_tool_runs: dict[str, RunChanged] = {}  # queued or running
         # A name is set or on its way: no automatic title may overwrite it.
         self.named = row.name is not None
 
-    # -- staging and publication (I3) ------------------------------------------
+    def now(self) -> float:
+        return self.env.clock()
 
     def cursor(self, seq: int) -> str:
         return encode_cursor(self.epoch, seq)
+
+    # -- listeners ---------------------------------------------------------------
+
+    def add_listener(self, key: object, listener: Listener) -> None:
+        """``listener`` receives every event published from now on (while it
+        says it is ``live``), in its detail mode; one per ``key``."""
+        self.subscribers[key] = listener
+
+    def remove_listener(self, key: object) -> None:
+        self.subscribers.pop(key, None)
+
+    # -- the append API (I3) -----------------------------------------------------
+
+    def stage(
+        self,
+        data: EventData,
+        now: float | None = None,
+        *,
+        on_shown: Callable[[], None] | None = None,
+    ) -> Staged:
+        """Stage one event: take its ``seq`` and encode it once (with its
+        summary variant when that differs, I9). ``data`` is already a
+        display projection (never raw tool arguments). Nothing is shown
+        until :meth:`commit`; ``on_shown`` runs once it is."""
+        now = self.now() if now is None else now
+        seq = self._take_seq()
+        cursor = self.cursor(seq)
+        kind = data.kind()
+        message = self._event_message(kind, data, now, seq, cursor)
+        summary = data.summary()
+        if summary is not data:
+            message.with_summary(self._event_message(kind, summary, now, seq, cursor))
+        return Staged(message, StoredEvent(self.id, seq, kind, _encode(data), now), data, on_shown)
+
+    def commit(self, *staged: Staged, tx: WriteTx | None = None) -> asyncio.Future[TxOutcome]:
+        """Commit ``staged`` events and the rows of ``tx`` in one transaction.
+        Each event is shown — journal, view, subscribers, then its hook — once
+        it and every durable event before it committed (I3); one that never
+        commits is never shown.
+
+        Shielded: a cancelled caller (a cancelled chat) must not cancel the
+        write itself — it commits regardless, and what commits is shown."""
+        events = [s.event for s in staged]
+        if tx is None:
+            tx = WriteTx(events=events)
+        else:
+            assert not tx.events, "events are appended staged, never as rows"
+            tx = dataclasses.replace(tx, events=events)
+        future = self.env.store.write(tx)
+        for entry in staged:
+            self._outbox.append((entry.message, future, entry))
+        future.add_done_callback(self._drain)
+        return asyncio.shield(future)
+
+    def append(
+        self,
+        data: EventData,
+        tx: WriteTx | None = None,
+        *,
+        on_shown: Callable[[], None] | None = None,
+    ) -> asyncio.Future[TxOutcome]:
+        """:meth:`stage` and :meth:`commit` one event (with the rows of ``tx``)."""
+        return self.commit(self.stage(data, on_shown=on_shown), tx=tx)
+
+    def shows_approval(self, approval_id: str) -> bool:
+        """Its ``approval.requested`` is published and its resolution is not."""
+        return approval_id in self.visible_approvals
 
     def _take_seq(self) -> int:
         seq = self.next_seq
@@ -198,56 +336,22 @@ class ConversationActor:
         Mind continues after the reservation, so no seq a Face ever saw (a
         delta's included) is reused."""
         self.reserved = seq + SEQ_BLOCK - 1
-        future = self.host.store.write(WriteTx(seq_reservations=[(self.id, self.reserved)]))
+        future = self.env.store.write(WriteTx(seq_reservations=[(self.id, self.reserved)]))
         self._outbox.append((None, future, None))  # a barrier: later messages wait
         future.add_done_callback(self._drain)
 
-    def _event(
-        self,
-        type_: str,
-        data: dict[str, Any],
-        now: float,
-        summary: dict[str, Any] | None = None,
-    ) -> tuple[Message, StoredEvent]:
-        """Stage one event. ``data`` is already a display projection (never raw
-        tool arguments); ``summary`` is its downgrade for summary viewers (I9)."""
-        seq = self._take_seq()
-        cursor = self.cursor(seq)
-        message = self._event_message(type_, data, now, seq, cursor)
-        if summary is not None:
-            message.with_summary(self._event_message(type_, summary, now, seq, cursor))
-        return message, StoredEvent(self.id, seq, type_, _encode(data), now)
-
     def _event_message(
-        self, type_: str, data: dict[str, Any], now: float, seq: int, cursor: str
+        self, kind: str, data: EventData, now: float, seq: int, cursor: str
     ) -> Message:
         body = _encode(
-            {
-                "conversation_id": self.id,
-                "seq": seq,
-                "cursor": cursor,
-                "type": type_,
-                "data": data,
-                "ts": now,
-            }
+            FaceEvent(conversation_id=self.id, seq=seq, cursor=cursor, type=kind, data=data, ts=now)
         )
         return Message("face.event", body, conversation_id=self.id, seq=seq, cursor=cursor)
-
-    def _commit(
-        self, tx: WriteTx, staged: list[tuple[Message, _OnPublish]]
-    ) -> asyncio.Future[TxOutcome]:
-        future = self.host.store.write(tx)
-        for message, hook in staged:
-            self._outbox.append((message, future, hook))
-        future.add_done_callback(self._drain)
-        # Shielded: a cancelled caller (a cancelled chat) must not cancel the
-        # write itself — it commits regardless, and what commits is shown.
-        return asyncio.shield(future)
 
     def _drain(self, _: object = None) -> None:
         outbox = self._outbox
         while outbox:
-            message, future, hook = outbox[0]
+            message, future, staged = outbox[0]
             if future is not None:
                 if not future.done():
                     return
@@ -260,12 +364,26 @@ class ConversationActor:
             outbox.popleft()
             if message is not None:
                 self._publish(message)
-            if hook is not None:
-                hook()
+            if staged is not None:
+                self._fold(staged.data)
+                if staged.on_shown is not None:
+                    staged.on_shown()
+
+    def _fold(self, data: EventData) -> None:
+        """The in-memory view follows what was published."""
+        if isinstance(data, ApprovalRequested):
+            self.visible_approvals[data.approval_id] = data
+        elif isinstance(data, ApprovalResolved):
+            self.visible_approvals.pop(data.approval_id, None)
+        elif isinstance(data, RunChanged) and data.run_id is not None:
+            if data.status in ("queued", "running"):
+                self.visible_tool_runs[data.run_id] = data
+            else:
+                self.visible_tool_runs.pop(data.run_id, None)
 
     def _publish(self, message: Message) -> None:
         self.published = message.seq
-        self.host.journal.append(message, self.host.now())
+        self.env.journal.append(message, self.env.clock())
         if message.kind == DELTA and message.request_id is not None:
             run = self.visible_runs.get(message.request_id)
             if run is not None:
@@ -277,6 +395,14 @@ class ConversationActor:
                 if shown is not None:
                     sub.session.send(shown)
 
+    def _transient(self, message: Message) -> None:
+        """A display message: shown now, or behind the durable ones still
+        committing (never before an event it follows)."""
+        if self._outbox:
+            self._outbox.append((message, None, None))
+        else:
+            self._publish(message)
+
     # -- chat ------------------------------------------------------------------
 
     async def admit_chat(
@@ -287,65 +413,64 @@ class ConversationActor:
         detail_mode: str = "transparent",
     ) -> RequestRecord | Tombstone:
         """Admit one chat: request record, user message, run and events in one
-        transaction (DESIGN §5). Returns the record that stands: ours, or an
-        existing one if the key raced in from elsewhere (I5)."""
+        transaction (DESIGN §5), then start it (``ActorEnv.drive``). Returns the
+        record that stands: ours, or an existing one if the key raced in from
+        elsewhere (I5). ``on_accepted`` runs once it is admitted, before the
+        chat starts."""
         if self.run is not None:
             raise Busy("a chat is already running in this conversation")
-        now = self.host.now()
+        now = self.now()
         run = ChatRun(
             new_run_id(now), record.request_id, record.principal_id, content, now, detail_mode
         )
         self.run = run  # reserve the slot before awaiting: one active chat
         try:
-            m_message, e_message = self._event(
-                "chat.message",
-                {"request_id": record.request_id, "role": "user", "content": content},
-                now,
-            )
-            m_started, e_started = self._event(
-                "chat.started", {"request_id": record.request_id, "run_id": run.run_id}, now
+            said = self.stage(
+                ChatMessage(request_id=record.request_id, role="user", content=content), now
             )
 
             def started() -> None:
                 self.visible_runs[run.request_id] = run
 
-            staged: list[tuple[Message, _OnPublish]] = [(m_message, None), (m_started, started)]
-            events = [e_message, e_started]
+            staged = [
+                said,
+                self.stage(
+                    ChatStarted(request_id=record.request_id, run_id=run.run_id),
+                    now,
+                    on_shown=started,
+                ),
+            ]
             names: list[tuple[str, str]] = []
             title = None if self.named else title_from_message(content)
             if title is not None:
                 # An unnamed conversation is titled from its first message,
                 # in the same transaction as the message itself.
-                m_title, e_title = self._name_event(title, now)
-                staged.append((m_title, partial(self._named, title)))
-                events.append(e_title)
+                staged.append(self._name_event(title, now))
                 names.append((self.id, title))
             record.run_id = run.run_id
             record.conversation_id = self.id
-            record.accepted = {
-                "request_id": record.request_id,
-                "operation": "chat",
-                "conversation_id": self.id,
-                "run_id": run.run_id,
-                "cursor": m_started.cursor,
-            }
+            record.accepted = builtins(
+                Accepted(
+                    request_id=record.request_id,
+                    operation="chat",
+                    conversation_id=self.id,
+                    run_id=run.run_id,
+                    cursor=staged[1].cursor,
+                )
+            )
+            assert isinstance(said.data, ChatMessage)
             tx = WriteTx(
                 admit=record,
-                messages=[
-                    MessageRow(
-                        self.id, e_message.seq, "user", content, record.request_id, None, now
-                    )
-                ],
+                messages=[message_row(self.id, said.data.entry(said.seq, now))],
                 runs=[
                     RunRow(
                         run.run_id, self.id, record.request_id, record.principal_id, "running", now
                     )
                 ],
-                events=events,
                 conversation_names=names,
             )
             self.named = self.named or bool(names)
-            outcome = await self._commit(tx, staged)
+            outcome = await self.commit(*staged, tx=tx)
         except BaseException:
             self.run = None
             self.named = self.row.name is not None
@@ -362,7 +487,7 @@ class ConversationActor:
                 self.finish(run, run.stop_reason, None, run.stop_why), name=f"chat {run.run_id}"
             )
         else:
-            run.task = asyncio.create_task(self._drive(run), name=f"chat {run.run_id}")
+            run.task = asyncio.create_task(self.env.drive(self, run), name=f"chat {run.run_id}")
         return record
 
     def emit_delta(self, run: ChatRun, text: str) -> None:
@@ -379,11 +504,8 @@ class ConversationActor:
         )
         message.encoded_body()  # encode once; every subscriber shares the bytes
         run.text.append(text)
-        if self._outbox:
-            self._outbox.append((message, None, None))
-        else:
-            self._publish(message)
-        now = self.host.now()
+        self._transient(message)
+        now = self.now()
         if now - run.saved_at >= CHECKPOINT_S:
             self._checkpoint(run, now)
 
@@ -400,7 +522,7 @@ class ConversationActor:
             run.run_id, self.id, run.request_id, run.principal_id, "running", run.started_at
         )
         row = dataclasses.replace(row, content=text)
-        future = self.host.store.write(WriteTx(runs=[row]))
+        future = self.env.store.write(WriteTx(runs=[row]))
         # A lost checkpoint costs only text a crash would lose: log, go on.
         future.add_done_callback(_log_checkpoint_failure)
 
@@ -408,36 +530,30 @@ class ConversationActor:
         self, run: ChatRun, tool_call_id: str, kind: str, text: str, gap: bool, call_seq: int
     ) -> None:
         """Tool output as it happens: transient and droppable (DESIGN §6)."""
-        message = progress_message(
-            self, run.request_id, tool_call_id, kind, text, gap, call_seq, self._take_seq()
+        seq = self._take_seq()
+        cursor = self.cursor(seq)
+        body = ToolProgress(
+            conversation_id=self.id,
+            seq=seq,
+            cursor=cursor,
+            request_id=run.request_id,
+            tool_call_id=tool_call_id,
+            call_seq=call_seq,
+            kind=kind,
+            data=text,
+            gap=gap,
         )
-        if self._outbox:
-            self._outbox.append((message, None, None))
-        else:
-            self._publish(message)
-
-    async def _drive(self, run: ChatRun) -> None:
-        status, error_code, why = "succeeded", None, None
-        try:
-            async for delta in self.host.agent.reply(
-                ChatInput(self.id, run.request_id, run.content, partial(call_tool, self, run))
-            ):
-                if delta.text:
-                    self.emit_delta(run, delta.text)
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
-            status = run.stop_reason or "interrupted"
-            why = run.stop_why
-        except AgentFailed as exc:
-            status, error_code, why = "failed", exc.code, str(exc)
-            log.info("chat %s failed: %s", run.run_id, exc)
-        except Exception:
-            log.exception("agent crashed in chat %s", run.run_id)
-            status, error_code = "failed", "internal_error"
-            why = "the agent failed unexpectedly (the Mind's log has the details)"
-        await self.finish(run, status, error_code, why)
+        self._transient(
+            Message(
+                "face.chat.tool.progress",
+                _encode(body),
+                kind=PROGRESS,
+                conversation_id=self.id,
+                seq=seq,
+                cursor=cursor,
+                stream=tool_call_id,
+            )
+        )
 
     def stop(self, run: ChatRun, reason: str, why: str | None = None) -> bool:
         """Ask a running chat to stop (``cancelled`` or ``interrupted``).
@@ -482,9 +598,7 @@ class ConversationActor:
         (``interrupted``). If the Store already holds another outcome for the
         run, that one stands and this chat converges on it (I10).
 
-        Every end keeps an assistant message — with its status, its reason and
-        whatever text it had — so a failed, cancelled or interrupted reply
-        stays visible, live and after a resync."""
+        Every end keeps an assistant message (``ChatEnded.reply``)."""
         if run.ending is not None or not CHAT.first_terminal_wins(run.state, status):
             return
         run.ending = status
@@ -500,7 +614,7 @@ class ConversationActor:
             except StoreError as exc:
                 if not retry:
                     raise
-                if self.host.draining:
+                if self.env.draining:
                     log.warning(
                         "could not commit the end of chat %s before shutdown (%s);"
                         " restart recovery will end it as interrupted",
@@ -520,8 +634,8 @@ class ConversationActor:
             await self._wait_to_retry(run, delay)
 
     async def _wait_to_retry(self, run: ChatRun, delay: float) -> None:
-        """Wait ``delay`` (host time), or less if :meth:`stop` wakes us."""
-        waiter = run.retry_wait = asyncio.ensure_future(self.host.sleep(delay))
+        """Wait ``delay`` (injected time), or less if :meth:`stop` wakes us."""
+        waiter = run.retry_wait = asyncio.ensure_future(self.env.sleep(delay))
         try:
             await asyncio.wait({waiter})
         finally:
@@ -533,35 +647,33 @@ class ConversationActor:
     ) -> None:
         """One attempt: a fresh event (a new ``seq``: a failed attempt's seq
         was never shown, and later events may have been shown since)."""
-        now = self.host.now()
-        event_type = CHAT_EVENT_FOR_STATUS[status]
-        data: dict[str, Any] = {
-            "request_id": run.request_id,
-            "run_id": run.run_id,
-            "status": status,
-            "content": content,
-        }
-        if error_code:
-            data["error_code"] = error_code
-        if why:
-            data["reason"] = why
-        m_done, e_done = self._event(event_type, data, now)
-        result: dict[str, Any] = {
-            "request_id": run.request_id,
-            "status": status,
-            "content": content,
-            "data": {"conversation_id": self.id, "run_id": run.run_id, "cursor": m_done.cursor},
-        }
-        if error_code:
-            result["error_code"] = error_code
-        if why:
-            result["data"]["reason"] = why
-        reply = MessageRow(
-            self.id, e_done.seq, "assistant", content, run.request_id, status, now, error_code, why
+        now = self.now()
+        data = ChatEnded(
+            request_id=run.request_id,
+            run_id=run.run_id,
+            status=status,
+            content=content,
+            error_code=error_code or msgspec.UNSET,
+            reason=why or msgspec.UNSET,
         )
+        done = self.stage(data, now)
+        result = builtins(
+            Result(
+                request_id=run.request_id,
+                status=status,
+                content=content,
+                data=ChatOutcome(
+                    conversation_id=self.id,
+                    run_id=run.run_id,
+                    cursor=done.cursor,
+                    reason=why or msgspec.UNSET,
+                ),
+                error_code=error_code or msgspec.UNSET,
+            )
+        )
+        done.on_shown = partial(self._ended, run, status, result)
         tx = WriteTx(
-            events=[e_done],
-            messages=[reply],
+            messages=[message_row(self.id, data.reply(done.seq, now))],
             runs=[
                 RunRow(
                     run.run_id,
@@ -577,7 +689,7 @@ class ConversationActor:
             ],
             finished=[FinishedRequest(run.principal_id, run.request_id, status, result, now)],
         )
-        await self._commit(tx, [(m_done, partial(self._ended, run, status, result))])
+        await self.commit(done, tx=tx)
 
     def _ended(self, run: ChatRun, status: str, result: dict[str, Any]) -> None:
         """The end is committed (and published, or known to stand): the chat
@@ -586,25 +698,27 @@ class ConversationActor:
         self.visible_runs.pop(run.request_id, None)
         if self.run is run:
             self.run = None
-        self.host.deliver_result(run.principal_id, run.request_id, result)
+        self.env.deliver(run.principal_id, run.request_id, result)
         if not run.done.done():
             run.done.set_result(status)
 
     async def _converge(self, run: ChatRun) -> None:
         """The Store holds another outcome for this run (I10): it stands.
         Whoever waits on the chat learns that one, not ours."""
-        store = self.host.store
+        store = self.env.store
         row = await store.run_for_request(self.id, run.request_id, run.principal_id)
         record = await store.get_request(run.principal_id, run.request_id)
         status = row.status if row is not None and CHAT.is_terminal(row.status) else "failed"
         result = getattr(record, "result", None)
         if not isinstance(result, dict):
-            result = {
-                "request_id": run.request_id,
-                "status": status,
-                "content": (row.content if row is not None else None) or "",
-                "data": {"conversation_id": self.id, "run_id": run.run_id},
-            }
+            result = builtins(
+                Result(
+                    request_id=run.request_id,
+                    status=status,
+                    content=(row.content if row is not None else None) or "",
+                    data=ChatOutcome(conversation_id=self.id, run_id=run.run_id),
+                )
+            )
         log.warning(
             "chat %s already had an outcome in the store (%s); it stands", run.run_id, status
         )
@@ -615,24 +729,28 @@ class ConversationActor:
     async def rename(self, record: RequestRecord, name: str) -> RequestRecord | Tombstone:
         """``face.conversation.rename``: the request record, the new name and
         its ``conversation.changed`` event in one transaction (I5)."""
-        now = self.host.now()
-        message, event = self._name_event(name, now)
+        now = self.now()
+        staged = self._name_event(name, now)
         record.conversation_id = self.id
-        record.accepted = {
-            "request_id": record.request_id,
-            "operation": "conversation.rename",
-            "conversation_id": self.id,
-        }
-        record.result = {
-            "request_id": record.request_id,
-            "status": "succeeded",
-            "data": {"conversation_id": self.id, "name": name},
-        }
+        record.accepted = builtins(
+            Accepted(
+                request_id=record.request_id,
+                operation="conversation.rename",
+                conversation_id=self.id,
+            )
+        )
+        record.result = builtins(
+            Result(
+                request_id=record.request_id,
+                status="succeeded",
+                data=Renamed(conversation_id=self.id, name=name),
+            )
+        )
         record.status, record.finished_at = "succeeded", now
         was_named, self.named = self.named, True
-        tx = WriteTx(admit=record, conversation_names=[(self.id, name)], events=[event])
+        tx = WriteTx(admit=record, conversation_names=[(self.id, name)])
         try:
-            outcome = await self._commit(tx, [(message, partial(self._named, name))])
+            outcome = await self.commit(staged, tx=tx)
         except BaseException:
             self.named = was_named or self.row.name is not None
             raise
@@ -641,17 +759,16 @@ class ConversationActor:
             return outcome.existing
         return record
 
-    def _name_event(self, name: str, now: float) -> tuple[Message, StoredEvent]:
-        data = {"conversation": {**self.meta(), "name": name}, "change": "renamed"}
-        return self._event("conversation.changed", data, now)
+    def _name_event(self, name: str, now: float) -> Staged:
+        info = ConversationInfo(id=self.id, name=name, created_at=self.row.created_at)
+        data = ConversationChanged(conversation=info, change="renamed")
+        return self.stage(data, now, on_shown=partial(self._named, name))
 
     def _named(self, name: str) -> None:
         """Published: the name is now the truth; every Face that may read
         conversations hears of it (a session-level message, not in any log)."""
         self.row = dataclasses.replace(self.row, name=name)
-        self.host.announce(
-            "face.conversation.changed", {"conversation": self.meta(), "change": "renamed"}
-        )
+        self.env.announce(ConversationNews(conversation=self.meta(), change="renamed"))
 
     # -- recovery ----------------------------------------------------------------
 
@@ -668,49 +785,44 @@ class ConversationActor:
 
     # -- reads -------------------------------------------------------------------
 
-    async def snapshot(self, messages_limit: int, detail_mode: str) -> dict[str, Any]:
+    async def snapshot(self, messages_limit: int, detail_mode: str) -> Snapshot:
         """DESIGN §4.1. The position and in-memory state are captured in one
         synchronous step; the message page is read from the store *bounded by
         that position*, so the snapshot is exactly the log up to ``cursor`` and
         a subscription from ``cursor`` continues it with no gap or overlap."""
         position = self.published
         pending = [run.pending_view() for run in self.visible_runs.values()]
-        approvals = [a.requested_data() for a in self.visible_approvals.values()]
+        approvals = list(self.visible_approvals.values())
         tool_runs = list(self.visible_tool_runs.values())
-        page = await self.host.store.messages(
+        store = self.env.store
+        page = await store.messages(
             self.id, limit=messages_limit, before_seq=None, max_seq=position
         )
-        calls = await self.host.store.tool_history(
-            self.id, max_seq=position, limit=self.host.config.tool_history
-        )
-        history = [c.to_wire(position) for c in calls]
+        calls = await store.tool_history(self.id, max_seq=position, limit=self.env.tool_history)
+        history = [tool_record(c, position) for c in calls]
         if detail_mode != "transparent":
-            approvals = [summary_data("approval.requested", a) for a in approvals]
-            history = [summary_record(r) for r in history]
-        return {
-            "conversation": self.meta(),
-            "cursor": self.cursor(position),
-            "epoch": self.epoch,
-            "messages": [m.to_wire() for m in page.messages],
-            "has_more_older": page.has_more_older,
-            "pending_chats": pending,
-            "pending_approvals": approvals,
-            "active_runs": tool_runs,
-            "tasks": [],
-            "tool_history": history,
-            "detail_mode": detail_mode,
-        }
+            approvals = [a.summary() for a in approvals]
+            history = [r.summary() for r in history]
+        return Snapshot(
+            conversation=self.meta(),
+            cursor=self.cursor(position),
+            epoch=self.epoch,
+            messages=[message_entry(m) for m in page.messages],
+            has_more_older=page.has_more_older,
+            pending_chats=pending,
+            pending_approvals=approvals,
+            active_runs=tool_runs,
+            tasks=[],
+            tool_history=history,
+            detail_mode=detail_mode,
+        )
 
     def active_run_for(self, request_id: str) -> ChatRun | None:
         run = self.run
         return run if run is not None and run.request_id == request_id else None
 
-    def meta(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "name": self.row.name,
-            "created_at": self.row.created_at,
-        }
+    def meta(self) -> ConversationInfo:
+        return ConversationInfo(id=self.id, name=self.row.name, created_at=self.row.created_at)
 
 
 def _log_checkpoint_failure(future: asyncio.Future[TxOutcome]) -> None:

@@ -12,17 +12,26 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from msgspec import UNSET
+
+from halfpi.core.events import (
+    ApprovalOutcome,
+    ApprovalPending,
+    ApprovalRequested,
+    ApprovalResolved,
+    ApprovalSettled,
+    Outbound,
+)
 from halfpi.core.ids import new_id
-from halfpi.core.projection import summary_data
 from halfpi.core.states import APPROVAL
 from halfpi.errors import ApprovalExpired, ErrorCode, NotFound, StoreError
+from halfpi.mind.actor import ConversationActor
+from halfpi.mind.records import approval_pending, approval_requested, resolution
 from halfpi.store.base import ApprovalRow, WriteTx
-
-if TYPE_CHECKING:
-    from halfpi.mind.actor import ConversationActor
 
 DECISION_STATE = {"allow_once": "allowed", "deny_once": "denied"}
 
@@ -37,49 +46,21 @@ class Approval:
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
     timer: asyncio.TimerHandle | None = None
+    # Its ``approval.requested`` is published (and announced).
+    shown: bool = False
 
     @property
     def approval_id(self) -> str:
         return self.row.approval_id
 
-    def resolution(self) -> dict[str, Any]:
-        row = self.row
-        return {
-            "approval_id": row.approval_id,
-            "status": row.status,
-            "decision": row.decision,
-            "decided_by": row.decided_by,
-            "decided_at": row.decided_at,
-        }
-
-    def pending_summary(self) -> dict[str, Any]:
+    def pending_summary(self) -> ApprovalPending:
         """``face.approval.pending`` (and a row of ``face.approval.list``): what
         a Face needs to show that a decision waits, and where — never the
         arguments, whatever the viewer's detail mode."""
-        row = self.row
-        return {
-            "conversation_id": row.conversation_id,
-            "approval_id": row.approval_id,
-            "request_id": row.request_id,
-            "tool": row.tool,
-            "reason": row.reason,
-            "expires_at": row.expires_at,
-        }
+        return approval_pending(self.row)
 
-    def requested_data(self) -> dict[str, Any]:
-        row = self.row
-        data = {
-            "approval_id": row.approval_id,
-            "request_id": row.request_id,
-            "tool_call_id": row.tool_call_id,
-            "tool": row.tool,
-            "reason": row.reason,
-            "args_digest": row.args_digest,
-            "expires_at": row.expires_at,
-        }
-        if row.args is not None:
-            data["args"] = row.args
-        return data
+    def requested_data(self) -> ApprovalRequested:
+        return approval_requested(self.row)
 
 
 class Approvals:
@@ -88,6 +69,8 @@ class Approvals:
     def __init__(self, ttl_s: float) -> None:
         self.ttl_s = ttl_s
         self.live: dict[str, Approval] = {}
+        # Session-level news (face.approval.pending / settled): set by the Mind.
+        self.announce: Callable[[Outbound], None] = _nowhere
 
     async def request(
         self,
@@ -101,7 +84,7 @@ class Approvals:
         detail_mode: str,
         reason: str,
     ) -> Approval:
-        now = actor.host.now()
+        now = actor.now()
         row = ApprovalRow(
             new_id("a", now),
             actor.id,
@@ -117,10 +100,6 @@ class Approvals:
             now + self.ttl_s,
         )
         approval = Approval(row, actor)
-        data = approval.requested_data()
-        message, event = actor._event(
-            "approval.requested", data, now, summary_data("approval.requested", data)
-        )
         self.live[row.approval_id] = approval
         loop = asyncio.get_running_loop()
         approval.timer = loop.call_later(
@@ -128,13 +107,13 @@ class Approvals:
         )
 
         def shown() -> None:
-            actor.visible_approvals[row.approval_id] = approval
+            approval.shown = True
             if approval.state == "pending":
-                actor.host.announce("face.approval.pending", approval.pending_summary())
+                self.announce(approval.pending_summary())
 
         # Registered (and timed) before the await: a cancel arriving during
-        # the commit finds it and settles it (see tools.call_tool).
-        await actor._commit(WriteTx(events=[event], approvals=[row]), [(message, shown)])
+        # the commit finds it and settles it (see ToolCalls.call).
+        await actor.append(approval.requested_data(), WriteTx(approvals=[row]), on_shown=shown)
         return approval
 
     def for_call(self, tool_call_id: str) -> Approval | None:
@@ -157,7 +136,7 @@ class Approvals:
         if approval.timer is not None:
             approval.timer.cancel()
         actor = approval.actor
-        now = actor.host.now()
+        now = actor.now()
         approval.row = dataclasses.replace(
             approval.row,
             status=state,
@@ -166,35 +145,28 @@ class Approvals:
             decision_reason=reason,
             decided_at=now,
         )
-        data = {
-            "approval_id": approval.approval_id,
-            "status": state,
-            "decision": decision,
-            "decided_by": decided_by,
-            "tool_call_id": approval.row.tool_call_id,
-        }
-        if decided_by_label is not None:
-            data["decided_by_label"] = decided_by_label
-        message, event = actor._event("approval.resolved", data, now)
+        data = ApprovalResolved(
+            approval_id=approval.approval_id,
+            status=state,
+            decision=decision,
+            decided_by=decided_by,
+            tool_call_id=approval.row.tool_call_id,
+            decided_by_label=UNSET if decided_by_label is None else decided_by_label,
+        )
 
         def resolved() -> None:
-            was_shown = actor.visible_approvals.pop(approval.approval_id, None) is not None
             self.live.pop(approval.approval_id, None)
-            if was_shown:
-                actor.host.announce(
-                    "face.approval.settled",
-                    {
-                        "conversation_id": actor.id,
-                        "approval_id": approval.approval_id,
-                        "status": state,
-                    },
+            if approval.shown:
+                approval.shown = False
+                self.announce(
+                    ApprovalSettled(
+                        conversation_id=actor.id, approval_id=approval.approval_id, status=state
+                    )
                 )
             if not approval.decided.done():
                 approval.decided.set_result(state)  # wake the tool only now (I10)
 
-        committed = actor._commit(
-            WriteTx(events=[event], approvals=[approval.row]), [(message, resolved)]
-        )
+        committed = actor.append(data, WriteTx(approvals=[approval.row]), on_shown=resolved)
 
         def failed(future: asyncio.Future[Any]) -> None:
             # No durable audit: the tool must not run. Waiters learn it failed.
@@ -212,7 +184,7 @@ class Approvals:
         reason: str | None,
         stored: ApprovalRow | None,
         label: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> ApprovalOutcome:
         """A Face's decision. Returns the ``face.result`` data: ``applied`` for
         the winner, ``already_resolved`` (with the standing resolution) for
         everyone else."""
@@ -223,27 +195,22 @@ class Approvals:
                     ErrorCode.APPROVAL_NOT_FOUND, "no such approval", field="approval_id"
                 )
             return self._standing(stored)
-        if approval.state == "pending" and approval.actor.host.now() >= approval.row.expires_at:
+        if approval.state == "pending" and approval.actor.now() >= approval.row.expires_at:
             self.settle(approval, "expired", None, None, None)
         applied = self.settle(
             approval, DECISION_STATE[decision], principal_id, decision, reason, label
         )
         await asyncio.shield(approval.decided)  # the audit row is durable before we answer
         if applied:
-            return {"outcome": "applied", "resolution": approval.resolution()}
+            return ApprovalOutcome(outcome="applied", resolution=resolution(approval.row))
         return self._standing(approval.row)
 
     @staticmethod
-    def _standing(row: ApprovalRow) -> dict[str, Any]:
+    def _standing(row: ApprovalRow) -> ApprovalOutcome:
         if row.status == "expired":
             raise ApprovalExpired("the approval expired before this decision", field="approval_id")
-        return {
-            "outcome": "already_resolved",
-            "resolution": {
-                "approval_id": row.approval_id,
-                "status": row.status,
-                "decision": row.decision,
-                "decided_by": row.decided_by,
-                "decided_at": row.decided_at,
-            },
-        }
+        return ApprovalOutcome(outcome="already_resolved", resolution=resolution(row))
+
+
+def _nowhere(news: Outbound) -> None:
+    """Until the Mind says where news goes, it goes nowhere."""

@@ -9,46 +9,38 @@ pending approvals become ``cancelled`` (and their tool calls complete as
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
-from halfpi.mind.tools import complete_call
-from halfpi.store.base import WriteTx
+from halfpi.core.events import ApprovalResolved
+from halfpi.mind.actor import ConversationActor
+from halfpi.mind.tools import complete_call, run_changed
+from halfpi.store.base import Store, WriteTx
 
-if TYPE_CHECKING:
-    from halfpi.mind.service import Mind
 
-
-async def recover_tools(mind: Mind) -> None:
-    store = mind.store
-    now = mind.now()
+async def recover_tools(
+    store: Store, actor_of: Callable[[str], Awaitable[ConversationActor]], now: float
+) -> None:
+    """Close every approval, tool run and tool call a restart left open;
+    ``actor_of`` loads the conversation each one belongs to."""
     for row in await store.open_approvals():
-        actor = await mind.actor(row.conversation_id)
+        actor = await actor_of(row.conversation_id)
         row = dataclasses.replace(
             row, status="cancelled", decided_at=now, decision_reason="the Mind restarted"
         )
-        data = {
-            "approval_id": row.approval_id,
-            "status": "cancelled",
-            "decision": None,
-            "decided_by": None,
-            "tool_call_id": row.tool_call_id,
-        }
-        message, event = actor._event("approval.resolved", data, now)
-        await actor._commit(WriteTx(events=[event], approvals=[row]), [(message, None)])
+        data = ApprovalResolved(
+            approval_id=row.approval_id,
+            status="cancelled",
+            decision=None,
+            decided_by=None,
+            tool_call_id=row.tool_call_id,
+        )
+        await actor.commit(actor.stage(data, now), tx=WriteTx(approvals=[row]))
     for run in await store.open_tool_runs():
-        actor = await mind.actor(run.conversation_id)
+        actor = await actor_of(run.conversation_id)
         run = dataclasses.replace(run, status="lost", finished_at=now)
-        data = {
-            "run_id": run.run_id,
-            "tool_call_id": run.tool_call_id,
-            "hand": run.hand_id,
-            "tool": run.tool,
-            "status": "lost",
-        }
-        message, event = actor._event("run.changed", data, now)
-        await actor._commit(WriteTx(events=[event], tool_runs=[run]), [(message, None)])
+        await actor.commit(actor.stage(run_changed(run), now), tx=WriteTx(tool_runs=[run]))
     for call in await store.open_tool_calls():
-        actor = await mind.actor(call.conversation_id)
+        actor = await actor_of(call.conversation_id)
         # A call that never reached a Hand was waiting for its approval, which
         # the restart cancelled; one that did has an unknown outcome: lost.
         status = "lost" if call.run_id else "cancelled"

@@ -18,9 +18,12 @@ from typing import Protocol
 
 from halfpi.agents.base import Agent
 from halfpi.agents.scripted import ScriptedAgent
-from halfpi.client.transport import pinned_tls_context, tls_connector
+from halfpi.client.transport import Connector, pinned_tls_context, tls_connector
 from halfpi.config import Config
+from halfpi.core.policy import parse_rule
 from halfpi.errors import StoreError
+from halfpi.hand.node import HandNode
+from halfpi.hand.policy import HandPolicy
 from halfpi.mind.home import Address, CannotStart, prepare_home, remove_address, write_address
 from halfpi.mind.home_lock import HomeLock
 from halfpi.mind.service import Mind
@@ -63,6 +66,7 @@ def build_mind(config: Config, agent: Agent | None = None) -> Mind:
         make_store(config),
         make_journal(config),
         agent or ScriptedAgent(config.scripted_delta_ms),
+        local_hand=lambda url, connector: local_hand(config, url, connector),
     )
 
 
@@ -77,14 +81,31 @@ def start_local_hand(mind: Mind, url: str) -> None:
         mind.start_local_hand(url)
 
 
+def local_hand(config: Config, url: str, connector: Connector | None = None) -> HandNode:
+    """The embedded set-up's Hand, dialling the Mind at ``url``. In this
+    process: the Mind's home and its database (wherever ``--store`` put it)
+    are this Hand's own, and never reachable by a tool."""
+    rules = {tool: parse_rule(rule) for tool, rule in config.hand_approval}
+    hand = HandNode(
+        url,
+        config.hand_token_path.read_text().strip(),
+        "local",
+        policy=HandPolicy(config.hand_roots, rules, config.private_paths),
+        state_dir=config.home / "hands",
+    )
+    if connector is not None:
+        hand.connector = connector
+    return hand
+
+
 @contextlib.asynccontextmanager
 async def running_mind(
     config: Config, agent: Agent | None = None, *, close_wait_s: float = 2.0
 ) -> AsyncIterator[tuple[Mind, Server]]:
     """A started Mind, its server (``config.server``) listening and (by
-    default) its local Hand connected to it; on exit: stop accepting, drain the Mind (close Faces
-    with 1012, end chats as ``interrupted``, close the store), wait a bounded
-    time for connections to close."""
+    default) its local Hand connected to it; on exit: stop accepting, drain
+    the Mind (close Faces with 1012, end chats as ``interrupted``, close the
+    store), wait a bounded time for connections to close."""
     prepare_home(config.home)
     # One Mind per home (DESIGN §12): locked before the store is opened or
     # anything is written; held until the end (released with this frame).

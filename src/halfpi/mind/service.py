@@ -1,7 +1,9 @@
 """The Mind: actors, the request registry, credentials and recovery, wired together.
 
-Transport adapters (gateway) talk to a :class:`Mind`; the Mind never knows
-which transport a session came in on.
+Transports (gateway) hand decoded commands to the Mind API (``mind/api.py``)
+with a caller (``mind/caller.py``); the Mind never knows which transport a
+session came in on, and imports none (nor the Hand: the embedded local Hand
+is built by the process wiring and handed in as a factory).
 """
 
 from __future__ import annotations
@@ -10,26 +12,42 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, runtime_checkable
 
 from halfpi.agents.base import Agent
 from halfpi.config import Config
+from halfpi.core.events import (
+    Accepted,
+    ApprovalPending,
+    ConversationInfo,
+    ConversationNews,
+    Created,
+    HandConnected,
+    HandDisconnected,
+    Interrupted,
+    Outbound,
+    Result,
+    builtins,
+    to_message,
+)
 from halfpi.core.ids import new_conversation_id, new_node_id
-from halfpi.core.policy import parse_rule
+from halfpi.core.outbound import Message
 from halfpi.core.requests import RequestRecord, Tombstone
 from halfpi.core.scopes import SESSIONS_READ, scopes_for
 from halfpi.core.throttle import HandshakeThrottle
 from halfpi.core.timers import Deadlines
 from halfpi.errors import CloseCode, ErrorCode, NotFound, RateLimited
-from halfpi.hand.node import HandNode
-from halfpi.hand.policy import HandPolicy
 from halfpi.journal.base import Journal
-from halfpi.mind.actor import ConversationActor
+from halfpi.mind.actor import ActorEnv, ConversationActor
 from halfpi.mind.approvals import Approvals
 from halfpi.mind.auth import CredentialCache, SharedReread, make_credential, write_token_file
+from halfpi.mind.chat import ChatDriver
 from halfpi.mind.hands import HandRegistry
 from halfpi.mind.recovery import recover_tools
+from halfpi.mind.registry import Registry
+from halfpi.mind.subscriptions import Sink, Subscriptions
+from halfpi.mind.tools import ToolCalls
 from halfpi.store.base import (
     ConversationRow,
     Credential,
@@ -38,20 +56,13 @@ from halfpi.store.base import (
     WriteTx,
 )
 
-if TYPE_CHECKING:
-    from halfpi.client.transport import Connector
-
 log = logging.getLogger("halfpi.mind")
-
-Key = tuple[str, str]
 
 
 class Session(Protocol):
-    """What the Mind needs from a Face connection, whatever its transport."""
+    """What the Mind's maintenance needs from any connection (Face or Hand)."""
 
     principal_id: str | None
-
-    def send_result(self, payload: dict[str, Any]) -> None: ...
 
     def close(self, code: int, reason: str) -> None: ...
 
@@ -60,9 +71,25 @@ class Session(Protocol):
 
 @runtime_checkable
 class FaceLink(Session, Protocol):
-    """A Face session: it also takes session-level news (``announce``)."""
+    """A Face connection: it also takes session-level news (``announce``)."""
 
-    def send_reliable(self, type_: str, payload: dict[str, Any]) -> None: ...
+    def send(self, message: Message) -> None: ...
+
+    def wake(self) -> None: ...
+
+
+class LocalHand(Protocol):
+    """The embedded Hand, as the Mind runs it (built by the process wiring)."""
+
+    connected: asyncio.Event
+
+    async def run_forever(self) -> bool: ...
+
+    async def stop(self) -> None: ...
+
+
+# (url, connector or None) -> the local Hand dialling the Mind at url.
+LocalHandFactory = Callable[[str, Any], LocalHand]
 
 
 class Mind:
@@ -75,13 +102,13 @@ class Mind:
         *,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+        local_hand: LocalHandFactory | None = None,
     ) -> None:
         self.config = config
-        self.store = store
         self.journal = journal
         self.agent = agent
         self.clock = clock
-        self.sleep = sleep  # the Mind's waits between retries: tests inject time
+        self.registry = Registry(store, clock)
         self.node_id = new_node_id(clock())
         self.auth = CredentialCache()
         self.throttle = HandshakeThrottle(config.handshake_throttle)
@@ -92,22 +119,62 @@ class Mind:
         self.hands = HandRegistry(clock, config.hand_grace_s)
         self.hands.on_presence = self._hand_presence
         self.approvals = Approvals(config.approval_ttl_s)
-        self.local_hand: HandNode | None = None
+        self.approvals.announce = self.announce
+        # What every actor is given (not the Mind): the store, the journal,
+        # time, the chat driver, and where results and news go.
+        self.env = ActorEnv(
+            store=store,
+            journal=journal,
+            clock=clock,
+            sleep=sleep,  # the Mind's waits between retries: tests inject time
+            drive=ChatDriver(agent, ToolCalls(self.hands, self.approvals, config)),
+            deliver=self.registry.deliver,
+            announce=self.announce,
+            tool_history=config.tool_history,
+        )
+        self._local_hand_factory = local_hand
+        self.local_hand: LocalHand | None = None
         self._local_hand_task: asyncio.Task[bool] | None = None
         self.sessions: set[Session] = set()
         # When each session next needs a maintenance visit (hello timeout,
         # heartbeat, presumed dead): an idle connection costs nothing per round.
         self.session_deadlines: Deadlines[Session] = Deadlines()
-        self.draining = False
         self._actors: dict[str, ConversationActor] = {}
         self._loading: dict[str, asyncio.Future[ConversationActor]] = {}
-        self._attached: dict[Key, set[Session]] = {}
-        self._locks: dict[Key, asyncio.Lock] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._maintenance: asyncio.Task[None] | None = None
 
     def now(self) -> float:
         return self.clock()
+
+    # One store, one sleep, one draining flag, shared with the actors and the
+    # registry: swapping the store (tests do, to hold or fail commits)
+    # reaches every part that writes.
+
+    @property
+    def store(self) -> Store:
+        return self.env.store
+
+    @store.setter
+    def store(self, store: Store) -> None:
+        self.env.store = store
+        self.registry.store = store
+
+    @property
+    def sleep(self) -> Callable[[float], Awaitable[object]]:
+        return self.env.sleep
+
+    @sleep.setter
+    def sleep(self, sleep: Callable[[float], Awaitable[object]]) -> None:
+        self.env.sleep = sleep
+
+    @property
+    def draining(self) -> bool:
+        return self.env.draining
+
+    @draining.setter
+    def draining(self, draining: bool) -> None:
+        self.env.draining = draining
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -137,24 +204,14 @@ class Mind:
         write_token_file(self.config.hand_token_path, token)
         await self.refresh_credentials()
 
-    def start_local_hand(self, url: str, connector: Connector | None = None) -> None:
+    def start_local_hand(self, url: str, connector: Any = None) -> None:
         """The embedded set-up's Hand: in this process, through the same
         ``/v1/hand`` path as any other, so there is one code path to trust
-        (over TLS too, when the Mind serves wss://: ``connector``)."""
-        token = self.config.hand_token_path.read_text().strip()
-        config = self.config
-        rules = {tool: parse_rule(rule) for tool, rule in config.hand_approval}
-        self.local_hand = HandNode(
-            url,
-            token,
-            "local",
-            # In this process: the Mind's home (and so its database and
-            # tokens) is this Hand's own, and never reachable by a tool.
-            policy=HandPolicy(config.hand_roots, rules, config.private_paths),
-            state_dir=config.home / "hands",
-        )
-        if connector is not None:
-            self.local_hand.connector = connector
+        (over TLS too, when the Mind serves wss://: ``connector``). Built by
+        the factory the process wiring gave (``local_hand=``)."""
+        if self._local_hand_factory is None:
+            raise RuntimeError("this Mind was built without a local Hand factory")
+        self.local_hand = self._local_hand_factory(url, connector)
         self._local_hand_task = asyncio.create_task(
             self.local_hand.run_forever(), name="local hand"
         )
@@ -163,19 +220,17 @@ class Mind:
         """``hand.connected`` / ``hand.disconnected`` in every conversation that
         has a run on that Hand: where a person is waiting on it."""
         hand = self.hands.hands.get(hand_id)
-        data = {"hand_id": hand_id, "generation": hand.generation if hand else None}
+        kind = HandConnected if connected else HandDisconnected
+        data = kind(hand_id=hand_id, generation=hand.generation if hand else None)
         for conversation_id in sorted(conversations):
             actor = self._actors.get(conversation_id)
             if actor is not None:
-                message, event = actor._event(
-                    "hand.connected" if connected else "hand.disconnected", data, self.now()
-                )
-                actor._commit(WriteTx(events=[event]), [(message, None)])
+                actor.append(data)
 
     async def _recover(self) -> None:
         """After a crash: open runs become ``interrupted`` (I11), open requests
         get a terminal result, and ``seq`` continues from the store."""
-        await recover_tools(self)
+        await recover_tools(self.store, self.actor, self.now())
         for row in await self.store.open_runs():
             actor = await self.actor(row.conversation_id)
             await actor.interrupt_recovered(row)
@@ -188,11 +243,13 @@ class Mind:
                         r.principal_id,
                         r.request_id,
                         "interrupted",
-                        {
-                            "request_id": r.request_id,
-                            "status": "interrupted",
-                            "data": {"reason": "mind_restarted"},
-                        },
+                        builtins(
+                            Result(
+                                request_id=r.request_id,
+                                status="interrupted",
+                                data=Interrupted(reason="mind_restarted"),
+                            )
+                        ),
                         now,
                     )
                     for r in leftovers
@@ -254,7 +311,7 @@ class Mind:
                         field="conversation_id",
                     )
                 head = await self.store.head_seq(conversation_id)
-                actor = ConversationActor(self, row, head)
+                actor = ConversationActor(self.env, row, head)
                 self._actors[conversation_id] = actor
                 loading.set_result(actor)
             except BaseException as exc:
@@ -273,96 +330,59 @@ class Mind:
         conversation_id = new_conversation_id(now)
         row = ConversationRow(conversation_id, name, now, record.principal_id)
         record.conversation_id = conversation_id
-        record.accepted = {
-            "request_id": record.request_id,
-            "operation": "conversation.create",
-            "conversation_id": conversation_id,
-        }
-        record.result = {
-            "request_id": record.request_id,
-            "status": "succeeded",
-            "data": {"conversation_id": conversation_id, "name": name, "created_at": now},
-        }
+        record.accepted = builtins(
+            Accepted(
+                request_id=record.request_id,
+                operation="conversation.create",
+                conversation_id=conversation_id,
+            )
+        )
+        record.result = builtins(
+            Result(
+                request_id=record.request_id,
+                status="succeeded",
+                data=Created(conversation_id=conversation_id, name=name, created_at=now),
+            )
+        )
         record.status = "succeeded"
         record.finished_at = now
         outcome = await self.store.write(WriteTx(admit=record, conversations=[row]))
         if outcome.existing is not None:
             return outcome.existing
-        self.announce(
-            "face.conversation.changed",
-            {
-                "conversation": {"id": conversation_id, "name": name, "created_at": now},
-                "change": "created",
-            },
-        )
+        info = ConversationInfo(id=conversation_id, name=name, created_at=now)
+        self.announce(ConversationNews(conversation=info, change="created"))
         return record
 
     # -- session-level news (not in any conversation's log) -----------------------
 
-    def announce(self, type_: str, payload: dict[str, Any]) -> None:
-        """Send ``type_`` to every welcomed Face session whose credential may
-        read conversations, now. Reliable on a connection; a Face that was away
-        re-reads the list it keeps (``face.conversation.list``,
-        ``face.approval.list``) after every (re)connect, so nothing is missed."""
+    def announce(self, news: Outbound) -> None:
+        """Send ``news`` (a session-level message) to every welcomed Face
+        session whose credential may read conversations, now; encoded once.
+        Reliable on a connection; a Face that was away re-reads the list it
+        keeps (``face.conversation.list``, ``face.approval.list``) after every
+        (re)connect, so nothing is missed."""
+        shared: Message | None = None
         for session in list(self.sessions):
             principal_id = session.principal_id
             if principal_id is None or not isinstance(session, FaceLink):
                 continue  # not welcomed yet (it reads the lists after its hello), or a Hand
             credential = self.credential(principal_id)
             if credential is not None and SESSIONS_READ in credential.scopes:
-                session.send_reliable(type_, payload)
+                shared = shared or to_message(news)
+                session.send(shared)
 
-    def pending_approvals(self) -> list[dict[str, Any]]:
+    def pending_approvals(self) -> list[ApprovalPending]:
         """Every approval still waiting for a decision, in every conversation,
         oldest first: the summary only, never the arguments."""
-        waiting = [
-            a
-            for a in self.approvals.live.values()
-            if a.state == "pending" and a.approval_id in a.actor.visible_approvals
-        ]
+        waiting = [a for a in self.approvals.live.values() if a.state == "pending" and a.shown]
         waiting.sort(key=lambda a: (a.row.created_at, a.approval_id))
         return [a.pending_summary() for a in waiting]
 
-    # -- the request registry (DESIGN §5, I5) ------------------------------------
+    # -- callers ---------------------------------------------------------------
 
-    @contextlib.asynccontextmanager
-    async def request_lock(self, key: Key) -> AsyncIterator[None]:
-        """Serialize commands that share ``(principal_id, request_id)`` in this
-        process; the store's admit-if-absent is the backstop across nodes."""
-        lock = self._locks.get(key)
-        if lock is None:
-            lock = self._locks[key] = asyncio.Lock()
-        try:
-            async with lock:
-                yield
-        finally:
-            if not lock.locked() and not lock._waiters:
-                self._locks.pop(key, None)
-
-    def attach(self, key: Key, session: Session) -> None:
-        """``session`` will receive the terminal ``face.result`` of ``key``."""
-        self._attached.setdefault(key, set()).add(session)
-
-    def detach(self, session: Session) -> None:
-        for key in [k for k, s in self._attached.items() if session in s]:
-            sessions = self._attached[key]
-            sessions.discard(session)
-            if not sessions:
-                del self._attached[key]
-
-    def is_attached(self, key: Key, session: Session) -> bool:
-        return session in self._attached.get(key, ())
-
-    def detach_key(self, key: Key, session: Session) -> None:
-        sessions = self._attached.get(key)
-        if sessions is not None:
-            sessions.discard(session)
-            if not sessions:
-                del self._attached[key]
-
-    def deliver_result(self, principal_id: str, request_id: str, payload: dict[str, Any]) -> None:
-        for session in self._attached.pop((principal_id, request_id), ()):
-            session.send_result(payload)
+    def subscriptions_for(self, sink: Sink) -> Subscriptions:
+        """An empty set of subscriptions for a new connection (``sink``)."""
+        return Subscriptions(sink, self.journal, self.spawn, self.config.snapshot_messages)
 
     def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro, name=name)

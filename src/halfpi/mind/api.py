@@ -1,0 +1,64 @@
+"""The Mind API: one entry point for every transport (DESIGN §9).
+
+A transport does only this: decode a frame (``core/wire.py``),
+authenticate the connection and authorise the command (I8), call
+:func:`handle` with the caller and the decoded command, and encode what the
+caller's sink receives. Everything a command means — the request registry,
+cancel targeting, subscriptions and replay, approvals, store writes — is
+behind this call, so WebSocket, SSE, HTTP commands and AG-UI share it.
+
+Errors are raised as :class:`halfpi.errors.HalfpiError` (each with a stable
+code); the transport maps them to its own reply (``face.error``, an HTTP
+status).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from halfpi.core import wire
+from halfpi.errors import Unavailable
+from halfpi.mind import cancels, commands
+from halfpi.mind.caller import Caller
+
+if TYPE_CHECKING:
+    from halfpi.mind.service import Mind
+
+Handler = Callable[["Mind", Caller, Any], Awaitable[None]]
+
+HANDLERS: dict[str, Handler] = {
+    "face.ping": commands.ping,
+    "face.conversation.create": commands.conversation_create,
+    "face.conversation.rename": commands.conversation_rename,
+    "face.conversation.list": commands.conversation_list,
+    "face.conversation.snapshot": commands.conversation_snapshot,
+    "face.conversation.messages": commands.conversation_messages,
+    "face.subscribe": commands.subscribe,
+    "face.unsubscribe": commands.unsubscribe,
+    "face.chat": commands.chat,
+    "face.chat.cancel": cancels.chat_cancel,
+    "face.approval.resolve": commands.approval_resolve,
+    "face.approval.list": commands.approval_list,
+    "face.run.cancel": cancels.run_cancel,
+    "face.task.cancel": commands.task_cancel,
+    "face.task.list": commands.task_list,
+    "face.task.get": commands.task_get,
+    "face.task.log": commands.task_get,
+    "face.hand.list": commands.hand_list,
+}
+
+
+async def handle(mind: Mind, caller: Caller, type_: str, payload: Any) -> None:
+    """Run one command of ``caller`` (authenticated, and authorised for
+    ``type_``); its replies go to the caller's sink."""
+    if mind.draining and type_ in wire.MUTATIONS:
+        raise Unavailable("the Mind is shutting down; retry elsewhere or later")
+    await HANDLERS[type_](mind, caller, payload)
+
+
+def disconnected(mind: Mind, caller: Caller) -> None:
+    """The caller's connection is gone: it follows nothing and waits for no
+    result any more. What it started runs on (I1); a replay re-attaches."""
+    caller.subscriptions.drop_all()
+    mind.registry.detach(caller)

@@ -18,11 +18,13 @@ from typing import TYPE_CHECKING, Any
 from halfpi.core.ids import new_id
 from halfpi.core.projection import summary_data
 from halfpi.core.states import APPROVAL
+from halfpi.core.timers import Timer
 from halfpi.errors import ApprovalExpired, ErrorCode, NotFound, StoreError
 from halfpi.store.base import ApprovalRow, WriteTx
 
 if TYPE_CHECKING:
     from halfpi.mind.actor import ConversationActor
+    from halfpi.mind.scheduler import Scheduler
 
 DECISION_STATE = {"allow_once": "allowed", "deny_once": "denied"}
 
@@ -36,7 +38,7 @@ class Approval:
     decided: asyncio.Future[str] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
-    timer: asyncio.TimerHandle | None = None
+    timer: Timer | None = None  # the TTL, on the Mind's scheduler
 
     @property
     def approval_id(self) -> str:
@@ -85,8 +87,9 @@ class Approval:
 class Approvals:
     """All approvals of this Mind that are still pending or settling."""
 
-    def __init__(self, ttl_s: float) -> None:
+    def __init__(self, ttl_s: float, scheduler: Scheduler) -> None:
         self.ttl_s = ttl_s
+        self.scheduler = scheduler
         self.live: dict[str, Approval] = {}
 
     async def request(
@@ -122,9 +125,9 @@ class Approvals:
             "approval.requested", data, now, summary_data("approval.requested", data)
         )
         self.live[row.approval_id] = approval
-        loop = asyncio.get_running_loop()
-        approval.timer = loop.call_later(
-            self.ttl_s, self.settle, approval, "expired", None, None, None
+        # Expires exactly at the ``expires_at`` every Face was shown.
+        approval.timer = self.scheduler.call_at(
+            row.expires_at, self.settle, approval, "expired", None, None, None
         )
 
         def shown() -> None:

@@ -444,8 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_seconds,
         default=Config(home=Path()).hand_grace_s,
         metavar="SECONDS",
-        help="how long a Hand may stay away before its runs are lost "
-        "(default %(default).0f)",
+        help="how long a Hand may stay away before its runs are lost (default %(default).0f)",
     )
     mind.add_argument(
         "--tls-cert",

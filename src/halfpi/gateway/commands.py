@@ -265,8 +265,7 @@ async def _admit_cancel(
         }
 
     if finished is not None:
-        record.result = result_for(finished)
-        record.status, record.finished_at = "succeeded", mind.now()
+        record.finish(result_for(finished), mind.now())
     outcome = await mind.store.write(WriteTx(admit=record))
     if outcome.existing is not None:
         return outcome.existing
@@ -324,13 +323,13 @@ async def approval_resolve(s: FaceSession, p: wire.ApprovalResolve) -> None:
             "operation": "approval.resolve",
             "approval_id": p.approval_id,
         }
-        record.result = {"request_id": record.request_id, "status": "succeeded", "data": data}
-        record.status, record.finished_at = "succeeded", mind.now()
+        result = {"request_id": record.request_id, "status": "succeeded", "data": data}
+        record.finish(result, mind.now())
         outcome = await mind.store.write(WriteTx(admit=record))
         if outcome.existing is not None:
             return outcome.existing
         s.send_reliable("face.accepted", record.accepted)
-        s.send_result(record.result)
+        s.send_result(result)
         return record
 
     await s.mutation("face.approval.resolve", p, admit)

@@ -623,12 +623,14 @@ class ConversationActor:
             "operation": "conversation.rename",
             "conversation_id": self.id,
         }
-        record.result = {
-            "request_id": record.request_id,
-            "status": "succeeded",
-            "data": {"conversation_id": self.id, "name": name},
-        }
-        record.status, record.finished_at = "succeeded", now
+        record.finish(
+            {
+                "request_id": record.request_id,
+                "status": "succeeded",
+                "data": {"conversation_id": self.id, "name": name},
+            },
+            now,
+        )
         was_named, self.named = self.named, True
         tx = WriteTx(admit=record, conversation_names=[(self.id, name)], events=[event])
         try:

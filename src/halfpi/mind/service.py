@@ -278,13 +278,14 @@ class Mind:
             "operation": "conversation.create",
             "conversation_id": conversation_id,
         }
-        record.result = {
-            "request_id": record.request_id,
-            "status": "succeeded",
-            "data": {"conversation_id": conversation_id, "name": name, "created_at": now},
-        }
-        record.status = "succeeded"
-        record.finished_at = now
+        record.finish(
+            {
+                "request_id": record.request_id,
+                "status": "succeeded",
+                "data": {"conversation_id": conversation_id, "name": name, "created_at": now},
+            },
+            now,
+        )
         outcome = await self.store.write(WriteTx(admit=record, conversations=[row]))
         if outcome.existing is not None:
             return outcome.existing

@@ -190,6 +190,7 @@ def cmd_mind(args: argparse.Namespace) -> int:
         tls_cert=Path(args.tls_cert) if args.tls_cert else None,
         tls_key=Path(args.tls_key) if args.tls_key else None,
         approval_ttl_s=args.approval_ttl,
+        hand_grace_s=args.hand_grace,
         hand_roots=tuple(args.hand_root or ()),
         hand_approval=tuple((tool, rule.value) for tool, rule in args.hand_approval or ()),
         server=args.server,
@@ -463,6 +464,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how long a tool approval waits for a decision before it expires "
         "(default %(default).0f)",
+    )
+    mind.add_argument(
+        "--hand-grace",
+        type=positive_seconds,
+        default=Config(home=Path()).hand_grace_s,
+        metavar="SECONDS",
+        help="how long a Hand may stay away before its runs are lost (default %(default).0f)",
     )
     mind.add_argument(
         "--tls-cert",

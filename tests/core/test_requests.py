@@ -21,7 +21,9 @@ from halfpi.core.requests import (
     prunable,
     replay_frames,
 )
+from halfpi.core.states import REQUEST_TERMINAL
 from halfpi.core.wire import Chat, decode_command
+from halfpi.errors import IllegalTransition
 
 
 def _digest_of_frame(frame: str) -> str:
@@ -253,3 +255,33 @@ def test_prunable_property(ages: list[float], max_per_principal: int) -> None:
     for rank, f in enumerate(newest_first):
         old = NOW - f.finished_at >= 600.0
         assert (f.request_id in pruned) == (old and rank >= max_per_principal)
+
+
+# -- the record's states move by the REQUEST table (accepted → terminal, once) --------
+
+
+@pytest.mark.parametrize("status", sorted(REQUEST_TERMINAL))
+def test_a_record_moves_from_accepted_to_the_status_of_its_result(status: str) -> None:
+    record = _record()
+    result = {"request_id": "r_1", "status": status}
+    record.finish(result, 200.0)
+    assert (record.status, record.result, record.finished_at) == (status, result, 200.0)
+    assert record.terminal
+
+
+def test_a_finished_record_never_moves_again() -> None:
+    record = _record()
+    record.finish({"request_id": "r_1", "status": "succeeded"}, 200.0)
+    with pytest.raises(IllegalTransition):
+        record.finish({"request_id": "r_1", "status": "failed"}, 300.0)
+    assert (record.status, record.finished_at) == ("succeeded", 200.0)
+
+
+@pytest.mark.parametrize("status", ["accepted", "running", "expired", "lost"])
+def test_a_record_cannot_finish_with_a_status_that_is_not_a_request_outcome(
+    status: str,
+) -> None:
+    record = _record()
+    with pytest.raises(IllegalTransition):
+        record.finish({"request_id": "r_1", "status": status}, 200.0)
+    assert record.status == "accepted" and record.result is None

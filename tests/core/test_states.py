@@ -17,6 +17,7 @@ from halfpi.core.states import (
     CONNECTION,
     MACHINES,
     REQUEST,
+    REQUEST_TERMINAL,
     RUN,
     Machine,
     render_docs,
@@ -34,7 +35,11 @@ EXPECTED: dict[str, tuple[str, dict[str, set[str]]]] = {
     "request": ("accepted", {"accepted": set(TERMINAL)}),
     "connection": (
         "awaiting_hello",
-        {"awaiting_hello": {"open", "closing"}, "open": {"closing"}, "closing": {"closed"}},
+        {
+            "awaiting_hello": {"open", "closing", "closed"},
+            "open": {"closing", "closed"},
+            "closing": {"closed"},
+        },
     ),
     "run": (
         "queued",
@@ -102,7 +107,12 @@ def test_chat_states() -> None:
 
 def test_request_states() -> None:
     assert {s for s in REQUEST.states if REQUEST.is_terminal(s)} == TERMINAL
+    assert frozenset(TERMINAL) == REQUEST_TERMINAL
     assert not REQUEST.is_terminal("accepted")
+
+
+def test_a_chat_request_ends_with_its_chats_terminal_status() -> None:
+    assert REQUEST_TERMINAL == CHAT_TERMINAL
 
 
 def test_connection_states() -> None:

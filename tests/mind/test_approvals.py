@@ -1,7 +1,9 @@
 """Approvals (DESIGN §7): the first valid decision wins, audit before execution (I10).
 
-Every test drives a real Mind on a real port with the scripted agent:
-``/tool exec_command …`` makes the chat wait at ``approval.requested``.
+Every test drives a real Mind with the scripted agent: ``/tool exec_command …``
+makes the chat wait at ``approval.requested``. Most use a real port; the
+TTL's tests use a fake clock and no sockets (``tests/support/rig.py``), so
+the default two minutes pass in microseconds.
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ from halfpi.mind.hands import ToolRun
 from halfpi.store.base import WriteTx
 from tests.support.cli import face_add
 from tests.support.client import FaceClient, connect_new_credential
+from tests.support.clock import T0
 from tests.support.frames import event, events_of
-from tests.support.mind import LocalMind, hand_ready, local_mind
+from tests.support.hand import allow_check
+from tests.support.mind import LocalMind, hand_ready
+from tests.support.rig import Peer, Rig, fake_time_mind
 from tests.support.store import HeldCommits
 
 TRUE_TOOL = '/tool exec_command {"argv": ["true"]}'
@@ -205,36 +210,93 @@ async def test_replayed_resolve_returns_the_same_result(lmind: LocalMind) -> Non
 # -- expiry, cancel, refusals ---------------------------------------------------------------
 
 
-async def test_approval_expires_and_a_late_decision_is_refused(tmp_path: Path) -> None:
-    async with local_mind(tmp_path / "home", approval_ttl_s=0.3) as lmind:
-        await hand_ready(lmind)
-        async with operator(lmind) as face:
-            cid = await face.create_conversation()
-            await face.subscribe(cid)
-            chat_id = await face.command("face.chat", conversation_id=cid, content=TRUE_TOOL)
-            approval_id = await wait_approval(face, chat_id)
-            resolved = await face.expect(event("approval.resolved", approval_id=approval_id))
-            assert resolved["payload"]["data"]["status"] == "expired"
-            assert resolved["payload"]["data"]["decided_by"] is None
+HAND_TOOL = '/tool exec_command {"argv": ["true"], "hand": "dev"}'
 
-            # The chat goes on: the tool did not run and the agent was told.
-            result = await face.reply(chat_id)
-            assert result["payload"]["status"] == "succeeded"
-            assert result["payload"]["content"].startswith("exec_command expired")
-            completed = await face.expect(event("chat.tool_completed", request_id=chat_id))
-            assert completed["payload"]["data"]["status"] == "expired"
-            assert completed["payload"]["data"]["success"] is False
-            assert events_of(face.seen, "run.changed") == []
 
-            resolve_id = await face.command(
-                "face.approval.resolve", approval_id=approval_id, decision="allow_once"
-            )
-            late = await face.reply(resolve_id)
-            assert late["type"] == "face.error", late
-            assert late["payload"]["code"] == "approval_expired"
-            stored = read_row(lmind.config.db_path, "approvals", "approval_id", approval_id)
-            assert stored is not None
-            assert stored["status"] == "expired" and stored["decision"] is None
+async def waiting_approval(rig: Rig) -> tuple[Peer, Peer, str, str]:
+    """A chat waiting for its approval: ``(face, hand, chat request_id, approval_id)``."""
+    hand = await rig.hand("dev")
+    face = await rig.face()
+    cid = await rig.conversation(face)
+    chat = await rig.command(face, "face.chat", conversation_id=cid, content=HAND_TOOL)
+    check = await rig.take(hand, lambda f: f["type"] == "hand.check")
+    hand.send("hand.checked", allow_check(check["payload"]))  # the Mind's floor asks
+    requested = await rig.expect(face, event("approval.requested", request_id=chat))
+    return face, hand, chat, requested["payload"]["data"]["approval_id"]
+
+
+async def test_approval_expires_at_its_ttl_and_a_late_decision_is_refused(
+    tmp_path: Path,
+) -> None:
+    async with fake_time_mind(tmp_path / "home") as rig:
+        ttl = rig.mind.config.approval_ttl_s
+        face, hand, chat, approval_id = await waiting_approval(rig)
+        requested = await rig.expect(face, event("approval.requested"))
+        assert requested["payload"]["data"]["expires_at"] == T0 + ttl
+
+        rig.advance(ttl - 0.001)
+        assert rig.mind.approvals.live[approval_id].state == "pending", "not before the TTL"
+        rig.advance(0.001)
+        resolved = await rig.expect(face, event("approval.resolved", approval_id=approval_id))
+        assert resolved["payload"]["data"]["status"] == "expired"
+        assert resolved["payload"]["data"]["decided_by"] is None
+        assert resolved["payload"]["ts"] == T0 + ttl
+
+        # The chat goes on: the tool did not run and the agent was told.
+        result = await rig.reply(face, chat)
+        assert result["payload"]["status"] == "succeeded"
+        assert result["payload"]["content"].startswith("exec_command expired")
+        completed = await rig.expect(face, event("chat.tool_completed", request_id=chat))
+        assert completed["payload"]["data"]["status"] == "expired"
+        assert completed["payload"]["data"]["success"] is False
+        assert face.seen(event("run.changed")) == []
+        assert hand.wire.of_type("hand.run") == []
+
+        late = await rig.reply(face, await rig.command(
+            face, "face.approval.resolve", approval_id=approval_id, decision="allow_once"))
+        assert late["type"] == "face.error", late
+        assert late["payload"]["code"] == "approval_expired"
+        stored = read_row(rig.mind.config.db_path, "approvals", "approval_id", approval_id)
+        assert stored is not None
+        assert stored["status"] == "expired" and stored["decision"] is None
+        assert stored["decided_at"] == T0 + ttl
+
+
+async def test_a_decision_at_the_ttl_is_refused_even_before_the_timer_ran(
+    tmp_path: Path,
+) -> None:
+    async with fake_time_mind(tmp_path / "home") as rig:
+        face, hand, chat, approval_id = await waiting_approval(rig)
+        approval = rig.mind.approvals.live[approval_id]
+        rig.clock.now = T0 + rig.mind.config.approval_ttl_s  # no timer has run yet
+        late = await rig.reply(face, await rig.command(
+            face, "face.approval.resolve", approval_id=approval_id, decision="allow_once"))
+        assert late["type"] == "face.error", late
+        assert late["payload"]["code"] == "approval_expired"
+        resolved = await rig.expect(face, event("approval.resolved", approval_id=approval_id))
+        assert resolved["payload"]["data"]["status"] == "expired"
+        assert approval.timer is not None and approval.timer.done  # called off, not run
+        rig.advance(0.0)
+        assert len(face.seen(event("approval.resolved", approval_id=approval_id))) == 1
+        assert (await rig.reply(face, chat))["payload"]["content"].startswith(
+            "exec_command expired")
+        assert hand.wire.of_type("hand.run") == []
+
+
+async def test_a_decision_just_before_the_ttl_applies_and_calls_the_timer_off(
+    tmp_path: Path,
+) -> None:
+    async with fake_time_mind(tmp_path / "home") as rig:
+        ttl = rig.mind.config.approval_ttl_s
+        face, hand, _, approval_id = await waiting_approval(rig)
+        rig.advance(ttl - 0.001)
+        decided = await rig.reply(face, await rig.command(
+            face, "face.approval.resolve", approval_id=approval_id, decision="allow_once"))
+        assert decided["payload"]["data"]["outcome"] == "applied", decided
+        await rig.take(hand, lambda f: f["type"] == "hand.run")
+        rig.advance(1.0)
+        resolved = face.seen(event("approval.resolved", approval_id=approval_id))
+        assert [r["payload"]["data"]["status"] for r in resolved] == ["allowed"]
 
 
 async def test_chat_cancel_cancels_the_pending_approval(lmind: LocalMind) -> None:
@@ -447,13 +509,14 @@ async def test_a_pending_approval_is_announced_to_faces_following_other_conversa
 
 
 async def test_an_expired_approval_is_announced_as_settled(tmp_path: Path) -> None:
-    async with local_mind(tmp_path / "home", approval_ttl_s=0.3) as lmind:
-        await hand_ready(lmind)
-        async with operator(lmind) as face, operator(lmind) as watcher:
-            cid = await face.create_conversation()
-            chat_id = await face.command("face.chat", conversation_id=cid, content=TRUE_TOOL)
-            pending = await watcher.expect(approval_news("face.approval.pending"))
-            assert pending["payload"]["request_id"] == chat_id
-            approval_id = pending["payload"]["approval_id"]
-            settled = await watcher.expect(approval_news("face.approval.settled", approval_id))
-            assert settled["payload"]["status"] == "expired"
+    async with fake_time_mind(tmp_path / "home") as rig:
+        watcher = await rig.face()  # follows no conversation
+        _, _, chat, approval_id = await waiting_approval(rig)
+        pending = await rig.expect(watcher, approval_news("face.approval.pending", approval_id))
+        assert pending["payload"]["request_id"] == chat
+        assert pending["payload"]["expires_at"] == T0 + rig.mind.config.approval_ttl_s
+        rig.advance(rig.mind.config.approval_ttl_s)
+        settled = await rig.expect(watcher, approval_news("face.approval.settled", approval_id))
+        assert settled["payload"]["status"] == "expired"
+        listed = await rig.reply(watcher, await rig.command(watcher, "face.approval.list"))
+        assert listed["payload"]["data"]["approvals"] == []

@@ -15,7 +15,9 @@ from tests.support.client import FaceClient, seq_of
 from tests.support.clock import ManualSleep
 from tests.support.frames import event, events_of
 from tests.support.mind import LocalMind, local_mind
+from tests.support.rig import fake_time_mind
 from tests.support.store import FailingWrites
+from tests.support.wait import until
 
 CHAT_ENDS = set(CHAT_EVENT_FOR_STATUS.values())
 
@@ -190,3 +192,35 @@ async def test_a_chat_converges_on_an_outcome_the_store_already_holds(tmp_path: 
         assert after["payload"]["status"] == "succeeded"
         assert await ends_in_log(lmind, cid, run.run_id) == ["chat.interrupted"]
         await face.close()
+
+
+async def test_the_waits_between_attempts_to_commit_an_end_are_on_the_minds_clock(
+    tmp_path: Path,
+) -> None:
+    agent = GatedAgent()
+    # Maintenance an hour away: the only timer is the retry's wait.
+    async with fake_time_mind(tmp_path / "home", agent, credential_poll_s=3600.0) as rig:
+        face = await rig.face()
+        cid = await rig.conversation(face)
+        store = FailingWrites(rig.mind.store)
+        rig.mind.store = store  # type: ignore[assignment]
+        chat = await rig.command(face, "face.chat", conversation_id=cid, content="gated")
+        await rig.expect(face, lambda f: f["type"] == "face.chat.delta")
+        store.fail(lambda tx: bool(tx.finished))  # the end's commit only
+        agent.gate.set()
+
+        async def waits(seconds: float) -> None:
+            await until(lambda: rig.mind.scheduler.next_deadline() == rig.clock.now + seconds)
+
+        await waits(0.25)
+        assert rig.advance(0.249) == 0 and len(store.refused) == 1
+        assert rig.advance(0.001) == 1
+        await until(lambda: len(store.refused) == 2)
+        await waits(0.5)  # refused again: the wait grows
+        store.heal()
+        assert rig.advance(0.499) == 0
+        assert rig.advance(0.001) == 1
+        result = await rig.reply(face, chat)
+        assert result["payload"]["status"] == "succeeded"
+        assert result["payload"]["content"] == "hello world"
+        assert len(store.refused) == 2

@@ -9,7 +9,6 @@ The registry is driven directly with a fake link: no sockets.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
@@ -29,7 +28,8 @@ from halfpi.core.hand_wire import (
     HandTool,
 )
 from halfpi.core.policy import Verdict
-from halfpi.mind.hands import HandRegistry, HandUnavailable, ToolRun
+from halfpi.mind.hands import CHECK_TIMEOUT_S, HandRegistry, HandUnavailable, ToolRun
+from tests.support.clock import FakeClock
 from tests.support.hand import FakeLink, honest_result
 
 
@@ -64,8 +64,8 @@ def started(hands: HandRegistry, link: FakeLink, run_id: str = "x_1") -> Watched
     return watched
 
 
-def connected() -> tuple[HandRegistry, FakeLink]:
-    hands = HandRegistry(lambda: 1000.0, 60.0)
+def connected(clock: FakeClock | None = None) -> tuple[HandRegistry, FakeLink]:
+    hands = HandRegistry((clock or FakeClock()).scheduler(), 60.0)
     link = FakeLink(hands)
     hands.connect(link, hello(), "p_hand")
     return hands, link
@@ -186,12 +186,16 @@ async def test_policy_check_fails_when_the_hand_goes_away() -> None:
         await pending
 
 
-async def test_policy_check_times_out() -> None:
-    hands = HandRegistry(lambda: 1000.0, 60.0, check_timeout_s=0.01)
-    link = FakeLink(hands)
-    hands.connect(link, hello(), "p_hand")
+async def test_policy_check_times_out_on_the_minds_clock() -> None:
+    clock = FakeClock()
+    hands, _ = connected(clock)
+    pending = hands.check("dev", "read_file", {"path": "a"})
+    clock.advance(CHECK_TIMEOUT_S - 0.001)
+    assert not pending.done()
+    clock.advance(0.001)
     with pytest.raises(HandUnavailable, match="did not answer"):
-        await asyncio.wait_for(hands.check("dev", "read_file", {"path": "a"}), 5)
+        await pending
+    assert hands.checks == {}
 
 
 async def test_hand_list_shows_the_hands_roots_and_rules() -> None:

@@ -1,9 +1,10 @@
 """Tool runs on Hands (DESIGN §8): first terminal wins (I10), never re-run (I11).
 
-The registry is tested on its own with a fake link (no sockets, no clock
-but the loop's timers), then end to end: a Hand speaking the raw protocol
-over a real socket, real :class:`HandNode` instances (tasks of this loop)
-that die and come back, and a Mind process killed with SIGKILL.
+The registry is tested on its own with a fake link and a fake clock (no
+sockets; its grace and deadlines pass in microseconds), then the whole Mind
+on a fake clock, then end to end: a Hand speaking the raw protocol over a
+real socket, real :class:`HandNode` instances (tasks of this loop) that die
+and come back, and a Mind process killed with SIGKILL.
 """
 
 from __future__ import annotations
@@ -34,12 +35,15 @@ from halfpi.core.hand_wire import (
 )
 from halfpi.face.client import ConnectionLost, Transport
 from halfpi.hand.node import HandNode
-from halfpi.mind.hands import HandRegistry, ToolRun
+from halfpi.mind.hands import DEADLINE_SLACK_S, HandRegistry, ToolRun
+from halfpi.mind.tools import CANCEL_SETTLE_S
 from tests.support.cli import halfpi_cli
 from tests.support.client import FaceClient
+from tests.support.clock import FakeClock
 from tests.support.frames import Frame, event, events_of
 from tests.support.hand import FakeLink, allow_check, hello_payload, honest_result
 from tests.support.mind import LocalMind, MindProcess, local_mind
+from tests.support.rig import Peer, Rig, fake_time_mind
 
 # -- the registry alone ---------------------------------------------------------------------
 
@@ -89,7 +93,14 @@ def new_run(run_id: str = "x_1") -> Watched:
 
 
 def registry(grace_s: float = 60.0) -> HandRegistry:
-    return HandRegistry(lambda: 1000.0, grace_s)
+    """A registry whose timers run on a fake clock (:func:`advance`)."""
+    return HandRegistry(FakeClock().scheduler(), grace_s)
+
+
+def advance(hands: HandRegistry, seconds: float) -> None:
+    clock = hands.scheduler.clock
+    assert isinstance(clock, FakeClock)
+    clock.advance(seconds)
 
 
 def started_run(hands: HandRegistry) -> tuple[FakeLink, Watched]:
@@ -178,7 +189,7 @@ async def test_stale_generation_refused_and_adopted_run_accepts_resend() -> None
 
 
 async def test_superseding_connection_keeps_runs_and_closes_the_old_one() -> None:
-    hands = registry(grace_s=0.05)
+    hands = registry(grace_s=10.0)
     link, watched = started_run(hands)
     newer = FakeLink(hands)
     welcome = hands.connect(newer, hello(runs=((watched.run.run_id, 1),)), "p_hand")
@@ -187,6 +198,8 @@ async def test_superseding_connection_keeps_runs_and_closes_the_old_one() -> Non
     state = hands.hands["dev"]
     assert state.link is newer and state.grace is None
     assert hands.connected("dev")
+    advance(hands, 30.0)  # past the grace: the old link's close started none for the new one
+    assert not watched.run.done.done()
     hands.on_result(newer, result(watched.run.run_id, 2))
     assert watched.terminal == ["succeeded"]
 
@@ -218,16 +231,142 @@ async def test_I11_reconnect_without_the_run_loses_it() -> None:
 
 
 async def test_I11_hand_away_beyond_grace_loses_its_runs() -> None:
-    hands = registry(grace_s=0.05)
+    hands = registry(grace_s=10.0)
     link, watched = started_run(hands)
     hands.disconnect(link)
-    outcome = await asyncio.wait_for(asyncio.shield(watched.run.done), 5)
+    advance(hands, 9.999)
+    assert not watched.run.done.done() and watched.terminal == [], "not before the grace"
+    advance(hands, 0.001)
+    assert watched.terminal == ["lost"]
+    outcome = watched.run.done.result()
     assert outcome["status"] == "lost" and outcome["error_category"] == "lost"
+    assert "stayed away too long" in outcome["error"]
     back = FakeLink(hands)
     welcome = hands.connect(back, hello(runs=((watched.run.run_id, 1),)), "p_hand")
     assert welcome["abandon"] == [watched.run.run_id], "the Hand is told to kill it"
     assert back.of("hand.run") == []
     assert watched.terminal == ["lost"]
+
+
+async def test_I11_hand_back_within_grace_keeps_its_runs() -> None:
+    hands = registry(grace_s=10.0)
+    link, watched = started_run(hands)
+    hands.disconnect(link)
+    advance(hands, 9.999)
+    back = FakeLink(hands)
+    welcome = hands.connect(back, hello(runs=((watched.run.run_id, 1),)), "p_hand")
+    assert welcome["adopted"] == [watched.run.run_id]
+    advance(hands, 30.0)  # past the grace, which was called off: the run is still the Hand's
+    assert watched.terminal == [] and not watched.run.done.done()
+    hands.on_result(back, result(watched.run.run_id, welcome["generation"]))
+    assert watched.terminal == ["succeeded"]
+
+
+async def test_a_silent_run_times_out_at_the_minds_deadline_and_the_hand_is_told() -> None:
+    hands = registry()
+    link, watched = started_run(hands)  # timeout_s 60: the Mind waits 5 s more
+    advance(hands, 64.999)
+    assert watched.terminal == [] and link.of("hand.cancel") == []
+    advance(hands, 0.001)
+    assert watched.terminal == ["timed_out"]
+    outcome = watched.run.done.result()
+    assert outcome["status"] == "timed_out" and outcome["error_category"] == "timeout"
+    assert link.of("hand.cancel") == [{"run_id": watched.run.run_id}]
+    hands.on_result(link, result(watched.run.run_id, 1, "timed_out"))  # the Hand's late word
+    assert watched.terminal == ["timed_out"]
+
+
+async def test_a_finished_run_leaves_no_timer_behind() -> None:
+    hands = registry()
+    link, watched = started_run(hands)
+    assert len(hands.scheduler.timers) == 1  # the run's deadline
+    hands.on_result(link, result(watched.run.run_id, 1))
+    assert len(hands.scheduler.timers) == 0
+    advance(hands, 3600.0)
+    assert watched.terminal == ["succeeded"] and link.of("hand.cancel") == []
+
+
+# -- the Mind's timers for runs, on a fake clock (whole Mind, no sockets) --------------------
+
+SLEEP_TOOL = '/tool exec_command {"command": "sleep 30", "timeout_s": 60, "hand": "dev"}'
+
+
+async def running_chat(rig: Rig) -> tuple[Peer, Peer, str, str]:
+    """A Face following a conversation whose chat runs a tool on Hand ``dev``
+    (started, then silent): ``(face, hand, chat request_id, run_id)``."""
+    hand = await rig.hand("dev")
+    face = await rig.face()
+    cid = await rig.conversation(face)
+    chat = await rig.command(face, "face.chat", conversation_id=cid, content=SLEEP_TOOL)
+    run_id, generation = await rig.dispatched(hand)
+    hand.send("hand.started", {"run_id": run_id, "generation": generation})
+    await rig.expect(face, event("run.changed", run_id=run_id, status="running"))
+    return face, hand, chat, run_id
+
+
+async def test_I11_hand_away_past_grace_its_run_is_lost_and_never_sent_again(
+    tmp_path: Path,
+) -> None:
+    async with fake_time_mind(tmp_path / "home", approval_required=()) as rig:
+        grace = rig.mind.config.hand_grace_s
+        face, hand, chat, run_id = await running_chat(rig)
+        hand.session.on_closed()  # its connection is gone (the process was killed)
+        await rig.expect(face, event("hand.disconnected", hand_id="dev"))
+        rig.advance(grace - 0.001)
+        assert run_id in rig.mind.hands.runs, "not lost before the grace"
+        rig.advance(0.001)
+        assert run_id not in rig.mind.hands.runs
+        completed = await rig.expect(face, event("chat.tool_completed", request_id=chat))
+        data = completed["payload"]["data"]
+        assert (data["run_id"], data["status"], data["error_category"]) == (run_id, "lost", "lost")
+        reply = await rig.reply(face, chat)
+        assert reply["payload"]["content"].startswith(
+            "exec_command lost: the Hand stayed away too long"
+        )
+
+        # The same Hand as a new process: welcomed, never sent the lost run.
+        back = await rig.hand("dev", instance="2")
+        welcome = back.seen(lambda f: f["type"] == "hand.welcome")[0]["payload"]
+        assert welcome["adopted"] == [] and welcome["abandon"] == []
+        cid = completed["payload"]["conversation_id"]
+        await rig.command(face, "face.chat", conversation_id=cid, content=SLEEP_TOOL)
+        fresh, _ = await rig.dispatched(back)
+        assert fresh != run_id
+        assert [f["payload"]["run_id"] for f in back.wire.of_type("hand.run")] == [fresh]
+
+
+async def test_a_silent_run_times_out_at_the_minds_deadline_through_the_chat(
+    tmp_path: Path,
+) -> None:
+    async with fake_time_mind(tmp_path / "home", approval_required=()) as rig:
+        face, hand, chat, run_id = await running_chat(rig)
+        deadline = 60 + DEADLINE_SLACK_S  # the call's timeout_s, then the Mind's slack
+        rig.advance(deadline - 0.001)
+        assert run_id in rig.mind.hands.runs and hand.wire.of_type("hand.cancel") == []
+        rig.advance(0.001)
+        assert [f["payload"] for f in hand.wire.of_type("hand.cancel")] == [{"run_id": run_id}]
+        completed = await rig.expect(face, event("chat.tool_completed", request_id=chat))
+        data = completed["payload"]["data"]
+        assert (data["status"], data["error_category"]) == ("timed_out", "timeout")
+        reply = await rig.reply(face, chat)
+        assert reply["payload"]["content"].startswith("exec_command timed_out")
+
+
+async def test_a_cancelled_run_whose_hand_stays_silent_is_lost_after_the_settle_time(
+    tmp_path: Path,
+) -> None:
+    async with fake_time_mind(tmp_path / "home", approval_required=()) as rig:
+        face, hand, chat, run_id = await running_chat(rig)
+        cid = (await rig.expect(face, event("chat.started")))["payload"]["conversation_id"]
+        await rig.command(face, "face.chat.cancel", conversation_id=cid, target_request_id=chat)
+        await rig.expect(hand, lambda f: f["type"] == "hand.cancel")
+        rig.advance(CANCEL_SETTLE_S - 0.001)
+        assert run_id in rig.mind.hands.runs, "the Hand's answer is still awaited"
+        rig.advance(0.001)
+        completed = await rig.expect(face, event("chat.tool_completed", request_id=chat))
+        assert completed["payload"]["data"]["status"] == "lost"
+        reply = await rig.reply(face, chat)
+        assert reply["payload"]["status"] == "cancelled"
 
 
 # -- end to end: a Hand speaking the raw protocol --------------------------------------------
@@ -536,10 +675,11 @@ async def approve_next(face: FaceClient, chat_id: str) -> None:
     assert (await face.reply(resolve_id))["payload"]["data"]["outcome"] == "applied"
 
 
-@pytest.mark.parametrize("comeback", ["within_grace", "after_grace"])
-async def test_I11_hand_lost_run_is_never_rerun(tmp_path: Path, comeback: str) -> None:
-    grace = 30.0 if comeback == "within_grace" else 0.2
-    async with scene(tmp_path / "home", hand_grace_s=grace) as s:
+async def test_I11_hand_lost_run_is_never_rerun(tmp_path: Path) -> None:
+    """A Hand process that dies and comes back as a new one, within the
+    grace: its run is lost at once. (Past the grace, on a fake clock:
+    ``test_I11_hand_away_past_grace_its_run_is_lost_and_never_sent_again``.)"""
+    async with scene(tmp_path / "home", hand_grace_s=30.0) as s:
         token = await add_hand(s.lmind, "dev")
         old = await start_hand(s.lmind, token, "dev")
         new: RunningHand | None = None
@@ -553,9 +693,6 @@ async def test_I11_hand_lost_run_is_never_rerun(tmp_path: Path, comeback: str) -
             assert old.orders() == [run_id]
 
             old.crash()
-            if comeback == "after_grace":
-                lost = await s.owner.expect(event("chat.tool_completed", request_id=chat_id))
-                assert lost["payload"]["data"]["status"] == "lost"
             new = await start_hand(s.lmind, token, "dev")  # a new process, same name
 
             chat = await s.owner.reply(chat_id, timeout=15)

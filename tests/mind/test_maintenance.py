@@ -4,7 +4,8 @@ Idle connections must cost nothing per maintenance round (a heap of
 deadlines, see ``halfpi.core.timers``) while the behaviour stays: hello
 timeout 4010, ``face.ping`` every heartbeat, presumed dead after
 ``dead_after_s`` without inbound traffic. Real sessions and a real Mind,
-no sockets: a recording transport and a clock the test moves.
+no sockets: a recording transport and a clock the test moves. The rounds
+themselves are timers on the Mind's scheduler, so they follow that clock too.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -25,43 +25,16 @@ from halfpi.gateway.session import FaceSession
 from halfpi.journal.memory import MemoryJournal
 from halfpi.mind.service import Mind
 from halfpi.store.sqlite import SQLiteStore
+from tests.support.clock import T0, FakeClock
+from tests.support.rig import Rig, Wire, fake_time_mind
+from tests.support.wait import until
 
-T0 = 1_000_000.0
-
-
-@dataclass
-class Wire:
-    """The session's transport: frames out are recorded, close is noted."""
-
-    frames: list[dict[str, object]] = field(default_factory=list)
-    closed_with: int | None = None
-    address: str = "192.0.2.1"
-    pings: int = 0
-
-    def ping(self) -> None:
-        self.pings += 1
-
-    def write_frames(self, frames: list[bytes]) -> None:
-        self.frames.extend(json.loads(f) for f in frames)
-
-    def close(self, code: int, reason: str) -> None:
-        self.closed_with = code
-
-    def of_type(self, type_: str) -> list[dict[str, object]]:
-        return [f for f in self.frames if f["type"] == type_]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
+Clock = FakeClock
 
 
 @pytest.fixture
 async def mind(tmp_path: Path) -> AsyncIterator[tuple[Mind, Clock]]:
-    clock = Clock()
+    clock = FakeClock()
     # The loop's own rounds never come during a test: the test runs them.
     config = Config(
         home=tmp_path,
@@ -77,6 +50,7 @@ async def mind(tmp_path: Path) -> AsyncIterator[tuple[Mind, Clock]]:
         ScriptedAgent(0.0),
         clock=clock,
     )
+    clock.drives(m.scheduler)
     await m.start()
     try:
         yield m, clock
@@ -218,3 +192,36 @@ async def test_writes_blocked_for_dead_after_evict_at_that_moment_not_later(
     m.tick_sessions(clock.now)
     assert wire.closed_with == CloseCode.SLOW_CONSUMER
     assert wire.of_type("face.evicted")
+
+
+# -- the rounds are timers on the Mind's scheduler ------------------------------------
+
+
+async def maintenance_after(rig: Rig, seconds: float) -> None:
+    """Move the Mind's clock; return once the round that came due has ended
+    (it sets the next one as it ends)."""
+    rig.advance(seconds)
+
+    def next_round_set() -> bool:
+        at = rig.mind.scheduler.next_deadline()
+        return at is not None and at > rig.clock.now
+
+    await until(next_round_set)
+
+
+async def test_maintenance_rounds_follow_the_minds_clock(tmp_path: Path) -> None:
+    liveness = Config(home=tmp_path)
+    async with fake_time_mind(
+        tmp_path / "home",
+        heartbeat_s=liveness.heartbeat_s,
+        dead_after_s=liveness.dead_after_s,
+    ) as rig:
+        period = rig.mind.config.credential_poll_s  # a round every 0.25 s of its clock
+        face = await rig.face()
+        await maintenance_after(rig, liveness.heartbeat_s - period)
+        assert face.wire.pings == 0 and face.wire.of_type("face.ping") == []
+        await maintenance_after(rig, period)
+        assert face.wire.pings == 1 and len(face.wire.of_type("face.ping")) == 1
+        assert face.wire.closed_with is None
+        await maintenance_after(rig, liveness.dead_after_s - liveness.heartbeat_s)
+        assert face.wire.closed_with == CloseCode.GOING_AWAY  # it never answered

@@ -1,8 +1,46 @@
-"""Injected time for the Mind's waits: a test decides when a wait ends."""
+"""Injected time for the Mind: a test decides when time passes."""
 
 from __future__ import annotations
 
 import asyncio
+
+from halfpi.mind.scheduler import Scheduler
+
+T0 = 1_000_000.0
+
+
+class FakeClock:
+    """The Mind's clock in a test (``Mind(clock=...)``, ``Scheduler(clock)``):
+    it reads :attr:`now`, which moves only when the test moves it.
+
+    :meth:`advance` moves it and runs, on every scheduler it :meth:`drives`,
+    the timers that came due — a two-minute TTL passes in microseconds, and
+    nothing fires between two steps the test did not ask for."""
+
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+        self.schedulers: list[Scheduler] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def drives(self, scheduler: Scheduler) -> Scheduler:
+        """From now on only :meth:`advance` runs ``scheduler``'s timers (call
+        it before the Mind starts: no asyncio timer is armed behind the test)."""
+        assert scheduler.clock is self, "a scheduler runs on its own clock"
+        scheduler.driven = False
+        self.schedulers.append(scheduler)
+        return scheduler
+
+    def scheduler(self) -> Scheduler:
+        """A new scheduler on this clock, driven by :meth:`advance`."""
+        return self.drives(Scheduler(self))
+
+    def advance(self, seconds: float) -> int:
+        """Time passes; returns how many timers ran."""
+        assert seconds >= 0, "time only moves forward"
+        self.now += seconds
+        return sum(s.run_due(self.now) for s in self.schedulers)
 
 
 class ManualSleep:

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from halfpi.config import RequestRetention
+from halfpi.core.states import REQUEST
 
 _encoder = msgspec.json.Encoder(order="sorted")
 
@@ -51,6 +52,13 @@ class RequestRecord:
     @property
     def terminal(self) -> bool:
         return self.result is not None
+
+    def finish(self, result: dict[str, Any], now: float) -> None:
+        """The record's outcome: ``accepted`` → ``result["status"]`` by the
+        ``REQUEST`` table (once; anything else raises ``IllegalTransition``)."""
+        self.status = REQUEST.check(self.status, str(result["status"]))
+        self.result = result
+        self.finished_at = now
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,21 +78,24 @@ CHAT = Machine(
     ),
 )
 
-# A request record in the registry (DESIGN §5).
-REQUEST = Machine(
-    "request",
-    "accepted",
-    _table({"accepted": {"succeeded", "failed", "cancelled", "timed_out", "interrupted"}}),
-)
+REQUEST_TERMINAL = frozenset({"succeeded", "failed", "cancelled", "timed_out", "interrupted"})
 
-# A Face connection as the gateway sees it.
+# A request record in the registry (DESIGN §5, I5): admitted as ``accepted``,
+# then exactly one outcome (``RequestRecord.finish`` in memory; the Store's
+# ``FinishedRequest``, which it applies only to a record not yet finished).
+# An instant command (a create, a decision) goes through both in one write.
+REQUEST = Machine("request", "accepted", _table({"accepted": set(REQUEST_TERMINAL)}))
+
+# A connection, Face or Hand, as its session sees it. ``closing``: this side
+# asked the transport to close; ``closed``: the transport is gone — which may
+# come at any moment, without a ``closing`` (the peer left, the network died).
 CONNECTION = Machine(
     "connection",
     "awaiting_hello",
     _table(
         {
-            "awaiting_hello": {"open", "closing"},
-            "open": {"closing"},
+            "awaiting_hello": {"open", "closing", "closed"},
+            "open": {"closing", "closed"},
             "closing": {"closed"},
         }
     ),

@@ -24,6 +24,7 @@ from halfpi.core.hand_wire import (
     decode_hand_message,
     encode_hand_message,
 )
+from halfpi.core.states import CONNECTION
 from halfpi.errors import CloseCode, InvalidRequest, RateLimited
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ class HandSession:
         self.paused_at = now
         self.principal_id: str | None = None
         self.hand_id: str | None = None
+        self.state = CONNECTION.initial
         self.closed = False
         self.bound = False  # counted against the principal's connection cap
         self.invalid = 0
@@ -106,6 +108,7 @@ class HandSession:
         self.bound = True
         self.principal_id = credential.principal_id
         self.hand_id = hello.hand_id
+        self.state = CONNECTION.check(self.state, "open")
         welcome = self.mind.hands.connect(self, hello, credential.principal_id)
         welcome["protect"] = [str(p.resolve()) for p in self.mind.config.private_paths]
         self.send("hand.welcome", welcome)
@@ -130,6 +133,8 @@ class HandSession:
     def on_closed(self) -> None:
         if not self.closed:
             self.closed = True
+        if self.state != "closed":
+            self.state = CONNECTION.check(self.state, "closed")
         self._cleanup()
 
     # session API ------------------------------------------------------------------
@@ -142,6 +147,7 @@ class HandSession:
         if self.closed:
             return
         self.closed = True
+        self.state = CONNECTION.check(self.state, "closing")
         self.transport.close(code, reason)
         self._cleanup()
 

@@ -406,8 +406,7 @@ class FaceSession:
         if len(self.queue):
             self.transport.write_frames(self.queue.take(self.mind.config.queue.reliable_bytes))
         self.closed = True
-        if self.state != "closing":
-            self.state = "closing"
+        self.state = CONNECTION.check(self.state, "closing")
         self.transport.close(code, reason)
         self._cleanup()
 
@@ -416,7 +415,8 @@ class FaceSession:
         if not self.closed:
             self.closed = True
             self._cleanup()
-        self.state = "closed"
+        if self.state != "closed":
+            self.state = CONNECTION.check(self.state, "closed")
 
     def _cleanup(self) -> None:
         api.disconnected(self.mind, self)

@@ -739,14 +739,16 @@ class ConversationActor:
                 conversation_id=self.id,
             )
         )
-        record.result = builtins(
-            Result(
-                request_id=record.request_id,
-                status="succeeded",
-                data=Renamed(conversation_id=self.id, name=name),
-            )
+        record.finish(
+            builtins(
+                Result(
+                    request_id=record.request_id,
+                    status="succeeded",
+                    data=Renamed(conversation_id=self.id, name=name),
+                )
+            ),
+            now,
         )
-        record.status, record.finished_at = "succeeded", now
         was_named, self.named = self.named, True
         tx = WriteTx(admit=record, conversation_names=[(self.id, name)])
         try:

@@ -14,7 +14,7 @@ import asyncio
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from msgspec import UNSET
 
@@ -28,10 +28,14 @@ from halfpi.core.events import (
 )
 from halfpi.core.ids import new_id
 from halfpi.core.states import APPROVAL
+from halfpi.core.timers import Timer
 from halfpi.errors import ApprovalExpired, ErrorCode, NotFound, StoreError
 from halfpi.mind.actor import ConversationActor
 from halfpi.mind.records import approval_pending, approval_requested, resolution
 from halfpi.store.base import ApprovalRow, WriteTx
+
+if TYPE_CHECKING:
+    from halfpi.mind.scheduler import Scheduler
 
 DECISION_STATE = {"allow_once": "allowed", "deny_once": "denied"}
 
@@ -45,7 +49,7 @@ class Approval:
     decided: asyncio.Future[str] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
-    timer: asyncio.TimerHandle | None = None
+    timer: Timer | None = None  # the TTL, on the Mind's scheduler
     # Its ``approval.requested`` is published (and announced).
     shown: bool = False
 
@@ -66,8 +70,9 @@ class Approval:
 class Approvals:
     """All approvals of this Mind that are still pending or settling."""
 
-    def __init__(self, ttl_s: float) -> None:
+    def __init__(self, ttl_s: float, scheduler: Scheduler) -> None:
         self.ttl_s = ttl_s
+        self.scheduler = scheduler
         self.live: dict[str, Approval] = {}
         # Session-level news (face.approval.pending / settled): set by the Mind.
         self.announce: Callable[[Outbound], None] = _nowhere
@@ -101,9 +106,9 @@ class Approvals:
         )
         approval = Approval(row, actor)
         self.live[row.approval_id] = approval
-        loop = asyncio.get_running_loop()
-        approval.timer = loop.call_later(
-            self.ttl_s, self.settle, approval, "expired", None, None, None
+        # Expires exactly at the ``expires_at`` every Face was shown.
+        approval.timer = self.scheduler.call_at(
+            row.expires_at, self.settle, approval, "expired", None, None, None
         )
 
         def shown() -> None:

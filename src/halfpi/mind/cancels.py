@@ -116,8 +116,7 @@ async def _admit(
         return builtins(Result(request_id=record.request_id, status="succeeded", data=data))
 
     if finished is not None:
-        record.result = result_for(finished)
-        record.status, record.finished_at = "succeeded", mind.now()
+        record.finish(result_for(finished), mind.now())
     outcome = await mind.store.write(WriteTx(admit=record))
     if outcome.existing is not None:
         return outcome.existing

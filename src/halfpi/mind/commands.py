@@ -178,10 +178,10 @@ async def approval_resolve(mind: Mind, caller: Caller, p: wire.ApprovalResolve) 
                 approval_id=p.approval_id,
             )
         )
-        record.result = builtins(
-            Result(request_id=record.request_id, status="succeeded", data=data)
+        record.finish(
+            builtins(Result(request_id=record.request_id, status="succeeded", data=data)),
+            mind.now(),
         )
-        record.status, record.finished_at = "succeeded", mind.now()
         outcome = await mind.store.write(WriteTx(admit=record))
         if outcome.existing is not None:
             return outcome.existing

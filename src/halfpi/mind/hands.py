@@ -36,12 +36,18 @@ from halfpi.core.hand_wire import (
 )
 from halfpi.core.policy import Decision, Verdict
 from halfpi.core.states import RUN
+from halfpi.core.timers import Timer
 from halfpi.errors import CloseCode, Unavailable
+from halfpi.mind.scheduler import Scheduler
 
 log = logging.getLogger("halfpi.hands")
 
 ENDED_KEPT = 4096
 CHECK_TIMEOUT_S = 30.0
+# The Mind's own deadline for a run comes this long after the Hand's, so the
+# Hand's ``timed_out`` (with its output) normally wins; if the Hand is
+# silent, the Mind's does.
+DEADLINE_SLACK_S = 5.0
 
 
 class HandUnavailable(Unavailable):
@@ -69,7 +75,7 @@ class HandState:
     generation: int = 0
     connected_at: float = 0.0
     disconnected_at: float | None = None
-    grace: asyncio.TimerHandle | None = None
+    grace: Timer | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -102,7 +108,7 @@ class ToolRun:
     done: asyncio.Future[dict[str, Any]] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
-    deadline: asyncio.TimerHandle | None = None
+    deadline: Timer | None = None
     progress: ProgressBudget = field(default_factory=ProgressBudget)
 
 
@@ -110,18 +116,21 @@ class ToolRun:
 class PolicyCheck:
     hand_id: str
     done: asyncio.Future[Decision]
-    timer: asyncio.TimerHandle | None = None
+    timer: Timer | None = None
 
 
 class HandRegistry:
     def __init__(
         self,
-        clock: Callable[[], float],
+        scheduler: Scheduler,
         grace_s: float,
         *,
         check_timeout_s: float = CHECK_TIMEOUT_S,
     ) -> None:
-        self.clock = clock
+        # Every timer here (grace, run deadline, check timeout) is on the
+        # Mind's scheduler, so its clock is the one they count on.
+        self.scheduler = scheduler
+        self.clock = scheduler.now
         self.grace_s = grace_s
         self.check_timeout_s = check_timeout_s
         self.hands: dict[str, HandState] = {}
@@ -209,8 +218,7 @@ class HandRegistry:
             if check.hand_id == hand.hand_id:
                 self._end_check(check_id, HandUnavailable(f"Hand {hand.hand_id!r} went away"))
         self._presence(hand.hand_id, False)
-        loop = asyncio.get_running_loop()
-        hand.grace = loop.call_later(
+        hand.grace = self.scheduler.call_later(
             self.grace_s, self._lose_runs, hand.hand_id, "the Hand stayed away too long"
         )
 
@@ -250,7 +258,7 @@ class HandRegistry:
             return done
         check_id = f"k{next(self._check_ids)}"
         check = PolicyCheck(hand_id, done)
-        check.timer = loop.call_later(
+        check.timer = self.scheduler.call_later(
             self.check_timeout_s,
             self._end_check,
             check_id,
@@ -296,11 +304,9 @@ class HandRegistry:
             )
             return
         run.generation = hand.generation
-        loop = asyncio.get_running_loop()
-        # The Mind's own deadline: a little after the Hand's, so the Hand's
-        # timed_out (with its output) normally wins; if the Hand is silent,
-        # this one does.
-        run.deadline = loop.call_later(run.timeout_s + 5.0, self._expire, run)
+        run.deadline = self.scheduler.call_later(
+            run.timeout_s + DEADLINE_SLACK_S, self._expire, run
+        )
         hand.link.send(
             "hand.run",
             {

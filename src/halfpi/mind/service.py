@@ -46,6 +46,7 @@ from halfpi.mind.chat import ChatDriver
 from halfpi.mind.hands import HandRegistry
 from halfpi.mind.recovery import recover_tools
 from halfpi.mind.registry import Registry
+from halfpi.mind.scheduler import Scheduler
 from halfpi.mind.subscriptions import Sink, Subscriptions
 from halfpi.mind.tools import ToolCalls
 from halfpi.store.base import (
@@ -101,7 +102,7 @@ class Mind:
         agent: Agent,
         *,
         clock: Callable[[], float] = time.time,
-        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+        sleep: Callable[[float], Awaitable[object]] | None = None,
         local_hand: LocalHandFactory | None = None,
     ) -> None:
         self.config = config
@@ -109,16 +110,21 @@ class Mind:
         self.agent = agent
         self.clock = clock
         self.registry = Registry(store, clock)
+        # Every timer of the Mind, on ``clock``: tests move a fake clock and
+        # run what is due (``scheduler.run_due``), nothing waits for real.
+        self.scheduler = Scheduler(clock)
         self.node_id = new_node_id(clock())
         self.auth = CredentialCache()
         self.throttle = HandshakeThrottle(config.handshake_throttle)
-        self._reread = SharedReread(self.refresh_credentials, clock, config.credential_reread_s)
+        self._reread = SharedReread(
+            self.refresh_credentials, clock, config.credential_reread_s, self.scheduler.sleep
+        )
         self._refreshing = asyncio.Lock()
         self._live_connections: dict[str, int] = {}  # principal_id -> bound sessions
         self._cap_refusals: dict[str, int] = {}  # principal_id -> refused beyond the cap
-        self.hands = HandRegistry(clock, config.hand_grace_s)
+        self.hands = HandRegistry(self.scheduler, config.hand_grace_s)
         self.hands.on_presence = self._hand_presence
-        self.approvals = Approvals(config.approval_ttl_s)
+        self.approvals = Approvals(config.approval_ttl_s, self.scheduler)
         self.approvals.announce = self.announce
         # What every actor is given (not the Mind): the store, the journal,
         # time, the chat driver, and where results and news go.
@@ -126,7 +132,8 @@ class Mind:
             store=store,
             journal=journal,
             clock=clock,
-            sleep=sleep,  # the Mind's waits between retries: tests inject time
+            # The Mind's waits between retries: on the same clock, unless injected.
+            sleep=sleep or self.scheduler.sleep,
             drive=ChatDriver(agent, ToolCalls(self.hands, self.approvals, config)),
             deliver=self.registry.deliver,
             announce=self.announce,
@@ -142,7 +149,7 @@ class Mind:
         self._actors: dict[str, ConversationActor] = {}
         self._loading: dict[str, asyncio.Future[ConversationActor]] = {}
         self._background: set[asyncio.Task[Any]] = set()
-        self._maintenance: asyncio.Task[None] | None = None
+        self._last_prune = float("-inf")  # the first maintenance round prunes
 
     def now(self) -> float:
         return self.clock()
@@ -186,7 +193,8 @@ class Mind:
         if self.config.local_hand and not self.auth.has_kind_label("hand", "local"):
             await self._create_local_hand_credential()
         await self._recover()
-        self._maintenance = asyncio.create_task(self._maintain(), name="mind maintenance")
+        self.scheduler.start()
+        self.scheduler.call_later(self.config.credential_poll_s, self._maintenance_round)
 
     async def _create_local_face(self) -> None:
         """First start: the owner's own terminal gets an operator credential
@@ -277,16 +285,8 @@ class Mind:
             self._local_hand_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._local_hand_task
-        for approval in list(self.approvals.live.values()):
-            if approval.timer is not None:
-                approval.timer.cancel()
-        for hand in self.hands.hands.values():
-            if hand.grace is not None:
-                hand.grace.cancel()
-        if self._maintenance is not None:
-            self._maintenance.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._maintenance
+        # No timer fires any more (TTLs, graces, deadlines, maintenance).
+        self.scheduler.close()
         for task in list(self._background):
             task.cancel()
         await self.store.close()
@@ -337,15 +337,16 @@ class Mind:
                 conversation_id=conversation_id,
             )
         )
-        record.result = builtins(
-            Result(
-                request_id=record.request_id,
-                status="succeeded",
-                data=Created(conversation_id=conversation_id, name=name, created_at=now),
-            )
+        record.finish(
+            builtins(
+                Result(
+                    request_id=record.request_id,
+                    status="succeeded",
+                    data=Created(conversation_id=conversation_id, name=name, created_at=now),
+                )
+            ),
+            now,
         )
-        record.status = "succeeded"
-        record.finished_at = now
         outcome = await self.store.write(WriteTx(admit=record, conversations=[row]))
         if outcome.existing is not None:
             return outcome.existing
@@ -427,7 +428,7 @@ class Mind:
                 )
             raise RateLimited("too many failed handshakes from this address; retry later")
         if wait > 0:
-            await asyncio.sleep(wait)
+            await self.scheduler.sleep(wait)
         credential = self.auth.authenticate(token, kind)
         if credential is None:
             await self._reread.wait()
@@ -499,17 +500,22 @@ class Mind:
                 self.session_deadlines.set(session, at)
         return len(due)
 
+    def _maintenance_round(self) -> None:
+        """A scheduler timer, every ``credential_poll_s`` of the Mind's clock:
+        the round itself awaits the store, so it runs as a task, and the next
+        one is set when it ends (rounds never overlap)."""
+        self.spawn(self._maintain(), name="mind maintenance")
+
     async def _maintain(self) -> None:
-        period = self.config.credential_poll_s
-        last_prune = 0.0
-        while True:
-            await asyncio.sleep(period)
-            now = self.now()
-            try:
-                await self.refresh_credentials()
-                self.tick_sessions(now)
-                if now - last_prune > 60.0:
-                    last_prune = now
-                    await self.store.prune_requests(now, self.config.requests)
-            except Exception:  # keep maintaining; the next round may succeed
-                log.exception("maintenance round failed")
+        now = self.now()
+        try:
+            await self.refresh_credentials()
+            self.tick_sessions(now)
+            if now - self._last_prune > 60.0:
+                self._last_prune = now
+                await self.store.prune_requests(now, self.config.requests)
+        except Exception:  # keep maintaining; the next round may succeed
+            log.exception("maintenance round failed")
+        finally:
+            if not self.draining:
+                self.scheduler.call_later(self.config.credential_poll_s, self._maintenance_round)

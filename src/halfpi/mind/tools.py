@@ -262,12 +262,15 @@ class ToolCalls:
         self, actor: ConversationActor, run: ChatRun, call: ToolCallRow, tool_run: ToolRun
     ) -> None:
         """After a cancel was propagated: the Hand's answer (or ``lost`` if it
-        stays silent) completes the call."""
+        stays silent for ``CANCEL_SETTLE_S`` of the Mind's clock) completes the call."""
+        hands = self.hands
+        silent = hands.scheduler.call_later(
+            CANCEL_SETTLE_S, hands.finish, tool_run, "lost", {"error_category": "lost"}
+        )
         try:
-            result = await asyncio.wait_for(asyncio.shield(tool_run.done), CANCEL_SETTLE_S)
-        except TimeoutError:
-            self.hands.finish(tool_run, "lost", {"error_category": "lost"})
-            result = tool_run.done.result()
+            result = await asyncio.shield(tool_run.done)
+        finally:
+            silent.cancel()
         await _complete(actor, run, call, tool_run.run_id, result["status"], result)
 
 

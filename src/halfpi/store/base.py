@@ -19,7 +19,7 @@ import msgspec
 
 from halfpi.config import RequestRetention
 from halfpi.core.requests import RequestRecord, Tombstone
-from halfpi.core.states import CHAT_EVENT_FOR_STATUS, RUN_TERMINAL
+from halfpi.core.states import CHAT_EVENT_FOR_STATUS, REQUEST, RUN_TERMINAL
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +235,9 @@ class FinishedRequest:
     status: str
     result: dict[str, Any]
     finished_at: float
+
+    def __post_init__(self) -> None:
+        REQUEST.check(REQUEST.initial, self.status)  # an outcome, or it raises
 
 
 @dataclass(slots=True)

@@ -17,7 +17,7 @@ import logging
 import sys
 
 from halfpi.config import Config, default_home, env_delta_ms
-from halfpi.mind.run import serve
+from halfpi.process import serve
 
 
 def main() -> None:

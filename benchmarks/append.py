@@ -53,7 +53,7 @@ from _bench import (
 
 from halfpi.config import Config
 from halfpi.core.requests import RequestRecord
-from halfpi.mind.run import build_mind
+from halfpi.process import build_mind
 from halfpi.store.base import StoredEvent, WriteTx
 from halfpi.store.sqlite import SCHEMA, SQLiteStore
 

@@ -31,8 +31,8 @@ from halfpi.config import Config
 from halfpi.gateway.asgi import AsgiGateway
 from halfpi.mind.home import prepare_home
 from halfpi.mind.home_lock import HomeLock
-from halfpi.mind.run import build_mind, start_local_hand
 from halfpi.mind.service import Mind
+from halfpi.process import build_mind, start_local_hand
 
 
 class MindApp:

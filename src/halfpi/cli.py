@@ -169,7 +169,7 @@ def _mind_address(home: Path) -> Address | None:
 
 
 def cmd_mind(args: argparse.Namespace) -> int:
-    from halfpi.mind.run import serve
+    from halfpi.process import serve
 
     problem = _listen_problem(args)
     if problem is not None:

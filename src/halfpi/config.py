@@ -109,7 +109,7 @@ class Config:
     tls_key: Path | None = None
     # What carries /v1/face and /v1/hand (``--server``): "native", our own
     # asyncio protocol, or "asgi", the Starlette application under uvicorn
-    # (docs/asgi.md). ``halfpi.mind.run.SERVERS`` maps the names.
+    # (docs/asgi.md). ``halfpi.process.SERVERS`` maps the names.
     server: str = "native"
 
     @property

@@ -2,7 +2,7 @@
 
 The Store and the Journal are seams (``store/base.py``, ``journal/base.py``);
 this module is the only one that names their implementations. The Mind's
-wiring (``mind/run.py``) and the command line (credentials) both get their
+wiring (``halfpi/process.py``) and the command line (credentials) both get their
 Store here, so they always agree on where the truth lives.
 
 Store URLs (``Config.store_url``, ``--store``; docs/operations.md):

@@ -17,9 +17,9 @@ import pytest
 from halfpi.config import Config
 from halfpi.core.outbound import Message
 from halfpi.core.requests import RequestRecord
-from halfpi.mind.run import build_mind
 from halfpi.mind.service import Mind
 from halfpi.mind.subscriptions import Subscription
+from halfpi.process import build_mind
 from halfpi.store.base import TxOutcome, WriteTx
 from tests.support.client import FaceClient
 from tests.support.mind import LocalMind

@@ -17,8 +17,8 @@ from typing import Any
 
 from halfpi.agents.base import Agent
 from halfpi.config import Config
-from halfpi.mind.run import Server, running_mind
 from halfpi.mind.service import Mind
+from halfpi.process import Server, running_mind
 
 
 class MindProcess:

@@ -1,6 +1,6 @@
 """``halfpi mind --server asgi``: the ASGI adapter (``gateway/asgi.py``) served
 by uvicorn, with the interface of ``native.FaceServer`` (``start``, ``port``,
-``stop_accepting``, ``wait_closed``) so that ``mind/run.py`` wires, drains
+``stop_accepting``, ``wait_closed``) so that ``halfpi/process.py`` wires, drains
 and tests either the same way. The Mind's numbers become uvicorn's settings
 (:meth:`AsgiServer.uvicorn_config`, docs/asgi.md).
 """
@@ -61,7 +61,7 @@ class BoundedPongs(WebSocketsSansIOProtocol):
 
 class _Server(uvicorn.Server):
     """uvicorn's server, except for signals: the Mind's process owns them
-    (mind/run.py drains on SIGINT/SIGTERM); uvicorn must not take them over."""
+    (halfpi/process.py drains on SIGINT/SIGTERM); uvicorn must not take them over."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Any:
@@ -86,7 +86,7 @@ class AsgiServer:
         return uvicorn.Config(
             self.gateway,
             interface="asgi3",
-            lifespan="off",  # the Mind is started and drained by mind/run.py
+            lifespan="off",  # the Mind is started and drained by halfpi/process.py
             ws=BoundedPongs,
             # The same hard limit as native: over it, close 1009.
             ws_max_size=self.gateway.hard_limit,

@@ -112,6 +112,37 @@ class _ChatTools:
     seen: set[str] = field(default_factory=set)  # tool_call_ids already in ``blocked``
 
 
+class ConnectionNotes:
+    """What a person reads on stderr while the face cannot reach its Mind:
+    what is tried and why it fails; the same reason again only at attempts
+    2, 4, 8, 16… (an hour without a Mind is a dozen lines, not one a
+    second); and one line when it is back."""
+
+    def __init__(self) -> None:
+        self._last_failure = ("", "")  # (url, why) last said in full
+        self._complained = False  # a failure was said since the last success
+
+    def status(self, status: Status, url: str, why: str) -> str | None:
+        """The line to say for ``status`` (``why``: the last attempt's failure)."""
+        if status.state == "reconnecting":
+            self._complained = True
+            retry = f"retrying in {status.next_in:.1f} s" if status.next_in is not None else ""
+            if why and (url, why) == self._last_failure:
+                if status.attempt & (status.attempt - 1):
+                    return None  # not a power of two: already said
+                return f"still cannot reach {url}; {retry} (attempt {status.attempt})"
+            if why:
+                self._last_failure = (url, why)
+                return f"cannot reach the Mind at {url}: {why}; {retry} (attempt {status.attempt})"
+            detail = f" ({status.detail})" if status.detail else ""
+            return f"lost the connection to {url}{detail}; {retry}"
+        if status.state in ("live", "resuming"):
+            self._last_failure = ("", "")
+            back, self._complained = self._complained, False
+            return f"connected to {url}" if back else None
+        return None
+
+
 class Headless:
     def __init__(self, options: HeadlessOptions, out: Output, err: TextIO = sys.stderr) -> None:
         self.options = options
@@ -131,8 +162,7 @@ class Headless:
         self._chats: dict[str, _ChatTools] = {}  # request_id -> its tool outcomes
         self._url = options.urls[0] if options.urls else ""
         self._why = ""  # why the last connection attempt failed
-        self._last_failure = ("", "")  # (url, why) last reported in full
-        self._complained = False  # a failure to connect was reported since the last success
+        self.notes = ConnectionNotes()
         self._deadline: asyncio.TimerHandle | None = None
         self._gave_up = False
         self._body: asyncio.Future[int] | None = None
@@ -184,26 +214,13 @@ class Headless:
         self.out("face.status", payload)
         if status.state == "reconnecting":
             self._arm()
-            retry = f"retrying in {status.next_in:.1f} s" if status.next_in is not None else ""
-            if self._why and (self._url, self._why) == self._last_failure:
-                self._note(f"still cannot reach {self._url}; {retry} (attempt {status.attempt})")
-            elif self._why:
-                self._last_failure = (self._url, self._why)
-                self._note(
-                    f"cannot reach the Mind at {self._url}: {self._why}; "
-                    f"{retry} (attempt {status.attempt})"
-                )
-            else:
-                why = f" ({status.detail})" if status.detail else ""
-                self._note(f"lost the connection to {self._url}{why}; {retry}")
-            self._why = ""
-            self._complained = True
         elif status.state in ("live", "resuming"):
             self._disarm()
-            self._last_failure = ("", "")
-            if self._complained:
-                self._note(f"connected to {self._url}")
-            self._complained = False
+        line = self.notes.status(status, self._url, self._why)
+        if status.state == "reconnecting":
+            self._why = ""
+        if line is not None:
+            self._note(line)
 
     def _arm(self) -> None:
         bound = self.options.connect_timeout

@@ -400,6 +400,7 @@ class HandRegistry:
                     "error",
                     "size",
                     "confined",
+                    "confinement",
                 )
             }
             self.finish(run, msg.status, result)

@@ -214,4 +214,4 @@ async def test_without_a_supervisor_the_process_group_is_ended_best_effort(
     assert (exited.status, exited.exit_code) == ("failed", 3)
     none_left(marks)
     confined, _ = await run({"argv": ["true"]}, deny_paths=["/nonexistent"])
-    assert confined.extra == {"confined": False}
+    assert confined.extra == {"confined": False, "confinement": "none"}

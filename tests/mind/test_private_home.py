@@ -26,7 +26,8 @@ async def test_the_home_is_private_after_the_local_hand_ran_a_command(tmp_path: 
     home = tmp_path / "home"
     old = os.umask(0)  # the most permissive: nothing may depend on it
     try:
-        async with local_mind(home, approval_required=()) as lmind:
+        async with local_mind(home, approval_required=(),
+                              hand_approval=(("exec_command", "never"),)) as lmind:
             await hand_ready(lmind)
             face = await FaceClient.connect(lmind.url, lmind.token)
             cid = await face.create_conversation()

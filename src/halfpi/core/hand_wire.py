@@ -113,8 +113,10 @@ class HandResult(Strict, frozen=True):
     error_category: str | None = None
     error: str | None = None
     size: int | None = None
-    # exec_command given denied paths: whether the kernel enforced them.
+    # exec_command given denied paths: whether the kernel enforced them, and how
+    # (mount: a private mount namespace and Landlock; landlock: Landlock alone).
     confined: bool | None = None
+    confinement: Literal["mount", "landlock", "none"] | None = None
 
 
 class HandPing(Strict, frozen=True):

@@ -166,8 +166,9 @@ async def exec_command(
     """Run a command; its whole process tree ends with the run (``tree.py``).
 
     ``deny_paths``: files and directories that the command and everything it
-    starts can neither read nor write (Landlock, ``landlock.py``); the
-    result says ``confined`` when some were given. ``env``: the environment
+    starts can neither read nor write (a private mount namespace and
+    Landlock, ``mountns.py``, ``landlock.py``); the result says ``confined``
+    and ``confinement`` when some were given. ``env``: the environment
     the command starts with (default the Hand's; the tool policy passes one
     scrubbed of secrets), never with the Hand's credential in it."""
     command, argv = args.get("command"), args.get("argv")
@@ -239,8 +240,8 @@ async def exec_command(
         status, error = "failed", "the command's supervisor ended before the command"
     elif status == "succeeded" and exit_code != 0:
         status = "failed"
-    if run.confined is False:
-        _unconfined(run.why_unconfined)
+    if run.confinement is not None:
+        _say_confinement(run.confinement, run.why_unconfined)
     out, err = streams["stdout"], streams["stderr"]
     return Outcome(
         status=status,
@@ -260,7 +261,8 @@ async def exec_command(
             )
         ),
         error=error,
-        extra={} if run.confined is None else {"confined": run.confined},
+        extra={} if run.confinement is None else {
+            "confined": run.confinement != "none", "confinement": run.confinement},
     )
 
 
@@ -272,14 +274,22 @@ async def _kill_group(run: tree.CommandTree) -> None:
     await run.end(KILL_GRACE_S)
 
 
-unconfined_warned = False  # said once per Hand process
+confinement_said: set[str] = set()  # each said once per Hand process
 
 
-def _unconfined(why: str) -> None:
-    """Say once per Hand process that denied paths are not enforced."""
-    global unconfined_warned
-    if not unconfined_warned:
-        unconfined_warned = True
+def _say_confinement(how: str, why: str) -> None:
+    """Say once per Hand process how its commands are confined."""
+    if how in confinement_said:
+        return
+    confinement_said.add(how)
+    if how == "mount":
+        log.info("commands are confined by a private mount namespace and Landlock: "
+                 "their denied paths are hidden")
+    elif how == "landlock":
+        log.warning("commands are confined by Landlock alone (%s): they cannot create, "
+                    "remove or rename entries directly in a directory above a denied path",
+                    why or "unknown reason")
+    else:
         log.warning("commands run without kernel confinement (%s): their denied paths are "
                     "not enforced", why or "unknown reason")
 

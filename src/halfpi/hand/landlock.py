@@ -211,9 +211,10 @@ def _ident(path: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def plan(deny: Iterable[str], handled: int, mountinfo: str | None = None) -> Plan:
-    """The rules that allow everything but ``deny`` (see the module docstring)."""
-    result = Plan(handled)
+def denied_paths(deny: Iterable[str], mountinfo: str | None = None) -> list[str]:
+    """The paths to deny for ``deny``: resolved, with their bind-mount
+    aliases, none below another, none under ``/proc`` (the domain itself
+    keeps the command out of other processes)."""
     if mountinfo is None:
         try:
             with open(MOUNTINFO) as handle:
@@ -225,10 +226,24 @@ def plan(deny: Iterable[str], handled: int, mountinfo: str | None = None) -> Pla
     for raw in deny:
         path = os.path.realpath(raw)
         if _under(path, PROC):
-            continue  # the domain itself keeps the command out of other processes
+            continue
         denied.add(path)
         denied.update(aliases(path, mounts))
-    denied = {p for p in denied if not any(q != p and _under(p, q) for q in denied)}
+    return sorted(p for p in denied if not any(q != p and _under(p, q) for q in denied))
+
+
+def everything(handled: int) -> Plan:
+    """A ruleset that allows every right everywhere: its domain only forbids
+    mount operations and reaching processes outside it."""
+    result = Plan(handled)
+    result.rules.append(("/", handled))
+    return result
+
+
+def plan(deny: Iterable[str], handled: int, mountinfo: str | None = None) -> Plan:
+    """The rules that allow everything but ``deny`` (see the module docstring)."""
+    result = Plan(handled)
+    denied = set(denied_paths(deny, mountinfo))
     ancestors = {a for p in denied for a in _ancestors(p)}
     result.denied, result.ancestors = sorted(denied), sorted(ancestors)
     if not denied:

@@ -12,8 +12,10 @@ the command writes there directly. The supervisor
 - asks for SIGTERM when the Hand dies (``PR_SET_PDEATHSIG``), even by
   ``kill -9``, and treats it like a cancel;
 - starts the command in its own process group (its session stays the
-  supervisor's), confined by Landlock when the spec denies paths
-  (``landlock.py``), its environment marked ``HALFPI_RUN=<boot>/<pid>/<start>``;
+  supervisor's), its environment marked ``HALFPI_RUN=<boot>/<pid>/<start>``;
+  when the spec denies paths, the command is confined: in a private mount
+  namespace that covers them (``mountns.py``) with Landlock on top, or, if
+  no such namespace can be made, by Landlock alone (``landlock.py``);
 - waits for the command; then — when it exits, or on SIGTERM/SIGINT/SIGHUP
   from the Hand (cancel, timeout) — ends every remaining descendant: freezes
   the tree with SIGSTOP until it stops growing, sends SIGTERM and SIGCONT,
@@ -21,7 +23,9 @@ the command writes there directly. The supervisor
   whatever is left, and reaps them all;
 - reports on a pipe the Hand passed (``status_fd``), one line per event::
 
-      started <command pid> <confined: 1|0|-> <why not confined>
+      started <pid> <how> <why> the command started; <how> it is confined:
+                                mount, landlock, none, or - (nothing denied);
+                                <why> not more strongly
       failed <message>          the command could not be started
       exited <code>             its exit status (negative: killed by that signal)
       done <ended>              every descendant is gone; <ended> were still running
@@ -40,7 +44,7 @@ import signal
 import sys
 import time
 
-from halfpi.hand import landlock, proctree
+from halfpi.hand import landlock, mountns, proctree
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -62,7 +66,10 @@ class Reaper:
         self.me = os.getpid()
         self.child = 0
         self.exit_code: int | None = None
-        self.unconfined = ""  # why Landlock failed in the child, if it did
+        self.abi = 0  # Landlock's ABI version
+        self.applied = "-"  # the confinement the command got (see confinement())
+        self.why = ""  # why not a stronger one
+        self.retry = ""  # why the mount namespace failed half-way, if it did
 
     # -- reporting -------------------------------------------------------------------
 
@@ -75,27 +82,32 @@ class Reaper:
 
     # -- the command -----------------------------------------------------------------
 
-    def confine(self) -> tuple[int | None, str, str]:
-        """(ruleset fd, confined flag, why not) for the spec's denied paths."""
-        deny = list(self.spec.get("deny") or [])  # type: ignore[call-overload]
-        if not deny:
-            return None, "-", ""
+    def confinement(self) -> tuple[str, str]:
+        """(the confinement to try, why not a stronger one) for the spec's
+        denied paths: ``mount`` (a private mount namespace, Landlock on top),
+        ``landlock`` (Landlock alone), ``none``, or ``-`` (nothing denied)."""
+        if not self.spec.get("deny"):
+            return "-", ""
         if not self.spec.get("landlock", True):
-            return None, "0", "turned off (HALFPI_LANDLOCK=off)"
-        version = landlock.abi()
-        if not version:
-            return None, "0", "Landlock is not available in this kernel"
-        try:
-            return landlock.build(landlock.plan(deny, landlock.handled_rights(version))), "1", ""
-        except OSError as exc:
-            return None, "0", f"Landlock ruleset: {exc}"
+            return "none", "turned off (HALFPI_LANDLOCK=off)"
+        self.abi = landlock.abi()
+        if not self.abi:
+            return "none", "Landlock is not available in this kernel"
+        if not self.spec.get("mountns", True):
+            return "landlock", "no mount namespace: turned off (HALFPI_MOUNTNS=off)"
+        return "mount", ""
 
-    def spawn(self, ruleset: int | None, env: dict[str, str]) -> str | None:
-        """Start the command; return why it could not start, or None."""
-        errors_r, errors_w = os.pipe()  # close-on-exec: EOF once the command runs
+    def spawn(self, mode: str, env: dict[str, str]) -> str | None:
+        """Start the command; return why it could not start, or None.
+
+        The child reports on a pipe (close-on-exec: EOF once the command
+        runs) a line per event: ``C <mode> <why>`` it is confined otherwise
+        than asked, ``R <why>`` the mount namespace failed half-way (it
+        exits: start again without it), ``E <why>`` the command failed."""
+        errors_r, errors_w = os.pipe()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child execs or exits
-            self._exec(ruleset, env, errors_w)
+            self._exec(mode, env, errors_w)
         self.child = pid
         os.close(errors_w)
         chunks = []
@@ -105,28 +117,63 @@ class Reaper:
         failure = None
         for line in b"".join(chunks).decode("utf-8", "replace").splitlines():
             kind, _, text = line.partition(" ")
-            if kind == "L":
-                self.unconfined = text
+            if kind == "C":
+                self.applied, _, self.why = text.partition(" ")
+            elif kind == "R":
+                self.retry = text
             elif kind == "E":
                 failure = text
         return failure
 
-    def _exec(self, ruleset: int | None, env: dict[str, str], errors: int) -> None:
+    def _hide(self, deny: list[str]) -> str:
+        """In the child: a private mount namespace that covers ``deny``,
+        Landlock on top, no CAP_SYS_ADMIN; "" when done, why not when no
+        namespace can be made (then nothing changed). Raises OSError when
+        it failed half-way."""
+        try:
+            mountns.hide(landlock.denied_paths(deny))
+        except mountns.Unavailable as exc:
+            return f"no mount namespace ({exc.strerror})"
+        handled = landlock.handled_rights(self.abi)
+        landlock.restrict_self(landlock.build(landlock.everything(handled)))
+        mountns.drop_capabilities()
+        return ""
+
+    def _exec(self, mode: str, env: dict[str, str], errors: int) -> None:
         spec = self.spec
         command, argv = spec.get("command"), spec.get("argv")
+        deny = [str(p) for p in spec.get("deny") or []]  # type: ignore[attr-defined]
         what = str(command if command is not None else argv[0])  # type: ignore[index]
         try:
             os.setpgid(0, 0)
             signal.pthread_sigmask(signal.SIG_SETMASK, set())
             for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; a command must not
                 signal.signal(sig, signal.SIG_DFL)
-            if spec.get("cwd"):
-                os.chdir(str(spec["cwd"]))
-            if ruleset is not None:
+            cwd = str(spec["cwd"]) if spec.get("cwd") else None
+            if mode == "mount":
                 try:
-                    landlock.restrict_self(ruleset)
+                    why = self._hide(deny)
                 except OSError as exc:
-                    os.write(errors, f"L Landlock: {exc}\n".encode())
+                    os.write(errors, f"R {exc}\n".encode("utf-8", "replace"))
+                    os._exit(127)
+                if why:
+                    mode = "landlock"
+                    os.write(errors, f"C landlock {why}\n".encode("utf-8", "replace"))
+                elif cwd is None or not os.path.isabs(cwd):
+                    # The covers hold for paths walked from now on; a working
+                    # directory inside a denied one would lead under them.
+                    try:  # noqa: SIM105 (no contextlib: the supervisor must start fast)
+                        os.chdir(os.getcwd())
+                    except FileNotFoundError:
+                        pass  # deleted: nothing below it to reach
+            if cwd:
+                os.chdir(cwd)
+            if mode == "landlock":
+                try:
+                    handled = landlock.handled_rights(self.abi)
+                    landlock.restrict_self(landlock.build(landlock.plan(deny, handled)))
+                except OSError as exc:
+                    os.write(errors, f"C none Landlock: {exc}\n".encode("utf-8", "replace"))
             if command is not None:
                 os.execve("/bin/sh", ["/bin/sh", "-c", str(command)], env)
             else:
@@ -196,24 +243,24 @@ class Reaper:
         if os.getppid() != self.spec.get("parent"):
             self.report("failed", "the Hand ended before the command started")
             return  # the Hand died before the death signal was armed: run nothing
-        ruleset, confined, why = self.confine()
+        self.applied, self.why = self.confinement()
         start = proctree.stat(self.me)
         env = dict(os.environ)
         env[proctree.MARK_VAR] = proctree.run_mark(self.me, start[3] if start else 0)
         # Until now a SIGTERM simply ends this process (there is no command
         # yet); from now on it is a request to end the run, taken in turn.
         signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)
-        failure = self.spawn(ruleset, env)
-        if ruleset is not None:
-            os.close(ruleset)
-        if self.unconfined:
-            confined, why = "0", self.unconfined
+        failure = self.spawn(self.applied, env)
+        if self.retry:  # the namespace failed half-way: the child ran nothing
+            os.waitpid(self.child, 0)
+            self.applied, self.why = "landlock", f"no mount namespace: {self.retry}"
+            failure = self.spawn(self.applied, env)
         if failure is not None:
             os.waitpid(self.child, 0)
             self.exit_code = 127
             self.report("failed", failure)
         else:
-            self.report("started", self.child, confined, why)
+            self.report("started", self.child, self.applied, self.why)
             self.wait_command()
         ended = self.end_tree(float(self.spec.get("grace", 2.0)))  # type: ignore[arg-type]
         self.report("done", ended)

@@ -52,8 +52,15 @@ def supervisor_argv() -> list[str]:
     return [sys.executable, "-I", "-S", "-c", code]
 
 
+OFF = ("0", "off", "no", "false")
+
+
 def landlock_wanted() -> bool:
-    return os.environ.get("HALFPI_LANDLOCK", "").lower() not in ("0", "off", "no", "false")
+    return os.environ.get("HALFPI_LANDLOCK", "").lower() not in OFF
+
+
+def mountns_wanted() -> bool:
+    return os.environ.get("HALFPI_MOUNTNS", "").lower() not in OFF
 
 
 class CommandTree:
@@ -65,8 +72,11 @@ class CommandTree:
     exit_code: int | None = None  # negative: killed by that signal
     exited = False  # the command's own end is known
     reported = False  # its supervisor saw the whole tree end
-    confined: bool | None = None  # None: nothing to confine
-    why_unconfined = ""
+    # How the kernel keeps the command from its denied paths: "mount" (a
+    # private mount namespace, Landlock on top), "landlock" (Landlock alone),
+    # "none"; None: nothing was denied.
+    confinement: str | None = None
+    why_unconfined = ""  # why not more strongly
     failure: str | None = None  # it could not start
     ended = 0  # descendants still running when the command ended or was stopped
 
@@ -136,6 +146,7 @@ class Supervised(CommandTree):
             "cwd": cwd,
             "deny": list(deny_paths),
             "landlock": landlock_wanted(),
+            "mountns": mountns_wanted(),
             "grace": grace,
             "parent": os.getpid(),
             "status_fd": status_w,
@@ -152,8 +163,8 @@ class Supervised(CommandTree):
             kind, _, rest = line.decode("utf-8", "replace").rstrip("\n").partition(" ")
             if kind == "started":
                 _, _, flags = rest.partition(" ")
-                confined, _, self.why_unconfined = flags.partition(" ")
-                self.confined = {"1": True, "0": False}.get(confined)
+                how, _, self.why_unconfined = flags.partition(" ")
+                self.confinement = None if how == "-" else how
             elif kind == "exited":
                 self.exit_code, self.exited = int(rest), True
             elif kind == "failed":
@@ -203,7 +214,7 @@ class Grouped(CommandTree):
         assert proc.stdout is not None and proc.stderr is not None
         self.stdout, self.stderr = proc.stdout, proc.stderr
         if deny_paths:
-            self.confined, self.why_unconfined = False, f"no Landlock on {sys.platform}"
+            self.confinement, self.why_unconfined = "none", f"no confinement on {sys.platform}"
 
     @classmethod
     async def start(cls, command: str | None, argv: Sequence[str], cwd: str | None,

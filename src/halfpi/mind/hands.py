@@ -406,6 +406,7 @@ class HandRegistry:
                     "error",
                     "size",
                     "confined",
+                    "confinement",
                 )
             }
             self.finish(run, msg.status, result)

@@ -487,8 +487,8 @@ async def test_I11_restarted_hand_leaves_no_command_of_its_previous_instance(
     assert not (world.work / "leftover.done").exists()
 
 
-# Ten seconds of the Mind's grace timer; a killed Hand's disconnect under ASGI
-# is proven by test_I11_hand_restarted_mid_run_run_is_lost_and_never_rerun.
+# The grace fired by a real process's scheduler; a killed Hand's disconnect
+# under ASGI is proven by test_I11_hand_restarted_mid_run_run_is_lost_and_never_rerun.
 @pytest.mark.servers("native")
 async def test_I11_hand_away_past_grace_loses_its_run(world: World) -> None:
     # The grace's timing is proven on a fake clock (tests/mind/test_hand_runs.py);
@@ -507,8 +507,8 @@ async def test_I11_hand_away_past_grace_loses_its_run(world: World) -> None:
     request_id = await chat_approved(op, cid, tool_message(long_command(world, "away")))
     await op.expect(lambda f: is_progress(f, request_id, "started"), 15)
     loop = asyncio.get_running_loop()
+    killed_at = loop.time()  # before the kill: the Mind may see the drop before kill() returns
     hand.kill()
-    killed_at = loop.time()
     away = await wait_for_hand(op, lambda h: not h["connected"], 5)
     assert away["disconnected_at"] is not None
 

@@ -20,7 +20,15 @@ PRAGMAs, ``synchronous=FULL``), N frames of the same size broadcast yielding
 to the loop between frames, the end's rows committed, ``chat.completed`` to
 all, ``face.result`` to the caller.
 
-Latency: 100 subscribers, a Mind streaming 200 deltas/s (20,000
+ASGI (``--servers asgi``, on by default): the same rounds against
+``halfpi mind --server asgi`` and ``_raw_asgi.py`` (a Starlette WebSocket
+endpoint under uvicorn doing the raw server's work: same durable rows, same
+pre-built frames, one ``await websocket.send`` per frame per subscriber).
+All four servers run side by side, the order rotating round by round, so
+the ASGI Mind is paired with its own baseline (target ≥ 0.7x) and with the
+native Mind (the adapter's cost) seconds apart.
+
+Latency (native only): 100 subscribers, a Mind streaming 200 deltas/s (20,000
 deliveries/s) answering ``/stamp N``; each delta's text is the Mind's
 ``time.time_ns()`` at emission, compared with the arrival time in the load
 process (same machine clock). The agent sleeps ``HALFPI_SCRIPTED_DELTA_MS``
@@ -34,7 +42,7 @@ no socket buffer fills (frames/s = events/s, nothing coalesced). If a load
 process saturates during the warm-up, the load is spread over twice as many
 processes (up to MAX_PROCS) for both sides.
 
-    python benchmarks/fanout.py [--quick] [--rounds N] [--json PATH]
+    python benchmarks/fanout.py [--quick] [--rounds N] [--servers native asgi] [--json PATH]
 """
 
 from __future__ import annotations
@@ -376,7 +384,7 @@ def report(results: list[dict[str, Any]], lat: dict[str, Any] | None,
         ["round", "whole chat ev/s", "stream ev/s", "chat s", "coalesced", "server CPU",
          "load CPU", "busiest load", "saturated", "rest"],
         rows,
-        f"Fan-out rounds, in the order run within each size (CPU: share of one core; "
+        f"Fan-out rounds per side (the order rotated round by round; CPU: share of one core; "
         f"load = all load processes and the driver; rest = the rest of the machine); "
         f"{rounds} rounds per side",
     ))

@@ -4,7 +4,9 @@ Per idle connection, for each server (a Mind; the raw baseline
 ``_raw_server.py``, the leanest server of the same process model; and a
 default ``websockets.asyncio.server``, what a typical Python WebSocket
 server holds), each answering a hello of the same size with a reply the
-size of ``face.welcome`` and keeping the connection, in a fresh process:
+size of ``face.welcome`` and keeping the connection, in a fresh process
+(with ``--servers asgi``, the default: also ``halfpi mind --server asgi``
+and its baseline ``_raw_asgi.py``, a Starlette endpoint under uvicorn):
 
 1. open 50 warm-up connections (so code paths and allocator pools exist);
 2. read VmRSS from ``/proc/<pid>/status`` (before);

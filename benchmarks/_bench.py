@@ -104,7 +104,8 @@ class Server:
 class MindServer(Server):
     """``halfpi mind --port 0`` with its own data directory. With ``overrides``
     (Config fields the command line does not expose, e.g. ``heartbeat_s``)
-    the same ``serve()`` runs through ``_mind.py``."""
+    the same ``serve()`` runs through ``_mind.py``. ``server="asgi"``: the
+    ASGI adapter under uvicorn (``halfpi mind --server asgi``)."""
 
     def __init__(
         self,
@@ -113,6 +114,7 @@ class MindServer(Server):
         delta_ms: float,
         python: Sequence[str] = (PYTHON,),
         overrides: dict[str, Any] | None = None,
+        server: str = "native",
     ) -> None:
         home.mkdir(parents=True, exist_ok=True)
         env = dict(
@@ -122,12 +124,15 @@ class MindServer(Server):
             PYTHONUNBUFFERED="1",
         )
         if overrides:
-            argv = [*python, str(BENCH_DIR / "_mind.py"), json.dumps(overrides)]
+            argv = [*python, str(BENCH_DIR / "_mind.py"),
+                    json.dumps({**overrides, "server": server})]
         else:
             argv = [*python, "-m", "halfpi.cli", "mind", "--port", "0", "--log-level", "warning",
+                    "--server", server,
                     "--max-connections-per-principal", "0"]  # benchmarks open 1,000 with one token
         super().__init__(argv, env, home / "mind.log")
         self.home = home
+        self.server = server
 
     @property
     def token(self) -> str:
@@ -146,6 +151,18 @@ class RawServer(Server):
         if durable:
             argv += ["--db", str(workdir / "raw.db")]
         super().__init__(argv, dict(os.environ, PYTHONUNBUFFERED="1"), workdir / "raw.log")
+
+
+class RawAsgiServer(Server):
+    """The ASGI baseline: a Starlette WebSocket endpoint under uvicorn doing
+    the raw server's work (``_raw_asgi.py``)."""
+
+    def __init__(self, workdir: Path, *, durable: bool = False) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        argv = [PYTHON, str(BENCH_DIR / "_raw_asgi.py")]
+        if durable:
+            argv += ["--db", str(workdir / "raw.db")]
+        super().__init__(argv, dict(os.environ, PYTHONUNBUFFERED="1"), workdir / "raw-asgi.log")
 
 
 class WsServer(Server):

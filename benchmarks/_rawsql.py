@@ -38,6 +38,10 @@ _RUN = (
     " error_code = excluded.error_code"
 )
 _EVENT = "INSERT INTO events (conversation_id, seq, type, data, ts) VALUES (?,?,?,?,?)"
+# A run's outcome carries the run it ends, under a unique index (I10), as halfpi stores it.
+_END_EVENT = (
+    "INSERT INTO events (conversation_id, seq, type, data, ts, terminal_of) VALUES (?,?,?,?,?,?)"
+)
 _FINISH = (
     "UPDATE requests SET status = ?, result = ?, finished_at = ?"
     " WHERE principal_id = ? AND request_id = ? AND finished_at IS NULL"
@@ -118,7 +122,8 @@ def complete(conn: sqlite3.Connection, chat: Chat, end_seq: int, content: str,
     data: dict[str, Any] = {
         "request_id": r, "run_id": chat.run_id, "status": "succeeded", "content": content,
     }
-    conn.execute(_EVENT, (c, end_seq, "chat.completed", json.dumps(data), now))
+    conn.execute(_END_EVENT, (c, end_seq, "chat.completed", json.dumps(data), now,
+                              f"chat:{chat.run_id}"))
     conn.execute(_MESSAGE, (c, end_seq, "assistant", content, r, "succeeded", now))
     conn.execute(_RUN, (chat.run_id, c, r, PRINCIPAL, "succeeded", now, now, content, None))
     result = {

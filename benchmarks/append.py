@@ -57,10 +57,13 @@ from halfpi.process import build_mind
 from halfpi.store.base import StoredEvent, WriteTx
 from halfpi.store.sqlite import SCHEMA, SQLiteStore
 
-TYPE = "chat.completed"
+# A durable event that ends no run (a run's outcome may be stored once only:
+# the store refuses a second chat.completed for one run_id), of the size of
+# a short chat.completed.
+TYPE = "chat.message"
 DATA = (
-    b'{"request_id":"chat-000123","run_id":"r_0000000000000000","status":"succeeded",'
-    b'"content":"a short reply of a few words"}'
+    b'{"request_id":"chat-000123","role":"user","client_hint":"r_0000000000000000",'
+    b'"content":"a short message of a few words"}'
 )
 INSERT = "INSERT INTO events (conversation_id, seq, type, data, ts) VALUES (?,?,?,?,?)"
 CONTENT = "hello"  # the scripted agent echoes it: one delta

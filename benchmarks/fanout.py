@@ -20,7 +20,15 @@ PRAGMAs, ``synchronous=FULL``), N frames of the same size broadcast yielding
 to the loop between frames, the end's rows committed, ``chat.completed`` to
 all, ``face.result`` to the caller.
 
-Latency: 100 subscribers, a Mind streaming 200 deltas/s (20,000
+ASGI (``--servers asgi``, on by default): the same rounds against
+``halfpi mind --server asgi`` and ``_raw_asgi.py`` (a Starlette WebSocket
+endpoint under uvicorn doing the raw server's work: same durable rows, same
+pre-built frames, one ``await websocket.send`` per frame per subscriber).
+All four servers run side by side, the order rotating round by round, so
+the ASGI Mind is paired with its own baseline (target ≥ 0.7x) and with the
+native Mind (the adapter's cost) seconds apart.
+
+Latency (native only): 100 subscribers, a Mind streaming 200 deltas/s (20,000
 deliveries/s) answering ``/stamp N``; each delta's text is the Mind's
 ``time.time_ns()`` at emission, compared with the arrival time in the load
 process (same machine clock). The agent sleeps ``HALFPI_SCRIPTED_DELTA_MS``
@@ -34,7 +42,7 @@ no socket buffer fills (frames/s = events/s, nothing coalesced). If a load
 process saturates during the warm-up, the load is spread over twice as many
 processes (up to MAX_PROCS) for both sides.
 
-    python benchmarks/fanout.py [--quick] [--rounds N] [--json PATH]
+    python benchmarks/fanout.py [--quick] [--rounds N] [--servers native asgi] [--json PATH]
 """
 
 from __future__ import annotations
@@ -50,8 +58,10 @@ from _bench import (
     SATURATED,
     CpuWindow,
     MindServer,
+    RawAsgiServer,
     RawServer,
     figure,
+    median,
     percentile,
     raise_nofile,
     stop_all,
@@ -173,38 +183,56 @@ def _check(result: dict[str, Any], label: str) -> None:
               f"{result['expected']:,} expected", file=sys.stderr)
 
 
-async def _sides(mind: MindServer, raw: RawServer, n: int, procs: int) -> tuple[Side, Side]:
+# The servers a fan-out round can run on: the Mind under each adapter and the
+# baseline in the same model (native: the lean raw server; asgi: a Starlette
+# endpoint under uvicorn, _raw_asgi.py).
+ADAPTERS = {"native": ("halfpi", "raw"), "asgi": ("halfpi-asgi", "raw-asgi")}
+ASGI_TARGET = 0.7
+
+
+async def _sides(servers: dict[str, Any], n: int, procs: int) -> list[Side]:
     pause = READ_PAUSE_S[n]
-    return (await connect_mind(mind, n, procs, pause), await connect_raw(raw, n, procs, pause))
+    sides = []
+    for name, server in servers.items():
+        side = (await connect_mind(server, n, procs, pause) if isinstance(server, MindServer)
+                else await connect_raw(server, n, procs, pause))
+        side.name = name
+        sides.append(side)
+    return sides
 
 
-async def throughput(mind: MindServer, raw: RawServer, n: int, count: int,
+async def throughput(servers: dict[str, Any], n: int, count: int,
                      rounds: int) -> dict[str, Any]:
+    """Warm-up, then ``rounds`` rounds per server, the order rotating round by
+    round so that drift hits every side alike."""
     procs = PROCS[n]
-    ours, base = await _sides(mind, raw, n, procs)
+    sides = await _sides(servers, n, procs)
     try:
         while True:  # warm-up; spread the load further while a load process saturates
-            warm = await chat_round(ours, max(200, count // 4))
-            size = round(warm["frame_bytes"])
-            bwarm = await chat_round(base, max(200, count // 4), size=size)
-            busiest = max(warm["load_max"], bwarm["load_max"])
+            size = 0
+            busiest = 0.0
+            for side in sorted(sides, key=lambda s: s.conversation_id is None):  # Minds first
+                warm = await chat_round(side, max(200, count // 4), size=size)
+                size = size or round(warm["frame_bytes"])  # the Mind's frame size
+                busiest = max(busiest, warm["load_max"])
             if busiest < SATURATED or procs >= min(MAX_PROCS, n):
                 break
             print(f"fan-out to {n}: a load process at {busiest:.0%} with {procs} processes; "
                   f"spreading over {procs * 2}", file=sys.stderr)
-            await ours.close()
-            await base.close()
+            for side in sides:
+                await side.close()
             procs *= 2
-            ours, base = await _sides(mind, raw, n, procs)
-        runs: dict[str, list[dict[str, Any]]] = {"halfpi": [], "raw": []}
-        for index in range(rounds):  # alternate the order so drift hits both sides
-            for side in (ours, base) if index % 2 == 0 else (base, ours):
+            sides = await _sides(servers, n, procs)
+        runs: dict[str, list[dict[str, Any]]] = {side.name: [] for side in sides}
+        for index in range(rounds):
+            shift = index % len(sides)
+            for side in sides[shift:] + sides[:shift]:
                 result = await chat_round(side, count, size=size)
                 _check(result, f"{side.name} n={n}")
                 runs[side.name].append(result)
     finally:
-        await ours.close()
-        await base.close()
+        for side in sides:
+            await side.close()
     return {"n": n, "count": count, "size": size, "procs": procs, **runs}
 
 
@@ -263,21 +291,27 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
     deltas = {n: max(200, int(c * args.scale)) for n, c in DELTAS.items()}
     sizes = [n for n in (1, 10, 100) if n in args.faces]
     with workdir("halfpi-fanout-") as tmp:
-        mind = MindServer(tmp / "mind-fast", delta_ms=0).start()
-        raw = RawServer(tmp / "raw", durable=True).start()
+        servers: dict[str, Any] = {}
         lat = None
         try:
-            results = [await throughput(mind, raw, n, deltas[n], args.rounds) for n in sizes]
-            await stop_all(mind)
-            if not args.no_latency:
+            if "native" in args.servers:
+                servers["halfpi"] = MindServer(tmp / "mind-fast", delta_ms=0).start()
+                servers["raw"] = RawServer(tmp / "raw", durable=True).start()
+            if "asgi" in args.servers:
+                servers["halfpi-asgi"] = MindServer(tmp / "mind-asgi", delta_ms=0,
+                                                    server="asgi").start()
+                servers["raw-asgi"] = RawAsgiServer(tmp / "raw-asgi", durable=True).start()
+            results = [await throughput(servers, n, deltas[n], args.rounds) for n in sizes]
+            await stop_all(*(s for s in servers.values() if isinstance(s, MindServer)))
+            if not args.no_latency and "native" in args.servers:
                 paced, pace_ms = await paced_mind(tmp, LATENCY_SUBSCRIBERS)
                 try:
-                    lat = await latency(paced, pace_ms, raw, LATENCY_SUBSCRIBERS,
+                    lat = await latency(paced, pace_ms, servers["raw"], LATENCY_SUBSCRIBERS,
                                         max(200, int(LATENCY_DELTAS * args.scale)), args.rounds)
                 finally:
                     await stop_all(paced)
         finally:
-            await stop_all(mind, raw)
+            await stop_all(*servers.values())
     return report(results, lat, args.rounds)
 
 
@@ -285,36 +319,72 @@ def _pct(x: float) -> str:
     return f"{x:.0%}"
 
 
+def _coalesced(runs: list[dict[str, Any]]) -> str:
+    frames = sum(x["coalesced"] for x in runs)
+    return f"; coalesced frames {frames}" if frames else ""
+
+
+def _fanout_figures(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """The summary rows of one subscriber count: each adapter against its own
+    baseline, and (both present) the ASGI Mind against the native one."""
+    out = []
+    label = f"{r['n']} Face{'s' if r['n'] > 1 else ''}"
+    note = (f"{r['count']:,} deltas x {r['size']} B per round; "
+            f"{r['procs']} load process{'es' if r['procs'] > 1 else ''}")
+    if "halfpi" in r:
+        for key, what in (("chat_eps", "whole chat"), ("stream_eps", "delta stream")):
+            row = figure(
+                "fanout", f"fan-out to {label}, {what}", "events/s", r["halfpi"], r["raw"], key,
+                target="≥ 0.5x raw" if key == "chat_eps" else "",
+                judge=(lambda _m, ratio: None if ratio is None else ratio >= 0.5)
+                if key == "chat_eps" else None,
+                note=note + _coalesced(r["halfpi"]),
+            )
+            out.append({**row, "adapter": "native"})
+    if "halfpi-asgi" in r:
+        ours, base = r["halfpi-asgi"], r["raw-asgi"]
+        for key, what in (("chat_eps", "whole chat"), ("stream_eps", "delta stream")):
+            extra = ""
+            if "raw" in r:  # what ASGI costs the baselines themselves
+                pairs = [a[key] / b[key] for a, b in zip(base, r["raw"], strict=False)]
+                extra = f"; raw ASGI / raw native {median(pairs):.2f}"
+            row = figure(
+                "fanout", f"ASGI: fan-out to {label}, {what}", "events/s", ours, base, key,
+                target=f"≥ {ASGI_TARGET:g}x raw ASGI" if key == "chat_eps" else "",
+                judge=(lambda _m, ratio: None if ratio is None else ratio >= ASGI_TARGET)
+                if key == "chat_eps" else None,
+                note=note + "; baseline: Starlette endpoint under uvicorn (_raw_asgi.py)"
+                + extra + _coalesced(ours),
+            )
+            out.append({**row, "adapter": "asgi"})
+        if "halfpi" in r:
+            row = figure(
+                "fanout", f"ASGI Mind / native Mind: fan-out to {label}, whole chat",
+                "events/s", ours, r["halfpi"], "chat_eps",
+                note="the adapter's cost: halfpi --server asgi against halfpi's own server",
+            )
+            out.append({**row, "adapter": "asgi"})
+    return out
+
+
 def report(results: list[dict[str, Any]], lat: dict[str, Any] | None,
            rounds: int) -> list[dict[str, Any]]:
     rows = []
     summary = []
     for r in results:
-        ours, base = r["halfpi"], r["raw"]
-        for side, runs in (("halfpi", ours), ("raw", base)):
-            for i, x in enumerate(runs):
+        for side in (*ADAPTERS["native"], *ADAPTERS["asgi"]):
+            for i, x in enumerate(r.get(side, ())):
                 rows.append([
                     f"{r['n']} Faces, {side} #{i + 1}", x["chat_eps"], x["stream_eps"],
                     x["chat_s"], x["coalesced"], _pct(x["server_util"]), _pct(x["load_util"]),
                     _pct(x["load_max"]), x["saturated"], _pct(x["others_util"]),
                 ])
-        label = f"{r['n']} Face{'s' if r['n'] > 1 else ''}"
-        procs = f"{r['procs']} load process{'es' if r['procs'] > 1 else ''}"
-        for key, what in (("chat_eps", "whole chat"), ("stream_eps", "delta stream")):
-            summary.append(figure(
-                "fanout", f"fan-out to {label}, {what}", "events/s", ours, base, key,
-                target="≥ 0.5x raw" if key == "chat_eps" else "",
-                judge=(lambda _m, ratio: None if ratio is None else ratio >= 0.5)
-                if key == "chat_eps" else None,
-                note=f"{r['count']:,} deltas x {r['size']} B per round; {procs}"
-                + (f"; coalesced frames {sum(x['coalesced'] for x in ours)}"
-                   if any(x["coalesced"] for x in ours) else ""),
-            ))
+        summary.extend(_fanout_figures(r))
     print(table(
         ["round", "whole chat ev/s", "stream ev/s", "chat s", "coalesced", "server CPU",
          "load CPU", "busiest load", "saturated", "rest"],
         rows,
-        f"Fan-out rounds, in the order run within each size (CPU: share of one core; "
+        f"Fan-out rounds per side (the order rotated round by round; CPU: share of one core; "
         f"load = all load processes and the driver; rest = the rest of the machine); "
         f"{rounds} rounds per side",
     ))
@@ -336,13 +406,14 @@ def report(results: list[dict[str, Any]], lat: dict[str, Any] | None,
         ))
         rate = sum(x["rate"] for x in lat["halfpi"]) / len(lat["halfpi"]) * lat["n"]
         for key, what in (("p50_ms", "p50"), ("p99_ms", "p99")):
-            summary.append(figure(
+            row = figure(
                 "fanout", f"delta latency {what} @ {lat['n']} Faces", "ms",
                 lat["halfpi"], lat["raw"], key, lower_is_better=True,
                 target=f"< {P99_TARGET_MS:g} ms" if key == "p99_ms" else "",
                 judge=(lambda m, _r: m < P99_TARGET_MS) if key == "p99_ms" else None,
                 note=f"{rate:,.0f} deliveries/s",
-            ))
+            )
+            summary.append({**row, "adapter": "native"})
     print()
     print(summary_table(summary, "Fan-out summary (medians; ratio = median of per-round "
                                  "ratios, halfpi / baseline)"))
@@ -354,6 +425,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="measured rounds per side")
     parser.add_argument("--quick", action="store_true", help="a third of the work, 3 rounds")
     parser.add_argument("--faces", type=int, nargs="+", default=[1, 10, 100])
+    parser.add_argument("--servers", nargs="+", choices=tuple(ADAPTERS),
+                        default=list(ADAPTERS),
+                        help="native: halfpi against _raw_server.py (and the latency rounds); "
+                        "asgi: halfpi --server asgi against _raw_asgi.py")
     parser.add_argument("--no-latency", action="store_true")
     parser.add_argument("--json", help="write the summary rows to this file")
     args = parser.parse_args()

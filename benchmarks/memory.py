@@ -4,7 +4,9 @@ Per idle connection, for each server (a Mind; the raw baseline
 ``_raw_server.py``, the leanest server of the same process model; and a
 default ``websockets.asyncio.server``, what a typical Python WebSocket
 server holds), each answering a hello of the same size with a reply the
-size of ``face.welcome`` and keeping the connection, in a fresh process:
+size of ``face.welcome`` and keeping the connection, in a fresh process
+(with ``--servers asgi``, the default: also ``halfpi mind --server asgi``
+and its baseline ``_raw_asgi.py``, a Starlette endpoint under uvicorn):
 
 1. open 50 warm-up connections (so code paths and allocator pools exist);
 2. read VmRSS from ``/proc/<pid>/status`` (before);
@@ -37,6 +39,7 @@ from typing import Any
 import msgspec
 from _bench import (
     MindServer,
+    RawAsgiServer,
     RawServer,
     Server,
     WsServer,
@@ -90,7 +93,8 @@ async def measure(server: Server, connect: Any, n: int) -> dict[str, Any]:
     return {"before_kib": before, "after_kib": after, "per_conn_kib": (after - before) / n}
 
 
-async def one_round(tmp: Path, index: int, n: int, sizes: dict[str, int]) -> dict[str, Any]:
+async def one_round(tmp: Path, index: int, n: int, sizes: dict[str, int],
+                    asgi: bool) -> dict[str, Any]:
     mind = MindServer(tmp / f"mind-{index}", delta_ms=0).start()
     try:
         token = mind.token
@@ -113,11 +117,25 @@ async def one_round(tmp: Path, index: int, n: int, sizes: dict[str, int]) -> dic
         ours = await measure(mind, hello, n)
     finally:
         await stop_all(mind)
+    out = {"halfpi": ours}
+    if asgi:  # the same Mind under uvicorn: halfpi mind --server asgi
+        mind = MindServer(tmp / f"mind-asgi-{index}", delta_ms=0, server="asgi").start()
+        try:
+            token = mind.token
+
+            async def hello_asgi() -> WsClient:
+                return await face(mind.url, token)
+
+            out["halfpi-asgi"] = await measure(mind, hello_asgi, n)
+        finally:
+            await stop_all(mind)
 
     pad = "p" * max(0, sizes["hello"] - 50)
-    out = {"halfpi": ours}
-    for name, server in (("raw", RawServer(tmp / f"raw-{index}")),
-                         ("websockets", WsServer(tmp / f"ws-{index}"))):
+    baselines: list[tuple[str, Server]] = [("raw", RawServer(tmp / f"raw-{index}")),
+                                           ("websockets", WsServer(tmp / f"ws-{index}"))]
+    if asgi:
+        baselines.append(("raw-asgi", RawAsgiServer(tmp / f"raw-asgi-{index}")))
+    for name, server in baselines:
         server.start()
         try:
 
@@ -168,7 +186,8 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
     convs = []
     with workdir("halfpi-memory-") as tmp:
         for index in range(args.rounds):
-            rounds.append(await one_round(tmp, index, args.connections, sizes))
+            rounds.append(await one_round(tmp, index, args.connections, sizes,
+                                          "asgi" in args.servers))
             convs.append(await conversations(tmp, index, args.conversations))
     return report(rounds, convs, args, sizes)
 
@@ -178,7 +197,11 @@ def report(rounds: list[dict[str, Any]], convs: list[dict[str, Any]], args: argp
     n = args.connections
     rows = []
     for side, label in (("halfpi", "halfpi Mind"), ("raw", "raw (lean Protocol) server"),
-                        ("websockets", "websockets.asyncio.server, defaults")):
+                        ("websockets", "websockets.asyncio.server, defaults"),
+                        ("halfpi-asgi", "halfpi Mind --server asgi (uvicorn)"),
+                        ("raw-asgi", "Starlette endpoint under uvicorn")):
+        if side not in rounds[0]:
+            continue
         runs = [r[side] for r in rounds]
         rows.append([label, median([r["before_kib"] for r in runs]) / 1024,
                      median([r["after_kib"] for r in runs]) / 1024,
@@ -212,6 +235,22 @@ def report(rounds: list[dict[str, Any]], convs: list[dict[str, Any]], args: argp
                convs, None, "chatted_kib", lower_is_better=True,
                note="a one-word chat: 4 events kept in the journal window, request record"),
     ]
+    for row in summary:
+        row["adapter"] = "native"
+    if "halfpi-asgi" in rounds[0]:
+        asgi = [r["halfpi-asgi"] for r in rounds]
+        summary.append({**figure(
+            "memory", f"ASGI: RSS per idle connection ({n:,})", "KiB",
+            asgi, [r["raw-asgi"] for r in rounds], "per_conn_kib",
+            lower_is_better=True, target=f"≤ {TARGET_KIB:g} KiB",
+            judge=lambda m, _r: m <= TARGET_KIB,
+            note="baseline: a Starlette WebSocket endpoint under uvicorn (_raw_asgi.py)",
+        ), "adapter": "asgi"})
+        summary.append({**figure(
+            "memory", f"ASGI Mind / native Mind: RSS per idle connection ({n:,})", "KiB",
+            asgi, [r["halfpi"] for r in rounds], "per_conn_kib", lower_is_better=True,
+            note="the adapter's cost: halfpi --server asgi against halfpi's own server",
+        ), "adapter": "asgi"})
     print()
     print(summary_table(summary, "Memory summary"))
     return summary
@@ -222,6 +261,9 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=1000)
     parser.add_argument("--conversations", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--servers", nargs="+", choices=("native", "asgi"),
+                        default=["native", "asgi"],
+                        help="asgi: also halfpi --server asgi and the raw ASGI server")
     parser.add_argument("--quick", action="store_true", help="one round")
     parser.add_argument("--json", help="write the summary rows to this file")
     args = parser.parse_args()

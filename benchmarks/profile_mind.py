@@ -11,6 +11,7 @@ Python).
 
     python benchmarks/profile_mind.py [--load fanout1|fanout100|resume|latency]
                                       [--profiler cprofile|py-spy] [--seconds S] [--top N]
+                                      [--server native|asgi]
 """
 
 from __future__ import annotations
@@ -126,7 +127,8 @@ async def main_async(args: argparse.Namespace) -> None:
         else:
             python = [PYTHON, "-m", "cProfile", "-o", str(out)]
         delta_ms = fanout.LATENCY_PACE_MS if args.load == "latency" else 0.0
-        mind = MindServer(tmp / "mind", delta_ms=delta_ms, python=python).start()
+        mind = MindServer(tmp / "mind", delta_ms=delta_ms, python=python,
+                          server=args.server).start()
         try:
             summary = await drive(mind, args.load, args.seconds)
         finally:
@@ -136,7 +138,8 @@ async def main_async(args: argparse.Namespace) -> None:
             os.kill(target, signal.SIGTERM)
             assert mind.proc is not None
             await asyncio.to_thread(mind.proc.wait, 60.0)
-        print(f"load: {args.load}: {summary}; profiler: {args.profiler}")
+        print(f"load: {args.load}: {summary}; server: {args.server}; "
+              f"profiler: {args.profiler}")
         if args.profiler == "py-spy":
             print_collapsed(out, args.top)
         else:
@@ -151,6 +154,8 @@ def main() -> None:
     parser.add_argument("--profiler", choices=("cprofile", "py-spy"), default="cprofile")
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--server", choices=("native", "asgi"), default="native",
+                        help="asgi: halfpi mind --server asgi (uvicorn)")
     args = parser.parse_args()
     asyncio.run(main_async(args))
 

@@ -231,3 +231,62 @@ async def test_a_ping_request_counts_as_life_because_the_server_owns_liveness(
     assert session.last_inbound == pytest.approx(mind.mind.now(), abs=5)
     session.tick(session.last_inbound + mind.config.dead_after_s - 1)
     assert not session.closed
+
+
+def writer_tasks() -> list[asyncio.Task[Any]]:
+    """The adapter's writer tasks alive now (one per connection at most)."""
+    return [t for t in asyncio.all_tasks()
+            if getattr(t.get_coro(), "__qualname__", "") == "AsgiConnection._write"]
+
+
+async def test_a_stream_of_frames_is_written_by_one_writer_task_not_one_per_frame(
+    mind: LocalMind,
+) -> None:
+    gateway = AsgiGateway(mind.mind)
+    peer, connection = await open_face(gateway, mind.token)
+    await until(lambda: not writer_tasks())
+    loop = asyncio.get_running_loop()
+    created: list[str] = []
+    default = loop.get_task_factory()
+
+    def counting(loop: asyncio.AbstractEventLoop, coro: Any) -> asyncio.Task[Any]:
+        created.append(getattr(coro, "__qualname__", ""))
+        return default(loop, coro) if default else asyncio.Task(coro, loop=loop)
+
+    loop.set_task_factory(counting)
+    try:
+        for index in range(50):  # as an agent streams: one frame, then a yield to the loop
+            connection.write_frames([b'{"type":"face.pong","payload":{"n":%d}}' % index])
+            await asyncio.sleep(0)
+        await until(lambda: len(peer.frames()) >= 51)
+    finally:
+        loop.set_task_factory(default)
+    assert [f["payload"]["n"] for f in peer.frames()[-50:]] == list(range(50))
+    assert created.count("AsgiConnection._write") == 1
+
+
+async def test_an_idle_connection_keeps_no_writer_task(mind: LocalMind) -> None:
+    gateway = AsgiGateway(mind.mind)
+    peer, connection = await open_face(gateway, mind.token)
+    connection.write_frames([b'{"type":"face.pong","payload":{}}'])
+    await until(lambda: peer.frames()[-1]["type"] == "face.pong")
+    await until(lambda: not writer_tasks())
+    assert not session_of(connection).paused
+
+
+async def test_sends_held_back_on_several_connections_pause_each_session(
+    mind: LocalMind,
+) -> None:
+    gateway = AsgiGateway(mind.mind)
+    peers = [await open_face(gateway, mind.token) for _ in range(3)]
+    held, (free_peer, free) = peers[:2], peers[2]
+    for peer, _ in held:
+        peer.gate.clear()
+    for index, (peer, _) in enumerate(peers):
+        peer.say("face.ping", {"request_id": f"p{index}"})
+    await until(lambda: all(session_of(c).paused for _, c in held))
+    await until(lambda: free_peer.frames()[-1]["payload"].get("request_id") == "p2")
+    assert not session_of(free).paused
+    for peer, _ in held:
+        peer.gate.set()
+    await until(lambda: not any(session_of(c).paused for _, c in held))

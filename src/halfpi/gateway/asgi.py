@@ -10,7 +10,10 @@ What ASGI changes, and how the adapter keeps the protocol's rules intact:
 
 - **Writes are awaitable, sessions write synchronously.** Frames go into a
   per-connection buffer drained by one writer task, which exists only while
-  there is something to write (an idle connection costs no extra task).
+  there is something to write (an idle connection costs no extra task). It
+  outlives an empty buffer by one turn of the loop, so that a stream (a
+  frame, the agent yields, the next frame) is written by one task, not one
+  task per frame.
   The pressure signal of I7: the session is paused when the buffer holds
   more than ``HIGH_WATER`` bytes, or as soon as a send does not complete at
   once (uvicorn's ``send`` waits only when its transport is over its own
@@ -18,7 +21,10 @@ What ASGI changes, and how the adapter keeps the protocol's rules intact:
   when sends complete again and the buffer is below ``LOW_WATER``. The
   queue policy (coalesce, drop, evict 4008) then works unchanged. An ASGI
   application cannot ask how much the server still holds, so pressure is
-  felt at the send after the one that filled the server's buffer.
+  felt at the send after the one that filled the server's buffer. A send
+  that did not complete at once is seen by one callback per turn of the
+  loop for every connection (:meth:`AsgiGateway.watch_sends`), not one per
+  frame.
 - **Control frames belong to the server.** An ASGI application can neither
   send a ping nor see a pong, so liveness is the server's: uvicorn pings
   every ``heartbeat_s`` and closes a peer silent for ``ws_ping_timeout``
@@ -155,7 +161,7 @@ class AsgiConnection:
         if self._closing is not None or self._gone:
             return
         self._buffer.extend(frames)
-        self._buffered += sum(len(frame) for frame in frames)
+        self._buffered += sum(map(len, frames))
         if self._buffered > HIGH_WATER:
             self._blocked()
         if self._writer is None:
@@ -199,26 +205,42 @@ class AsgiConnection:
     async def _write(self) -> None:
         send = self._send
         buffer = self._buffer
+        gateway = self.gateway
+        sending = gateway.sending
+        lingered = False
         try:
-            while buffer:
-                frame = buffer.popleft()
-                size = len(frame)
-                # ASGI carries text as str: one more copy of every frame (and
-                # the server encodes it again); drop ours before the await.
-                message = {"type": "websocket.send", "text": frame.decode()}
-                del frame
-                # A send that does not complete at once is the server holding
-                # writes back (uvicorn: its transport is over its high-water
-                # mark): the pressure signal of I7, as native's pause_writing.
-                blocked = self._loop.call_soon(self._blocked)
-                await send(message)
-                blocked.cancel()
-                del message
-                self._buffered -= size
-                if self._paused and self._buffered <= LOW_WATER:
-                    self._paused = False
-                    assert self.session is not None
-                    self.session.resume_writing()
+            while True:
+                if buffer:
+                    lingered = False
+                    frame = buffer.popleft()
+                    size = len(frame)
+                    # ASGI carries text as str: one more copy of every frame (and
+                    # the server encodes it again); drop ours before the await.
+                    message = {"type": "websocket.send", "text": frame.decode()}
+                    del frame
+                    # A send that does not complete at once is the server holding
+                    # writes back (uvicorn: its transport is over its high-water
+                    # mark): the pressure signal of I7, as native's pause_writing.
+                    # While this connection is in ``sending`` across a turn of the
+                    # loop, the gateway's watch pauses its session.
+                    sending.add(self)
+                    if not gateway.watching:
+                        gateway.watch_sends()
+                    await send(message)
+                    sending.discard(self)
+                    del message
+                    self._buffered -= size
+                    if self._paused and self._buffered <= LOW_WATER:
+                        self._paused = False
+                        assert self.session is not None
+                        self.session.resume_writing()
+                elif self._closing is not None or lingered:
+                    break
+                else:
+                    # Wait one turn of the loop for the stream's next frame: a
+                    # yield costs less than a new task for it.
+                    lingered = True
+                    await asyncio.sleep(0)
             if self._closing is not None and not self._gone:
                 code, reason = self._closing
                 await send({"type": "websocket.close", "code": code, "reason": reason})
@@ -226,6 +248,7 @@ class AsgiConnection:
             log.debug("send to %s failed: %r", self.address, exc)
             self._loop.call_soon(self.release)
         finally:
+            sending.discard(self)
             self._writer = None
 
 
@@ -254,6 +277,10 @@ class AsgiGateway:
     ) -> None:
         self.mind = mind
         self.connections: set[AsgiConnection] = set()
+        # Connections inside an ASGI send; ``watching``: a check of them is
+        # scheduled for the loop's next turn (see watch_sends).
+        self.sending: set[AsgiConnection] = set()
+        self.watching = False
         self.accepting = True
         self.close_timeout_s = CLOSE_TIMEOUT_S
         self.app = Starlette(
@@ -267,6 +294,20 @@ class AsgiGateway:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.app(scope, receive, send)
+
+    def watch_sends(self) -> None:
+        """Check, at the loop's next turn, which connections are still inside
+        a send: a send that completes at once leaves ``sending`` before its
+        task yields, so one still there did not (the server holds writes
+        back) and its session is paused. One callback per turn for every
+        connection, instead of one per frame."""
+        self.watching = True
+        asyncio.get_running_loop().call_soon(self._held_back)
+
+    def _held_back(self) -> None:
+        self.watching = False
+        for connection in list(self.sending):
+            connection._blocked()
 
     @property
     def hard_limit(self) -> int:

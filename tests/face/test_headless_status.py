@@ -31,3 +31,16 @@ def test_a_new_reason_is_said_at_once_and_being_back_is_said_once() -> None:
     assert other is not None and "timed out" in other
     assert notes.status(Status("live"), URL, "") == f"connected to {URL}"
     assert notes.status(Status("live"), URL, "") is None  # no failure since: nothing to say
+
+
+def test_stdin_read_after_the_face_ended_ends_quietly() -> None:
+    import asyncio
+    import io
+
+    from halfpi.face.headless import read_lines
+
+    loop = asyncio.new_event_loop()
+    queue: asyncio.Queue[str | None] = asyncio.Queue()
+    loop.close()  # Ctrl+C: the face's loop is gone when stdin reaches its end
+    read_lines(io.StringIO('{"type": "face.ping", "payload": {}}\n'), queue, loop)
+    assert queue.empty()

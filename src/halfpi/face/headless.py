@@ -480,13 +480,19 @@ def describe_failure(exc: ConnectionLost) -> str:
     return exc.reason or str(exc)
 
 
-def _read_lines(
+def read_lines(
     stream: TextIO, queue: asyncio.Queue[str | None], loop: asyncio.AbstractEventLoop
 ) -> None:
-    """Blocking reads on a daemon thread, so an open stdin never holds up exit."""
-    for line in iter(stream.readline, ""):
-        loop.call_soon_threadsafe(queue.put_nowait, line)
-    loop.call_soon_threadsafe(queue.put_nowait, None)
+    """Blocking reads on a daemon thread, so an open stdin never holds up exit.
+    Once the loop is closed (Ctrl+C, the face has ended) there is nobody left
+    to hand lines to: the thread ends quietly."""
+    try:
+        for line in iter(stream.readline, ""):
+            loop.call_soon_threadsafe(queue.put_nowait, line)
+        loop.call_soon_threadsafe(queue.put_nowait, None)
+    except RuntimeError:
+        if not loop.is_closed():
+            raise
 
 
 async def run_headless(
@@ -497,7 +503,7 @@ async def run_headless(
 ) -> int:
     lines: asyncio.Queue[str | None] = asyncio.Queue()
     threading.Thread(
-        target=_read_lines,
+        target=read_lines,
         args=(stdin, lines, asyncio.get_running_loop()),
         name="headless stdin",
         daemon=True,

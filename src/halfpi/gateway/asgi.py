@@ -163,11 +163,11 @@ class AsgiConnection:
         self._buffer.extend(frames)
         self._buffered += sum(map(len, frames))
         if self._buffered > HIGH_WATER:
-            self._blocked()
+            self.held_back()
         if self._writer is None:
             self._writer = self._loop.create_task(self._write())
 
-    def _blocked(self) -> None:
+    def held_back(self) -> None:
         if not self._paused:
             self._paused = True
             assert self.session is not None
@@ -307,7 +307,7 @@ class AsgiGateway:
     def _held_back(self) -> None:
         self.watching = False
         for connection in list(self.sending):
-            connection._blocked()
+            connection.held_back()
 
     @property
     def hard_limit(self) -> int:

@@ -75,6 +75,11 @@ class Config:
     # header (scripts, terminals) are not browsers and are not checked.
     allowed_origins: tuple[str, ...] = ()
     scripted_delta_ms: float = 20.0
+    # The reply's text so far is saved while it streams (DESIGN §5): at most
+    # this many seconds or characters behind what Faces were shown. None:
+    # never (only the benchmarks' baseline turns it off).
+    checkpoint_s: float | None = 1.0
+    checkpoint_chars: int = 4096
     shutdown_grace_s: float = 5.0
     # How often the Mind re-reads the credential table so that a revocation
     # made by another process closes live connections within a second.

@@ -138,6 +138,9 @@ class Mind:
             deliver=self.registry.deliver,
             announce=self.announce,
             tool_history=config.tool_history,
+            checkpoint_s=config.checkpoint_s,
+            checkpoint_chars=config.checkpoint_chars,
+            call_later=self.scheduler.call_later,
         )
         self._local_hand_factory = local_hand
         self.local_hand: LocalHand | None = None

@@ -127,7 +127,9 @@ def model_settings(values: dict[str, Any], where: str = AGENT_FILE) -> ModelSett
     try:
         return msgspec.convert(values, ModelSettings)
     except msgspec.ValidationError as exc:
-        raise ValueError(f"{where}: {exc}".replace("$.", "[openai].")) from None
+        why = str(exc).replace("$.", "[openai].")
+        why = why.replace("Object contains unknown field", "[openai] has no setting")
+        raise ValueError(f"{where}: {why}") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,6 +56,7 @@ from halfpi.core.events import (
     Result,
     RunChanged,
     Snapshot,
+    TokenUsage,
     ToolProgress,
     builtins,
 )
@@ -624,6 +625,7 @@ class ConversationActor:
         why: str | None = None,
         *,
         retry: bool = True,
+        usage: TokenUsage | None = None,
     ) -> None:
         """Commit the chat's terminal state: run, request result, assistant
         message and the ``chat.*`` event in one transaction; first terminal wins.
@@ -647,7 +649,7 @@ class ConversationActor:
         while True:
             try:
                 try:
-                    await self._commit_end(run, status, error_code, content, why)
+                    await self._commit_end(run, status, error_code, content, why, usage)
                 except TerminalExists:
                     await self._converge(run)
                 return
@@ -683,7 +685,13 @@ class ConversationActor:
             run.retry_wait = None
 
     async def _commit_end(
-        self, run: ChatRun, status: str, error_code: str | None, content: str, why: str | None
+        self,
+        run: ChatRun,
+        status: str,
+        error_code: str | None,
+        content: str,
+        why: str | None,
+        usage: TokenUsage | None = None,
     ) -> None:
         """One attempt: a fresh event (a new ``seq``: a failed attempt's seq
         was never shown, and later events may have been shown since)."""
@@ -695,6 +703,7 @@ class ConversationActor:
             content=content,
             error_code=error_code or msgspec.UNSET,
             reason=why or msgspec.UNSET,
+            usage=usage or msgspec.UNSET,
         )
         done = self.stage(data, now)
         result = builtins(
@@ -707,6 +716,7 @@ class ConversationActor:
                     run_id=run.run_id,
                     cursor=done.cursor,
                     reason=why or msgspec.UNSET,
+                    usage=usage or msgspec.UNSET,
                 ),
                 error_code=error_code or msgspec.UNSET,
             )

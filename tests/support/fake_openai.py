@@ -21,6 +21,10 @@ so a test can check what the second request carried (the ``role: tool``
 message and its ``tool_call_id``), and whether the client went away before
 the answer ended (:attr:`Recorded.gone`: a cancel closed the stream).
 
+Given an ``upstream`` (a real model server's ``http://host:port``) it
+answers nothing itself: it records each request and passes it on, and the
+answer back byte for byte — a recording proxy in front of a real model.
+
 Run alone (``python -m tests.support.fake_openai``) it serves until killed
 and prints ``{"port": N}`` once it listens (the benchmark does this).
 """
@@ -168,7 +172,8 @@ _WORDS = re.compile(r"\s*\S+\s*$|\s*\S+")
 
 
 class FakeModel:
-    def __init__(self) -> None:
+    def __init__(self, upstream: str | None = None) -> None:
+        self.upstream = upstream
         self.replies: deque[Reply] = deque()
         self.requests: list[Recorded] = []
         self.arrived = asyncio.Event()  # set on every request (clear it to wait for the next)
@@ -249,6 +254,12 @@ class FakeModel:
                 headers[name.strip().lower()] = value.strip()
         size = int(headers.get("content-length") or 0)
         raw = await reader.readexactly(size) if size else b""
+        if self.upstream is not None:
+            if method == "POST":
+                self.requests.append(Recorded(path, headers, json.loads(raw) if raw else {}))
+                self.arrived.set()
+            await _forward(self.upstream, head, raw, writer)
+            return True
         if method == "GET" and path.endswith("/models"):
             body = {"object": "list", "data": [{"id": MODEL, "object": "model"}]}
             await _json(writer, 200, body)
@@ -338,6 +349,22 @@ class FakeModel:
             prompt = sum(len(str(m.get("content") or "")) for m in body.get("messages") or [])
             events.append(usage(prompt // 4 + 1, produced))
         return Reply(events)
+
+
+async def _forward(upstream: str, head: bytes, body: bytes, writer: asyncio.StreamWriter) -> None:
+    """One request to ``upstream`` (asked to close after it: its answer ends
+    with the connection) and its answer back, as it comes."""
+    host, _, port = upstream.removeprefix("http://").partition(":")
+    up_reader, up_writer = await asyncio.open_connection(host, int(port or 80))
+    lines = [line for line in head.decode("latin-1").split("\r\n")
+             if line and not line.lower().startswith("connection:")]
+    up_writer.write(("\r\n".join([*lines, "connection: close"]) + "\r\n\r\n").encode() + body)
+    try:
+        while data := await up_reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    finally:
+        up_writer.close()
 
 
 def _sse(data: str) -> bytes:

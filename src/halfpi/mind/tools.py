@@ -50,9 +50,10 @@ TOOL_RULES: dict[str, dict[str, str]] = {
     "read_file": {"path": "show"},
 }
 # The built-in tools as a model is offered them (docs/agent.md): what each
-# does and its arguments as a JSON Schema. A model gets ``command`` (a shell
-# line), not ``argv``; ``hand`` is not offered: a model's calls run on the
-# conversation's Hand.
+# does and its arguments as a JSON Schema. Only what a model needs: a shell
+# line (``cd DIR && …`` picks a directory), a path. Optional fields invite a
+# small model to fill them with guesses; ``argv``, ``cwd``, ``timeout_s``,
+# ``max_bytes`` keep their defaults, and ``hand`` is the conversation's.
 TOOL_SPECS: dict[str, ToolSpec] = {
     "exec_command": ToolSpec(
         "exec_command",
@@ -62,11 +63,6 @@ TOOL_SPECS: dict[str, ToolSpec] = {
             "type": "object",
             "properties": {
                 "command": {"type": "string", "description": "the command line, run by sh -c"},
-                "cwd": {"type": "string", "description": "the directory to run it in"},
-                "timeout_s": {
-                    "type": "number",
-                    "description": "seconds before it is stopped (default 300)",
-                },
             },
             "required": ["command"],
             "additionalProperties": False,
@@ -74,16 +70,10 @@ TOOL_SPECS: dict[str, ToolSpec] = {
     ),
     "read_file": ToolSpec(
         "read_file",
-        "Read a text file on the user's machine and return its content.",
+        "Read a text file on the user's machine and return its content (at most 1 MiB).",
         {
             "type": "object",
-            "properties": {
-                "path": {"type": "string", "description": "the file's path"},
-                "max_bytes": {
-                    "type": "integer",
-                    "description": "read at most this many bytes (default 1 MiB)",
-                },
-            },
+            "properties": {"path": {"type": "string", "description": "the file's path"}},
             "required": ["path"],
             "additionalProperties": False,
         },

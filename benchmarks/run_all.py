@@ -28,7 +28,7 @@ from _bench import (
 )
 
 HERE = Path(__file__).resolve().parent
-BENCHES = ("fanout", "resume", "append", "memory", "idle")
+BENCHES = ("fanout", "resume", "append", "memory", "idle", "model_stream")
 
 
 def run(name: str, quick: bool, out: Path) -> tuple[list[dict[str, Any]], float, int]:

@@ -63,8 +63,8 @@ def agent(model: FakeModel, **settings: Any) -> tuple[OpenAIAgent, list[float]]:
     return OpenAIAgent(ModelSettings(**values), KEY, sleep=sleep), waits
 
 
-def chat(content: str = "hello", tools: Tools | None = None,
-         history: list[Turn] | None = None, specs: tuple[ToolSpec, ...] = (EXEC, READ)) -> ChatInput:
+def chat(content: str = "hello", tools: Tools | None = None, history: list[Turn] | None = None,
+         specs: tuple[ToolSpec, ...] = (EXEC, READ)) -> ChatInput:
     async def read_history() -> list[Turn]:
         return list(history or [])
 

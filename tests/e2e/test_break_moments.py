@@ -79,7 +79,8 @@ def mind_proc(
 
 def asked(model: FakeModel, content: str) -> int:
     """How many requests the model server got for the message ``content``."""
-    return sum(1 for r in model.requests if r.messages[-1:] == [{"role": "user", "content": content}])
+    said = [{"role": "user", "content": content}]
+    return sum(1 for r in model.requests if r.messages[-1:] == said)
 
 
 def words(n: int) -> list[str]:

@@ -26,7 +26,7 @@ answers nothing itself: it records each request and passes it on, and the
 answer back byte for byte — a recording proxy in front of a real model.
 
 Run alone (``python -m tests.support.fake_openai``) it serves until killed
-and prints ``{"port": N}`` once it listens (the benchmark does this).
+and prints ``{"port": N, "url": base_url}`` once it listens (the benchmark does this).
 """
 
 from __future__ import annotations
@@ -413,7 +413,7 @@ async def _wait(what: Gate | Pause, record: Recorded) -> bool:
 
 async def _serve(port: int) -> None:
     model = await FakeModel().start(port)
-    sys.stdout.write(json.dumps({"port": model.port}) + "\n")
+    sys.stdout.write(json.dumps({"port": model.port, "url": model.base_url}) + "\n")
     sys.stdout.flush()
     await asyncio.Event().wait()
 

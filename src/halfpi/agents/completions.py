@@ -1,6 +1,11 @@
 """The rules of talking to an OpenAI-compatible Chat Completions server,
 as plain functions with no I/O (docs/agent.md, "Models").
 
+- :class:`EventStream` and :func:`decode_chunk`: the answer is a
+  ``text/event-stream`` of ``data: {chunk}`` lines ending with ``data:
+  [DONE]``; the parts of a chunk a chat needs, decoded with msgspec (the
+  SDK's typed chunks cost more per token than the rest of the Mind: see
+  docs/agent.md, "Why the raw stream").
 - :class:`ToolCallAssembler`: streamed tool calls arrive in fragments (a
   call's id and name first, its JSON arguments in pieces, several calls
   interleaved by ``index``); it puts them together.
@@ -22,6 +27,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from halfpi.agents.base import ToolSpec, Turn
 
 # The ``error_code`` of a chat a provider failed (docs/protocol.md §12).
@@ -42,6 +49,96 @@ MAX_REASON_CHARS = 300
 # of framing per message. An estimate: leave headroom in the budget.
 CHARS_PER_TOKEN = 4
 TOKENS_PER_MESSAGE = 4
+
+
+# -- the stream ---------------------------------------------------------------------
+
+DONE = b"[DONE]"
+
+
+class EventStream:
+    """Server-sent events in (bytes as they arrive), the ``data`` of each
+    complete event out. Comments and the other fields (``event:``, ``id:``,
+    ``retry:``) carry nothing a chat needs; several ``data:`` lines of one
+    event are joined with a newline (the SSE rule)."""
+
+    def __init__(self) -> None:
+        self._rest = b""
+        self._data: list[bytes] = []
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buf = self._rest + data if self._rest else data
+        events: list[bytes] = []
+        start = 0
+        while (end := buf.find(b"\n", start)) >= 0:
+            line = buf[start:end]
+            start = end + 1
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if not line:
+                if self._data:
+                    events.append(self._data[0] if len(self._data) == 1 else b"\n".join(self._data))
+                    self._data = []
+            elif line.startswith(b"data:"):
+                self._data.append(line[6:] if line.startswith(b"data: ") else line[5:])
+        self._rest = buf[start:]
+        return events
+
+
+class FunctionDelta(msgspec.Struct):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(msgspec.Struct):
+    index: int = 0
+    id: str | None = None
+    function: FunctionDelta | None = None
+
+
+class MessageDelta(msgspec.Struct):
+    content: str | None = None
+    refusal: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+
+
+class Choice(msgspec.Struct):
+    index: int = 0
+    delta: MessageDelta | None = None
+    finish_reason: str | None = None
+
+
+class TokenCounts(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    total_tokens: int | None = None
+
+
+class Chunk(msgspec.Struct):
+    """One ``chat.completion.chunk``: what a chat reads of it (the rest of
+    its fields are ignored). ``error``: a server reporting a failure mid-stream."""
+
+    choices: list[Choice] | None = None
+    usage: TokenCounts | None = None
+    error: Any = None
+
+
+_chunk = msgspec.json.Decoder(Chunk).decode
+
+
+def decode_chunk(data: bytes) -> Chunk:
+    """One event's data as a :class:`Chunk`; ValueError when it is not one."""
+    try:
+        return _chunk(data)
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"the model server sent something that is not a chunk ({exc})") from None
+
+
+def stream_error(error: Any) -> str:
+    """The message of an error a server reported mid-stream."""
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return str(error["message"])
+    return str(error)
 
 
 # -- tool calls -------------------------------------------------------------------
@@ -293,7 +390,9 @@ def classify(
     if status in (401, 403):
         return Failure(PROVIDER_UNAUTHORIZED, f"the model server refused the key: {said}", False)
     if _CONTEXT.search(hint) and status in (400, 413, 422):
-        return Failure(CONTEXT_TOO_LONG, f"the conversation is too long for the model: {said}", False)
+        return Failure(
+            CONTEXT_TOO_LONG, f"the conversation is too long for the model: {said}", False
+        )
     if (status == 404 and "model" in hint.lower()) or (status == 400 and _NO_MODEL.search(hint)):
         return Failure(MODEL_NOT_FOUND, f"the model server has no such model: {said}", False)
     if status == 404:
@@ -307,4 +406,5 @@ def classify(
         return Failure(PROVIDER_ERROR, f"the model server is rate limiting: {said}", True)
     if status in (408, 409) or status >= 500:
         return Failure(PROVIDER_ERROR, f"the model server failed ({status}): {said}", True)
-    return Failure(PROVIDER_ERROR, f"the model server refused the request ({status}): {said}", False)
+    refused = f"the model server refused the request ({status}): {said}"
+    return Failure(PROVIDER_ERROR, refused, False)

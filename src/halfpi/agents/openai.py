@@ -28,7 +28,6 @@ reads (``completions.scrub``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import random
@@ -43,17 +42,21 @@ import openai
 
 from halfpi.agents.base import AgentFailed, ChatInput, Delta, Output, ToolSpec, Usage
 from halfpi.agents.completions import (
+    DONE,
     PROVIDER_ERROR,
     STEP_LIMIT,
+    EventStream,
     Failure,
     ToolCall,
     ToolCallAssembler,
     assistant_message,
     classify,
+    decode_chunk,
     function_tools,
     parse_arguments,
     request_messages,
     scrub,
+    stream_error,
     tool_choice,
     tool_error,
     tool_result_content,
@@ -142,8 +145,21 @@ class _Step:
     finish: str | None = None
 
 
-class _Unfinished(Exception):
-    """The stream ended without saying why the reply ended (no finish reason)."""
+class _Broken(Exception):
+    """The answer broke off: the connection failed mid-stream, the stream
+    ended without a finish reason, or the server reported an error in it."""
+
+
+async def _read(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The answer's bytes; a transport failure while reading them (the
+    connection dropped, a read timed out) becomes :class:`_Broken`."""
+    try:
+        async for data in chunks:
+            yield data
+    except openai.APIError:
+        raise
+    except Exception as exc:  # the HTTP client's own errors: only the stream broke
+        raise _Broken(f"the connection broke mid-reply ({type(exc).__name__}: {exc})") from exc
 
 
 class OpenAIAgent:
@@ -246,7 +262,8 @@ class OpenAIAgent:
         that cannot be made comes back as a tool error, nothing runs."""
         if not any(t.name == call.name for t in offered):
             names = ", ".join(t.name for t in offered) or "none"
-            return tool_error("unknown_tool", f"no tool {call.name!r} is offered (offered: {names})")
+            why = f"no tool {call.name!r} is offered (offered: {names})"
+            return tool_error("unknown_tool", why)
         args = parse_arguments(call.arguments)
         if isinstance(args, str):
             return tool_error("bad_arguments", args)
@@ -286,7 +303,7 @@ class OpenAIAgent:
                 async for out in self._attempt(params, step):
                     yield out
                 return
-            except (openai.APIError, _Unfinished) as exc:
+            except (openai.APIError, _Broken) as exc:
                 failure = self._failure(exc)
                 if not failure.retryable or step.text or attempt >= self.settings.retries:
                     log.info("model request failed: %s", failure.message)
@@ -304,42 +321,56 @@ class OpenAIAgent:
                 await self.sleep(delay)
 
     async def _attempt(self, params: dict[str, Any], step: _Step) -> AsyncIterator[Output]:
-        stream = await self.client.chat.completions.create(**params)
-        try:
-            async for chunk in stream:
-                usage = chunk.usage
-                if usage is not None:
-                    yield Usage(
-                        usage.prompt_tokens or 0,
-                        usage.completion_tokens or 0,
-                        usage.total_tokens or 0,
-                    )
-                if not chunk.choices:
-                    continue
-                choice = chunk.choices[0]
-                delta = choice.delta
-                text = delta.content or delta.refusal
-                if text:
-                    step.text.append(text)
-                    yield Delta(text)
-                if delta.tool_calls:
-                    for fragment in delta.tool_calls:
-                        function = fragment.function
-                        step.calls.feed(
-                            fragment.index,
-                            fragment.id,
-                            function.name if function is not None else None,
-                            function.arguments if function is not None else None,
+        """One streamed request. The SDK sends it (base URL, key, status
+        errors as its exceptions) and hands over the raw event stream, which
+        is decoded here (``completions.decode_chunk``): the SDK's typed
+        chunks would cost more per token than everything else the Mind does."""
+        completions = self.client.chat.completions.with_streaming_response
+        # Leaving this block — at the end, on a failure, on a cancel — closes
+        # the response: a cancelled reply costs no more tokens.
+        async with completions.create(**params) as response:
+            events = EventStream()
+            done = False
+            async for data in _read(response.iter_bytes()):
+                for event in events.feed(data):
+                    if done or event == DONE:
+                        done = True  # read on to the end: the connection is reused
+                        continue
+                    try:
+                        chunk = decode_chunk(event)
+                    except ValueError as exc:
+                        raise _Broken(str(exc)) from None
+                    if chunk.error is not None:
+                        raise _Broken(stream_error(chunk.error))
+                    usage = chunk.usage
+                    if usage is not None:
+                        yield Usage(
+                            usage.prompt_tokens or 0,
+                            usage.completion_tokens or 0,
+                            usage.total_tokens or 0,
                         )
-                if choice.finish_reason:
-                    step.finish = choice.finish_reason
-        finally:
-            # At the end, on a failure, and on a cancel: the connection is
-            # closed now, so a cancelled reply costs no more tokens.
-            with contextlib.suppress(Exception):
-                await stream.close()
+                    if not chunk.choices:
+                        continue
+                    choice = chunk.choices[0]
+                    delta = choice.delta
+                    if delta is not None:
+                        text = delta.content or delta.refusal
+                        if text:
+                            step.text.append(text)
+                            yield Delta(text)
+                        if delta.tool_calls:
+                            for fragment in delta.tool_calls:
+                                function = fragment.function
+                                step.calls.feed(
+                                    fragment.index,
+                                    fragment.id,
+                                    function.name if function is not None else None,
+                                    function.arguments if function is not None else None,
+                                )
+                    if choice.finish_reason:
+                        step.finish = choice.finish_reason
         if step.finish is None:
-            raise _Unfinished("the model server ended the stream before the reply finished")
+            raise _Broken("the model server ended the stream before the reply finished")
         if step.finish == "content_filter":
             raise AgentFailed("the provider's content filter stopped the reply", PROVIDER_ERROR)
 
@@ -359,9 +390,7 @@ class OpenAIAgent:
             why = f"{exc.message} ({cause})" if cause is not None and str(cause) else exc.message
             return classify(None, why, secrets=secrets)
         what = exc.message if isinstance(exc, openai.APIError) else str(exc)
-        return Failure(
-            PROVIDER_ERROR, scrub(f"the model server failed mid-reply: {what}", secrets), True
-        )
+        return Failure(PROVIDER_ERROR, scrub(f"the model server failed: {what}", secrets), True)
 
 
 def _retry_after(exc: BaseException) -> float | None:

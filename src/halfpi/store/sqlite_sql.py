@@ -541,8 +541,19 @@ def message_page(
 
 
 def _message_from_row(row: tuple[Any, ...]) -> MessageRow:
-    *fields, usage = row
-    return MessageRow(*fields, usage=None if usage is None else _decode(usage))
+    conversation_id, seq, role, content, request_id, status, ts, error_code, reason, usage = row
+    return MessageRow(
+        conversation_id,
+        seq,
+        role,
+        content,
+        request_id,
+        status,
+        ts,
+        error_code,
+        reason,
+        None if usage is None else _decode(usage),
+    )
 
 
 def run_for_request(

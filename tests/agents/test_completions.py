@@ -9,13 +9,16 @@ import pytest
 from halfpi.agents.base import ToolSpec, Turn
 from halfpi.agents.completions import (
     CONTEXT_TOO_LONG,
+    DONE,
     MAX_TOOL_RESULT_CHARS,
     MODEL_NOT_FOUND,
     PROVIDER_ERROR,
     PROVIDER_UNAUTHORIZED,
+    EventStream,
     ToolCallAssembler,
     assistant_message,
     classify,
+    decode_chunk,
     estimate_tokens,
     fit_history,
     parse_arguments,
@@ -212,3 +215,42 @@ def test_a_reason_is_one_bounded_line() -> None:
     line = scrub("a\nb\t c " + "x" * 1000)
     assert line.startswith("a b c ")
     assert len(line) <= 300 and "\n" not in line
+
+
+# -- the event stream ---------------------------------------------------------------
+
+
+def test_events_split_anywhere_come_out_whole() -> None:
+    wire = b'data: {"a": 1}\n\ndata: {"b": 2}\r\n\r\n: a comment\n\nevent: x\ndata: [DONE]\n\n'
+    for cut in range(1, len(wire)):
+        events = EventStream()
+        got = events.feed(wire[:cut]) + events.feed(wire[cut:])
+        assert got == [b'{"a": 1}', b'{"b": 2}', DONE], cut
+
+
+def test_the_data_lines_of_one_event_are_joined() -> None:
+    assert EventStream().feed(b"data: {\"a\":\ndata: 1}\n\n") == [b'{"a":\n1}']
+    assert EventStream().feed(b"data:{}\n\n") == [b"{}"]
+
+
+def test_a_chunk_is_read_for_what_a_chat_needs_and_nothing_more() -> None:
+    chunk = decode_chunk(json.dumps({
+        "id": "x", "object": "chat.completion.chunk", "system_fingerprint": "fp",
+        "choices": [{"index": 0, "logprobs": None, "finish_reason": None,
+                     "delta": {"role": "assistant", "content": "hi", "reasoning": "…",
+                               "tool_calls": [{"id": "c", "function": {"name": "f"}}]}}],
+    }).encode())
+    assert chunk.choices is not None
+    [choice] = chunk.choices
+    assert choice.delta is not None and choice.delta.content == "hi"
+    assert choice.delta.tool_calls is not None
+    assert (choice.delta.tool_calls[0].index, choice.delta.tool_calls[0].id) == (0, "c")
+    usage = decode_chunk(b'{"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4,'
+                         b' "total_tokens": 7}}').usage
+    assert usage is not None and usage.total_tokens == 7
+    assert decode_chunk(b'{"error": {"message": "overloaded"}}').error == {"message": "overloaded"}
+
+
+def test_something_that_is_not_a_chunk_says_so() -> None:
+    with pytest.raises(ValueError, match="not a chunk"):
+        decode_chunk(b"<html>502 Bad Gateway</html>")

@@ -333,3 +333,26 @@ async def test_a_cancel_mid_stream_closes_the_connection_at_once(model: FakeMode
         await task
     await asyncio.wait_for(model.requests[0].gone.wait(), 5)
     assert not gate.event.is_set()
+
+
+async def test_an_error_the_server_reports_mid_stream_fails_the_chat_with_its_message(
+    model: FakeModel,
+) -> None:
+    model.script(Reply([*text("partial", finish=None), {"error": {"message": "overloaded"}}]))
+    brain, waits = agent(model)
+    with pytest.raises(AgentFailed) as failed:
+        await collect(brain, chat())
+    assert failed.value.code == "provider_error"
+    assert "overloaded" in str(failed.value)
+    assert waits == []
+
+
+async def test_a_stream_that_ends_without_a_finish_reason_is_not_a_whole_reply(
+    model: FakeModel,
+) -> None:
+    model.script(Reply(text("cut short", finish=None)))  # [DONE] without a finish reason
+    brain, _ = agent(model)
+    with pytest.raises(AgentFailed) as failed:
+        await collect(brain, chat())
+    assert failed.value.code == "provider_error"
+    assert "before the reply finished" in str(failed.value)

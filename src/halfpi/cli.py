@@ -232,8 +232,8 @@ def _agent(args: argparse.Namespace, home: Path) -> tuple[str, ModelSettings | N
     --agent, --model and --base-url over it (docs/agent.md, "Models")."""
     try:
         named, values = read_agent_file(home)
-    except ValueError as exc:
-        raise UserError(str(exc), EXIT_USAGE) from None
+    except ValueError as exc:  # the file, not the command line, is wrong: exit 1
+        raise UserError(str(exc)) from None
     agent = args.agent or named or "scripted"
     if agent != "openai":
         if args.model or args.base_url:
@@ -247,7 +247,7 @@ def _agent(args: argparse.Namespace, home: Path) -> tuple[str, ModelSettings | N
     try:
         settings = model_settings(values, str(home / AGENT_FILE))
     except ValueError as exc:
-        raise UserError(str(exc), EXIT_USAGE) from None
+        raise UserError(str(exc)) from None
     if not settings.model:
         raise UserError(
             f"--agent openai needs a model: --model NAME, or model = \"NAME\" under [openai] "

@@ -104,8 +104,8 @@ def read_agent_file(home: Path) -> tuple[str | None, dict[str, Any]]:
     path = home / AGENT_FILE
     try:
         data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        return None, {}
+    except (FileNotFoundError, NotADirectoryError):
+        return None, {}  # (a home that is not a directory is said when it is opened)
     except OSError as exc:
         raise ValueError(f"cannot read {path}: {exc.strerror}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

@@ -42,6 +42,13 @@ no socket buffer fills (frames/s = events/s, nothing coalesced). If a load
 process saturates during the warm-up, the load is spread over twice as many
 processes (up to MAX_PROCS) for both sides.
 
+Checkpoint cost: the reply's text so far is saved while it streams (DESIGN
+§5: every ~1 s or 4 KiB, riding the group commit). One Face, two Minds side
+by side, alternating: one saving as it does by default, one with the
+checkpoints off (``checkpoint_s: null``, a Config field no command line
+exposes); the ratio is what the saving costs (``--no-checkpoint-cost``
+skips it).
+
     python benchmarks/fanout.py [--quick] [--rounds N] [--servers native asgi] [--json PATH]
 """
 
@@ -286,6 +293,39 @@ async def latency(mind: MindServer, pace_ms: float, raw: RawServer, n: int, coun
     return {"n": n, "count": count, "size": size, "pace_ms": pace_ms, **runs}
 
 
+async def checkpoint_cost(tmp: Path, count: int, rounds: int) -> list[dict[str, Any]]:
+    """One Face: a Mind saving the text so far (the default) against one
+    that never does, the same chat, rounds alternating."""
+    saving = MindServer(tmp / "mind-checkpoints", delta_ms=0,
+                        overrides={"checkpoint_s": 1.0}).start()
+    plain = MindServer(tmp / "mind-no-checkpoints", delta_ms=0,
+                       overrides={"checkpoint_s": None}).start()
+    runs: dict[str, list[dict[str, Any]]] = {"saving": [], "plain": []}
+    try:
+        on = await connect_mind(saving, 1, PROCS[1], READ_PAUSE_S[1])
+        off = await connect_mind(plain, 1, PROCS[1], READ_PAUSE_S[1])
+        on.name, off.name = "saving", "plain"
+        try:
+            for side in (on, off):
+                await chat_round(side, max(200, count // 4))
+            for index in range(rounds):
+                for side in (on, off) if index % 2 == 0 else (off, on):
+                    result = await chat_round(side, count)
+                    _check(result, f"{side.name} checkpoints")
+                    runs[side.name].append(result)
+        finally:
+            await on.close()
+            await off.close()
+    finally:
+        await stop_all(saving, plain)
+    note = f"1 Face, {count:,} deltas per round; baseline: the same Mind saving no checkpoint"
+    return [
+        figure("fanout", f"text checkpoints on, {what}", "events/s", runs["saving"],
+               runs["plain"], key, note=note)
+        for key, what in (("chat_eps", "whole chat"), ("stream_eps", "delta stream"))
+    ]
+
+
 async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
     raise_nofile(8192)
     deltas = {n: max(200, int(c * args.scale)) for n, c in DELTAS.items()}
@@ -310,9 +350,19 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
                                         max(200, int(LATENCY_DELTAS * args.scale)), args.rounds)
                 finally:
                     await stop_all(paced)
+            cost = ([] if args.no_checkpoint_cost else
+                    await checkpoint_cost(tmp, deltas[1], args.rounds))
         finally:
             await stop_all(*servers.values())
-    return report(results, lat, args.rounds)
+    return report(results, lat, args.rounds) + _show(cost)
+
+
+def _show(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if rows:
+        print()
+        print(summary_table(rows, "Text checkpoints: what saving the reply's text costs "
+                                  "(ratio = with / without, same run)"))
+    return rows
 
 
 def _pct(x: float) -> str:
@@ -430,6 +480,8 @@ def main() -> None:
                         help="native: halfpi against _raw_server.py (and the latency rounds); "
                         "asgi: halfpi --server asgi against _raw_asgi.py")
     parser.add_argument("--no-latency", action="store_true")
+    parser.add_argument("--no-checkpoint-cost", action="store_true",
+                        help="skip the Minds with and without text checkpoints")
     parser.add_argument("--json", help="write the summary rows to this file")
     args = parser.parse_args()
     args.scale = 1 / 3 if args.quick else 1.0

@@ -33,7 +33,7 @@ from _bench import (
 )
 
 HERE = Path(__file__).resolve().parent
-BENCHES = ("fanout", "resume", "append", "memory", "idle")
+BENCHES = ("fanout", "resume", "append", "memory", "idle", "model_stream")
 WITH_ASGI = ("fanout", "memory")  # the benchmarks that also run the ASGI adapter
 SERVERS = ("native", "asgi")
 

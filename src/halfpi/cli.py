@@ -22,7 +22,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from halfpi import __version__
-from halfpi.config import DEFAULT_PORT, Config, default_home, env_delta_ms, sqlite_file
+from halfpi.config import (
+    AGENT_FILE,
+    AGENTS,
+    DEFAULT_PORT,
+    Config,
+    ModelSettings,
+    default_home,
+    env_delta_ms,
+    model_settings,
+    read_agent_file,
+    sqlite_file,
+)
 from halfpi.core.policy import Rule, parse_approval
 from halfpi.core.scopes import ALL_FACE_SCOPES, PROFILES
 from halfpi.mind.home import Address, CannotStart, StaleAddress, prepare_home, read_address
@@ -178,8 +189,12 @@ def cmd_mind(args: argparse.Namespace) -> int:
         delta_ms = env_delta_ms() if args.delta_ms is None else args.delta_ms
     except ValueError:
         raise UserError("HALFPI_SCRIPTED_DELTA_MS is not a number", EXIT_USAGE) from None
+    home = _home(args.home)
+    agent, model = _agent(args, home)
     config = Config(
-        home=_home(args.home),
+        home=home,
+        agent=agent,
+        model=model,
         host=args.host,
         port=args.port,
         scripted_delta_ms=delta_ms,
@@ -210,6 +225,44 @@ def cmd_mind(args: argparse.Namespace) -> int:
         print(f"halfpi: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _agent(args: argparse.Namespace, home: Path) -> tuple[str, ModelSettings | None]:
+    """Which agent answers, and the model's settings: HOME/agent.toml, then
+    --agent, --model and --base-url over it (docs/agent.md, "Models")."""
+    try:
+        named, values = read_agent_file(home)
+    except ValueError as exc:  # the file, not the command line, is wrong: exit 1
+        raise UserError(str(exc)) from None
+    agent = args.agent or named or "scripted"
+    if agent != "openai":
+        if args.model or args.base_url:
+            raise UserError("--model and --base-url go with --agent openai", EXIT_USAGE)
+        return agent, None
+    values = dict(values)
+    if args.model:
+        values["model"] = args.model
+    if args.base_url:
+        values["base_url"] = args.base_url
+    try:
+        settings = model_settings(values, str(home / AGENT_FILE))
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if not settings.model:
+        raise UserError(
+            f"--agent openai needs a model: --model NAME, or model = \"NAME\" under [openai] "
+            f"in {home / AGENT_FILE}",
+            EXIT_USAGE,
+        )
+    return agent, settings
+
+
+def _base_url(text: str) -> str:
+    if not re.match(r"^https?://[^/?#\s]+", text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an http(s) URL, e.g. http://127.0.0.1:8080/v1"
+        )
+    return text.rstrip("/")
 
 
 def _on_store(args: argparse.Namespace, work: Callable[[Store], Awaitable[T]]) -> T:
@@ -429,6 +482,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mind.add_argument("--home", metavar="DIR", help=home_help)
     mind.add_argument("--store", type=store_url, metavar="URL", help=store_help)
+    mind.add_argument(
+        "--agent",
+        choices=AGENTS,
+        default=None,
+        help="who answers: scripted (deterministic, no network) or openai (a model on an "
+        f"OpenAI-compatible server; docs/agent.md) (default: agent in HOME/{AGENT_FILE}, "
+        "else scripted)",
+    )
+    mind.add_argument(
+        "--model",
+        metavar="NAME",
+        help=f"--agent openai: the model to ask (default: model under [openai] in "
+        f"HOME/{AGENT_FILE})",
+    )
+    mind.add_argument(
+        "--base-url",
+        type=_base_url,
+        metavar="URL",
+        help="--agent openai: the server's API root, e.g. http://127.0.0.1:8080/v1 "
+        "(default: base_url in the file, else OpenAI's)",
+    )
     mind.add_argument(
         "--delta-ms",
         type=non_negative_float,

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Any
 from urllib.parse import unquote, urlsplit
+
+import msgspec
 
 from halfpi.core.throttle import ThrottleLimits
 
@@ -51,6 +55,83 @@ class RequestRetention:
     tombstone_seconds: float = 86_400.0
 
 
+DEFAULT_SYSTEM_PROMPT = (
+    "You are the agent of halfpi, an assistant the user reaches from any device. "
+    "Answer briefly and plainly. You may call the tools you are offered: they run on "
+    "the user's own machines, and a person approves commands before they run."
+)
+AGENT_FILE = "agent.toml"  # in the home: which agent, and the model's settings
+AGENTS = ("scripted", "openai")
+
+
+class ModelSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The model provider's settings (docs/agent.md, "Models"): ``[openai]``
+    in HOME/agent.toml, then ``--model`` and ``--base-url``. Never the key
+    (``$OPENAI_API_KEY`` or a 0600 key file: it is read when the provider
+    starts and kept in its client only)."""
+
+    model: str = ""
+    # None: OpenAI's own (https://api.openai.com/v1).
+    base_url: str | None = None
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
+    max_output_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    # Model requests per chat: each answers, or calls tools and asks again.
+    step_limit: Annotated[int, msgspec.Meta(ge=1, le=256)] = 16
+    # Estimated tokens (characters / 4, docs/agent.md) for the system prompt,
+    # the history that fits (oldest dropped first) and the user's message.
+    context_budget: Annotated[int, msgspec.Meta(ge=256)] = 16_000
+    # The tools offered, by name (None: every tool the conversation's Hand has).
+    tools: tuple[str, ...] | None = None
+    # The first request's tool_choice ("auto", "none", "required" or a tool's
+    # name, forced), and every later one's, once tools ran.
+    tool_choice: str = "auto"
+    later_tool_choice: str = "auto"
+    # Ask for token usage in the stream (stream_options.include_usage).
+    stream_usage: bool = True
+    # A failed request is retried this many times while it showed nothing.
+    retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 3
+    # How long to wait for the next byte of an answer.
+    timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 600.0
+    # Where the key is, when not in $OPENAI_API_KEY (relative: to the home).
+    api_key_file: str | None = None
+
+
+def read_agent_file(home: Path) -> tuple[str | None, dict[str, Any]]:
+    """HOME/agent.toml: its ``agent`` and its ``[openai]`` table (raw).
+    Missing: (None, {}). Raises ValueError, one line, for a file that is
+    not what it must be."""
+    path = home / AGENT_FILE
+    try:
+        data = tomllib.loads(path.read_text())
+    except (FileNotFoundError, NotADirectoryError):
+        return None, {}  # (a home that is not a directory is said when it is opened)
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} is not valid TOML: {exc}") from None
+    unknown = sorted(set(data) - {"agent", "openai"})
+    if unknown:
+        raise ValueError(f"{path}: unknown key {unknown[0]!r} (known: agent, [openai])")
+    agent = data.get("agent")
+    if agent is not None and agent not in AGENTS:
+        raise ValueError(f"{path}: agent must be one of {', '.join(AGENTS)}, not {agent!r}")
+    table = data.get("openai", {})
+    if not isinstance(table, dict):
+        raise ValueError(f"{path}: [openai] must be a table")
+    return agent, table
+
+
+def model_settings(values: dict[str, Any], where: str = AGENT_FILE) -> ModelSettings:
+    """Settings from raw values; ValueError naming the key for a wrong one."""
+    try:
+        return msgspec.convert(values, ModelSettings)
+    except msgspec.ValidationError as exc:
+        why = str(exc).replace("$.", "[openai].")
+        why = why.replace("Object contains unknown field", "[openai] has no setting")
+        raise ValueError(f"{where}: {why}") from None
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     home: Path
@@ -75,6 +156,15 @@ class Config:
     # header (scripts, terminals) are not browsers and are not checked.
     allowed_origins: tuple[str, ...] = ()
     scripted_delta_ms: float = 20.0
+    # Which agent answers (``--agent``): "scripted" (the embedded default) or
+    # "openai" (a model, with ``model``'s settings).
+    agent: str = "scripted"
+    model: ModelSettings | None = None
+    # The reply's text so far is saved while it streams (DESIGN §5): at most
+    # this many seconds or characters behind what Faces were shown. None:
+    # never (only the benchmarks' baseline turns it off).
+    checkpoint_s: float | None = 1.0
+    checkpoint_chars: int = 4096
     shutdown_grace_s: float = 5.0
     # How often the Mind re-reads the credential table so that a revocation
     # made by another process closes live connections within a second.

@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 from halfpi.agents.base import Agent
-from halfpi.agents.scripted import ScriptedAgent
 from halfpi.client.transport import Connector, pinned_tls_context, tls_connector
 from halfpi.config import Config
 from halfpi.core.policy import parse_rule
@@ -60,12 +59,31 @@ def server_class(name: str) -> Callable[[Mind], Server]:
     return factory
 
 
+# The agents by name (``--agent``), imported only when chosen: a Mind with
+# the scripted agent never imports the model provider and its SDK.
+AGENTS = {
+    "scripted": "halfpi.agents.scripted:from_config",
+    "openai": "halfpi.agents.openai:from_config",
+}
+
+
+def make_agent(config: Config) -> Agent:
+    """The agent ``config.agent`` names. One line (CannotStart) when it
+    cannot start as configured (no model, no key, a key file others read)."""
+    module, _, attr = AGENTS[config.agent].partition(":")
+    factory: Callable[[Config], Agent] = getattr(importlib.import_module(module), attr)
+    try:
+        return factory(config)
+    except ValueError as exc:
+        raise CannotStart(str(exc)) from None
+
+
 def build_mind(config: Config, agent: Agent | None = None) -> Mind:
     return Mind(
         config,
         make_store(config),
         make_journal(config),
-        agent or ScriptedAgent(config.scripted_delta_ms),
+        agent or make_agent(config),
         local_hand=lambda url, connector: local_hand(config, url, connector),
     )
 

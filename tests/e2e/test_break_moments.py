@@ -10,6 +10,12 @@ true: one admission per request_id (I5), the chat unaffected by the cut
 (``kill -9``) mid-chat: what was committed stays, the running chat becomes
 ``interrupted`` and is never re-run (I11), and old cursors get an honest
 reset.
+
+Every test runs twice: with the scripted agent, and with a model — the
+Mind's provider talking to a fake model server on 127.0.0.1 over real HTTP
+(``tests/support/fake_openai.py``, which answers with the same grammar) —
+so each promise holds for a model's words exactly as for the scripted
+agent's, and a chat a crash interrupted is never sent to the model again.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +31,7 @@ import pytest
 import websockets
 
 from tests.support.client import FaceClient, seq_of
+from tests.support.fake_openai import MODEL, FakeModel
 from tests.support.mind import MindProcess
 from tests.support.proxy import FaultProxy, cut_on
 from tests.support.stream import (
@@ -38,6 +46,41 @@ pytestmark = pytest.mark.e2e
 
 Frame = dict[str, Any]
 REPLIES = ("face.accepted", "face.result", "face.error")
+
+
+@pytest.fixture
+async def model() -> AsyncIterator[FakeModel]:
+    async with FakeModel() as fake:
+        yield fake
+
+
+@pytest.fixture(params=["scripted", "openai"])
+def agent_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def mind_proc(
+    tmp_path: Path, server_kind: str, agent_kind: str, model: FakeModel
+) -> Iterator[MindProcess]:
+    """``halfpi mind`` with the scripted agent, or with ``--agent openai``
+    pointed at the fake model server."""
+    extra: tuple[str, ...] = ()
+    if agent_kind == "openai":
+        extra = ("--agent", "openai", "--model", MODEL, "--base-url", model.base_url)
+    proc = MindProcess(tmp_path / "home", server=server_kind, extra_args=extra)
+    (tmp_path / "home").mkdir()
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.kill()
+
+
+def asked(model: FakeModel, content: str) -> int:
+    """How many requests the model server got for the message ``content``."""
+    said = [{"role": "user", "content": content}]
+    return sum(1 for r in model.requests if r.messages[-1:] == said)
 
 
 def words(n: int) -> list[str]:
@@ -346,7 +389,7 @@ async def _crash_mid_chat(mind: MindProcess) -> dict[str, Any]:
 
 
 async def test_I11_kill_9_mid_chat_interrupts_it_and_keeps_what_was_committed(
-    mind_proc: MindProcess,
+    mind_proc: MindProcess, agent_kind: str, model: FakeModel
 ) -> None:
     crash = await _crash_mid_chat(mind_proc)
     cid, old_cursor = crash["cid"], crash["old_cursor"]
@@ -362,6 +405,8 @@ async def test_I11_kill_9_mid_chat_interrupts_it_and_keeps_what_was_committed(
     # What was committed before the crash answers as before.
     committed = await replay(face, "q-committed", cid, "committed before the crash")
     assert body(committed) == body(crash["committed"])
+    # The model was asked once, before the crash; never again after it.
+    assert asked(model, crash["content"]) == (1 if agent_kind == "openai" else 0)
 
     # An old cursor: the journal's window died with the process. Honest reset.
     sub = await face.subscribe(cid, since=old_cursor)
@@ -397,7 +442,9 @@ async def test_I11_kill_9_mid_chat_interrupts_it_and_keeps_what_was_committed(
     # The conversation is not stuck: a new chat runs, after everything before.
     after = await face.chat_to_end(cid, "after the restart", "q-after")
     assert after["payload"]["status"] == "succeeded"
+    assert after["payload"]["content"] == "after the restart"
     assert seq_of(after["payload"]["data"]["cursor"]) > interrupted_seq
+    assert asked(model, crash["content"]) == (1 if agent_kind == "openai" else 0)
     await face.close()
     await probe.close()
 

@@ -25,9 +25,10 @@ from halfpi.store.sqlite_schema import SCHEMA_VERSION
 from tests.store.schema_v0 import SCHEMA_V0
 from tests.store.schema_v1 import SCHEMA_V1
 from tests.store.schema_v2 import SCHEMA_V2
+from tests.store.schema_v3 import SCHEMA_V3
 
 # Every released schema, by version. A new version adds its frozen copy here.
-FROZEN = {0: SCHEMA_V0, 1: SCHEMA_V1, 2: SCHEMA_V2}
+FROZEN = {0: SCHEMA_V0, 1: SCHEMA_V1, 2: SCHEMA_V2, 3: SCHEMA_V3}
 
 
 def version(path: Path) -> int:

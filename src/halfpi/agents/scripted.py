@@ -27,6 +27,7 @@ import time
 from collections.abc import AsyncIterator
 
 from halfpi.agents.base import AgentFailed, ChatInput, Delta
+from halfpi.config import Config
 
 _WORDS = re.compile(r"\s*\S+\s*$|\s*\S+")
 MAX_REPEAT = 1_000_000
@@ -103,6 +104,10 @@ async def _tool(chat: ChatInput, rest: str, pace: float) -> AsyncIterator[Delta]
         for part in words(output[:MAX_TOOL_ECHO]):
             yield Delta(part)
             await _pause(pace)
+
+
+def from_config(config: Config) -> ScriptedAgent:
+    return ScriptedAgent(config.scripted_delta_ms)
 
 
 def _number(text: str, low: float, high: float) -> float:

@@ -64,6 +64,16 @@ class ConversationInfo(Outbound, frozen=True, kw_only=True):
     created_at: float = 0.0
 
 
+class TokenUsage(Outbound, frozen=True, kw_only=True):
+    """The tokens a reply's model used, summed over its requests (one per
+    step), as the provider reported them; absent when it reported none."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    requests: int = 0
+
+
 class MessageEntry(Outbound, frozen=True, kw_only=True):
     """One message of the conversation's history (``snapshot.messages``,
     ``face.conversation.messages``): the user's message has the ``seq`` of its
@@ -78,6 +88,7 @@ class MessageEntry(Outbound, frozen=True, kw_only=True):
     # Why a reply did not succeed: a stable code and one line for people.
     error_code: str | UnsetType = UNSET
     reason: str | UnsetType = UNSET
+    usage: TokenUsage | UnsetType = UNSET
 
 
 class ToolOutput(Outbound, frozen=True, kw_only=True):
@@ -137,6 +148,7 @@ class ChatEnded(EventData, frozen=True, kw_only=True):
     content: str = ""
     error_code: str | UnsetType = UNSET
     reason: str | UnsetType = UNSET
+    usage: TokenUsage | UnsetType = UNSET
 
     def kind(self) -> str:
         return CHAT_EVENT_FOR_STATUS[self.status or ""]
@@ -155,6 +167,7 @@ class ChatEnded(EventData, frozen=True, kw_only=True):
             ts=ts,
             error_code=self.error_code,
             reason=self.reason,
+            usage=self.usage,
         )
 
 
@@ -505,6 +518,7 @@ class ChatOutcome(Outbound, frozen=True, kw_only=True):
     run_id: str
     cursor: str | UnsetType = UNSET
     reason: str | UnsetType = UNSET
+    usage: TokenUsage | UnsetType = UNSET
 
 
 class Created(Outbound, frozen=True, kw_only=True):

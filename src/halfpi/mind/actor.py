@@ -56,6 +56,7 @@ from halfpi.core.events import (
     Result,
     RunChanged,
     Snapshot,
+    TokenUsage,
     ToolProgress,
     builtins,
 )
@@ -63,6 +64,7 @@ from halfpi.core.ids import new_run_id
 from halfpi.core.outbound import DELTA, PROGRESS, RELIABLE, Message
 from halfpi.core.requests import RequestRecord, Tombstone
 from halfpi.core.states import CHAT
+from halfpi.core.timers import Timer
 from halfpi.core.titles import title_from_message
 from halfpi.errors import Busy, StoreError, TerminalExists
 from halfpi.journal.base import Journal
@@ -105,6 +107,12 @@ class ActorEnv:
     announce: Callable[[Outbound], None]
     tool_history: int = 50
     draining: bool = False
+    # The text-so-far checkpoint (DESIGN §5): at most this many seconds or
+    # characters behind what was shown (None: never, for benchmarks' baseline),
+    # and the Mind's timer that saves a reply whose stream stalled.
+    checkpoint_s: float | None = 1.0
+    checkpoint_chars: int = 4096
+    call_later: Callable[..., Timer] | None = None
 
 
 class Receiver(Protocol):
@@ -139,6 +147,7 @@ class ChatRun:
         "request_id",
         "retry_wait",
         "run_id",
+        "save_timer",
         "saved_at",
         "saved_chars",
         "started_at",
@@ -147,6 +156,7 @@ class ChatRun:
         "stop_why",
         "task",
         "text",
+        "text_chars",
         "tool_runs",
         "visible_text",
     )
@@ -167,6 +177,7 @@ class ChatRun:
         self.started_at = started_at
         self.state = CHAT.initial
         self.text: list[str] = []  # every delta produced so far
+        self.text_chars = 0  # their length
         self.visible_text: list[str] = []  # deltas published so far (snapshot)
         self.task: asyncio.Task[None] | None = None
         # Frozen at admission (I9): every tool call of this chat inherits it.
@@ -180,9 +191,11 @@ class ChatRun:
         # The backoff wait between attempts to commit the end, if one runs.
         self.retry_wait: asyncio.Future[object] | None = None
         self.stop_why: str | None = None  # one line for people: who or what stopped it
-        # The text-so-far checkpoint (DESIGN §5): when, and how much was saved.
+        # The text-so-far checkpoint (DESIGN §5): when, and how much was saved;
+        # the timer that saves what a stalled stream showed since.
         self.saved_at = started_at
         self.saved_chars = 0
+        self.save_timer: Timer | None = None
         # Resolves with the terminal status once it is committed.
         self.done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
@@ -222,7 +235,6 @@ class Staged:
 _Entry = tuple[Message | None, asyncio.Future[TxOutcome] | None, Staged | None]
 
 SEQ_BLOCK = 4096
-CHECKPOINT_S = 1.0  # the text so far is saved at most this often while it streams
 
 # Committing a chat's end is retried until the Store takes it (a full disk,
 # a lost database connection): 0.25 s, doubling, at most 30 s apart.
@@ -504,18 +516,44 @@ class ConversationActor:
         )
         message.encoded_body()  # encode once; every subscriber shares the bytes
         run.text.append(text)
+        run.text_chars += len(text)
         self._transient(message)
+        env = self.env
+        if env.checkpoint_s is None:
+            return
         now = self.now()
-        if now - run.saved_at >= CHECKPOINT_S:
+        # 4 KiB, or an eighth of what is saved when that is more: a long fast
+        # reply rewrites its row a bounded number of times (at most ~9x its size).
+        due_chars = max(env.checkpoint_chars, run.saved_chars >> 3)
+        if now - run.saved_at >= env.checkpoint_s or run.text_chars - run.saved_chars >= due_chars:
             self._checkpoint(run, now)
+        elif run.save_timer is None and env.call_later is not None:
+            delay = run.saved_at + env.checkpoint_s - now
+            run.save_timer = env.call_later(delay, self._checkpoint_due, run)
+
+    def _checkpoint_due(self, run: ChatRun) -> None:
+        run.save_timer = None
+        self._checkpoint(run, self.now())
 
     def _checkpoint(self, run: ChatRun, now: float) -> None:
         """DESIGN §5: save the text Faces were shown so far (published deltas
         only, never more), riding the group commit, so a reply cut short by a
-        crash keeps it. At most once per ``CHECKPOINT_S`` per chat."""
+        crash keeps it: once ``checkpoint_s`` passed or ``checkpoint_chars``
+        came since the last save, and a timer saves what a stream that stalled
+        showed since (text still waiting behind a commit, too)."""
         run.saved_at = now
+        if run.save_timer is not None:
+            run.save_timer.cancel()
+            run.save_timer = None
+        if run.ending is not None or CHAT.is_terminal(run.state):
+            return  # the end is committing, with the whole text
         text = "".join(run.visible_text)
-        if len(text) == run.saved_chars or CHAT.is_terminal(run.state):
+        if len(text) < run.text_chars and self.env.call_later is not None:
+            assert self.env.checkpoint_s is not None
+            run.save_timer = self.env.call_later(
+                self.env.checkpoint_s, self._checkpoint_due, run
+            )
+        if len(text) == run.saved_chars:
             return
         run.saved_chars = len(text)
         row = RunRow(
@@ -587,6 +625,7 @@ class ConversationActor:
         why: str | None = None,
         *,
         retry: bool = True,
+        usage: TokenUsage | None = None,
     ) -> None:
         """Commit the chat's terminal state: run, request result, assistant
         message and the ``chat.*`` event in one transaction; first terminal wins.
@@ -602,12 +641,15 @@ class ConversationActor:
         if run.ending is not None or not CHAT.first_terminal_wins(run.state, status):
             return
         run.ending = status
+        if run.save_timer is not None:
+            run.save_timer.cancel()
+            run.save_timer = None
         content = "".join(run.text)
         delays = backoff(END_RETRY_INITIAL_S, 2.0, END_RETRY_CAP_S, jitter=False)
         while True:
             try:
                 try:
-                    await self._commit_end(run, status, error_code, content, why)
+                    await self._commit_end(run, status, error_code, content, why, usage)
                 except TerminalExists:
                     await self._converge(run)
                 return
@@ -643,7 +685,13 @@ class ConversationActor:
             run.retry_wait = None
 
     async def _commit_end(
-        self, run: ChatRun, status: str, error_code: str | None, content: str, why: str | None
+        self,
+        run: ChatRun,
+        status: str,
+        error_code: str | None,
+        content: str,
+        why: str | None,
+        usage: TokenUsage | None = None,
     ) -> None:
         """One attempt: a fresh event (a new ``seq``: a failed attempt's seq
         was never shown, and later events may have been shown since)."""
@@ -655,6 +703,7 @@ class ConversationActor:
             content=content,
             error_code=error_code or msgspec.UNSET,
             reason=why or msgspec.UNSET,
+            usage=usage or msgspec.UNSET,
         )
         done = self.stage(data, now)
         result = builtins(
@@ -667,6 +716,7 @@ class ConversationActor:
                     run_id=run.run_id,
                     cursor=done.cursor,
                     reason=why or msgspec.UNSET,
+                    usage=usage or msgspec.UNSET,
                 ),
                 error_code=error_code or msgspec.UNSET,
             )

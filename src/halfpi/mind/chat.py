@@ -1,9 +1,11 @@
 """Driving one admitted chat: the agent's reply, its tool calls, its end.
 
 The actor admits a chat and owns its log; this driver runs it — it asks the
-agent for the reply, streams each delta through the actor, lets the agent
-call tools through the Mind's own tool path (``mind/tools.py``: visibility,
-approvals, Hands), and commits the terminal state through
+agent for the reply, streams each delta through the actor, gives the agent
+the conversation's history (read from the Store when the agent asks) and
+the tools of the conversation's Hand, lets it call them through the Mind's
+own tool path (``mind/tools.py``: visibility, approvals, Hands), adds up the
+tokens its model reports, and commits the terminal state through
 :meth:`ConversationActor.finish`. Kept apart from the actor so the actor
 knows nothing of agents or tools (no import circle, one job each).
 """
@@ -14,11 +16,16 @@ import asyncio
 import logging
 from functools import partial
 
-from halfpi.agents.base import Agent, AgentFailed, ChatInput
+from halfpi.agents.base import Agent, AgentFailed, ChatInput, Delta, Turn, Usage
+from halfpi.core.events import TokenUsage
 from halfpi.mind.actor import ChatRun, ConversationActor
 from halfpi.mind.tools import ToolCalls
 
 log = logging.getLogger("halfpi.actor")
+
+# The newest messages an agent may read as history (its context budget
+# then decides how many of them a model request carries).
+HISTORY_MESSAGES = 200
 
 
 class ChatDriver:
@@ -28,13 +35,23 @@ class ChatDriver:
 
     async def __call__(self, actor: ConversationActor, run: ChatRun) -> None:
         status, error_code, why = "succeeded", None, None
+        used: Usage | None = None
         try:
-            call_tool = partial(self.tools.call, actor, run)
-            async for delta in self.agent.reply(
-                ChatInput(actor.id, run.request_id, run.content, call_tool)
-            ):
-                if delta.text:
-                    actor.emit_delta(run, delta.text)
+            chat = ChatInput(
+                actor.id,
+                run.request_id,
+                run.content,
+                partial(self.tools.call, actor, run),
+                partial(history, actor, run),
+                self.tools.specs(),
+            )
+            emit = actor.emit_delta
+            async for out in self.agent.reply(chat):
+                if type(out) is Delta:
+                    if out.text:
+                        emit(run, out.text)
+                elif isinstance(out, Usage):
+                    used = out if used is None else used + out
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None:
@@ -48,4 +65,29 @@ class ChatDriver:
             log.exception("agent crashed in chat %s", run.run_id)
             status, error_code = "failed", "internal_error"
             why = "the agent failed unexpectedly (the Mind's log has the details)"
-        await actor.finish(run, status, error_code, why)
+        await actor.finish(run, status, error_code, why, usage=token_usage(used))
+
+
+async def history(actor: ConversationActor, run: ChatRun) -> list[Turn]:
+    """The conversation's messages before this chat, oldest first: the
+    newest ``HISTORY_MESSAGES`` the Store holds. The newest message is this
+    chat's own (admitted before the chat starts, and one chat at a time):
+    it is left out, the agent has it."""
+    page = await actor.env.store.messages(
+        actor.id, limit=HISTORY_MESSAGES + 1, before_seq=None, max_seq=None
+    )
+    rows = page.messages
+    if rows and rows[-1].role == "user" and rows[-1].request_id == run.request_id:
+        rows = rows[:-1]
+    return [Turn(m.role, m.content, m.status) for m in rows[-HISTORY_MESSAGES:]]
+
+
+def token_usage(used: Usage | None) -> TokenUsage | None:
+    if used is None:
+        return None
+    return TokenUsage(
+        prompt_tokens=used.prompt_tokens,
+        completion_tokens=used.completion_tokens,
+        total_tokens=used.total_tokens,
+        requests=used.requests,
+    )

@@ -17,7 +17,9 @@ from halfpi.core.events import (
     ApprovalRequested,
     MessageEntry,
     Resolution,
+    TokenUsage,
     ToolRecord,
+    builtins,
     present,
 )
 from halfpi.store.base import ApprovalRow, MessageRow, ToolCallRow
@@ -33,6 +35,7 @@ def message_entry(row: MessageRow) -> MessageEntry:
         ts=row.ts,
         error_code=UNSET if row.error_code is None else row.error_code,
         reason=UNSET if row.reason is None else row.reason,
+        usage=UNSET if row.usage is None else msgspec.convert(row.usage, TokenUsage),
     )
 
 
@@ -49,6 +52,7 @@ def message_row(conversation_id: str, entry: MessageEntry) -> MessageRow:
         entry.ts,
         present(entry.error_code),
         present(entry.reason),
+        None if entry.usage is UNSET else builtins(entry.usage),
     )
 
 

@@ -138,6 +138,9 @@ class Mind:
             deliver=self.registry.deliver,
             announce=self.announce,
             tool_history=config.tool_history,
+            checkpoint_s=config.checkpoint_s,
+            checkpoint_chars=config.checkpoint_chars,
+            call_later=self.scheduler.call_later,
         )
         self._local_hand_factory = local_hand
         self.local_hand: LocalHand | None = None
@@ -195,6 +198,9 @@ class Mind:
         await self._recover()
         self.scheduler.start()
         self.scheduler.call_later(self.config.credential_poll_s, self._maintenance_round)
+        check = getattr(self.agent, "check", None)
+        if check is not None:  # a model provider: is its server there? (one line if not)
+            self.spawn(_check_agent(check), "agent check")
 
     async def _create_local_face(self) -> None:
         """First start: the owner's own terminal gets an operator credential
@@ -289,6 +295,9 @@ class Mind:
         self.scheduler.close()
         for task in list(self._background):
             task.cancel()
+        close = getattr(self.agent, "aclose", None)
+        if close is not None:  # a model provider's connections
+            await close()
         await self.store.close()
 
     # -- actors (I2) -------------------------------------------------------------
@@ -519,3 +528,9 @@ class Mind:
         finally:
             if not self.draining:
                 self.scheduler.call_later(self.config.credential_poll_s, self._maintenance_round)
+
+
+async def _check_agent(check: Callable[[], Awaitable[str | None]]) -> None:
+    problem = await check()
+    if problem is not None:
+        log.warning("%s", problem)

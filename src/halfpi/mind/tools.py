@@ -26,6 +26,7 @@ from typing import Any
 
 from msgspec import UNSET
 
+from halfpi.agents.base import ToolSpec
 from halfpi.config import Config
 from halfpi.core.events import RunChanged, ToolCalled, ToolCompleted, ToolOutput, builtins
 from halfpi.core.ids import new_id
@@ -48,6 +49,36 @@ TOOL_RULES: dict[str, dict[str, str]] = {
     },
     "read_file": {"path": "show"},
 }
+# The built-in tools as a model is offered them (docs/agent.md): what each
+# does and its arguments as a JSON Schema. Only what a model needs: a shell
+# line (``cd DIR && …`` picks a directory), a path. Optional fields invite a
+# small model to fill them with guesses; ``argv``, ``cwd``, ``timeout_s``,
+# ``max_bytes`` keep their defaults, and ``hand`` is the conversation's.
+TOOL_SPECS: dict[str, ToolSpec] = {
+    "exec_command": ToolSpec(
+        "exec_command",
+        "Run a shell command on the user's machine and return its exit code, stdout and "
+        "stderr. A person approves each command before it runs.",
+        {
+            "type": "object",
+            "properties": {
+                "command": {"type": "string", "description": "the command line, run by sh -c"},
+            },
+            "required": ["command"],
+            "additionalProperties": False,
+        },
+    ),
+    "read_file": ToolSpec(
+        "read_file",
+        "Read a text file on the user's machine and return its content (at most 1 MiB).",
+        {
+            "type": "object",
+            "properties": {"path": {"type": "string", "description": "the file's path"}},
+            "required": ["path"],
+            "additionalProperties": False,
+        },
+    ),
+}
 CANCEL_SETTLE_S = 10.0
 DEFAULT_TIMEOUT_S = 300.0
 MAX_TIMEOUT_S = 24 * 3600.0
@@ -66,6 +97,15 @@ class ToolCalls:
         self.hands = hands
         self.approvals = approvals
         self.config = config
+
+    def specs(self) -> tuple[ToolSpec, ...]:
+        """The tools a model is offered: those of the conversation's Hand
+        (the default one) that have a spec; none while no Hand is connected."""
+        hand_id = self.hands.default_hand()
+        hand = self.hands.hands.get(hand_id) if hand_id is not None else None
+        if hand is None:
+            return ()
+        return tuple(spec for name, spec in TOOL_SPECS.items() if name in hand.tools)
 
     async def call(
         self, actor: ConversationActor, run: ChatRun, tool: str, args: dict[str, Any]

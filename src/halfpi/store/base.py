@@ -99,6 +99,9 @@ class MessageRow:
     # Why a reply did not succeed: a stable code and one line for people.
     error_code: str | None = None
     reason: str | None = None
+    # The tokens a reply's model used ({prompt_tokens, completion_tokens,
+    # total_tokens, requests}), when the provider said.
+    usage: dict[str, int] | None = None
 
     def to_wire(self) -> dict[str, Any]:
         wire = {
@@ -113,6 +116,8 @@ class MessageRow:
             wire["error_code"] = self.error_code
         if self.reason is not None:
             wire["reason"] = self.reason
+        if self.usage is not None:
+            wire["usage"] = self.usage
         return wire
 
 

@@ -28,10 +28,11 @@ log = logging.getLogger("halfpi.store")
 #      triggers that keep an ended row's terminal status (I10, DESIGN §12)
 #   2  a reply keeps its error code and its reason (messages.error_code,
 #      messages.reason)
+#   3  a reply keeps the tokens its model used (messages.usage, JSON)
 # A new version: change SCHEMA, append its upgrade to UPGRADES, freeze the
 # new schema as tests/store/schema_vN.py, and add a row to the table in
 # docs/operations.md.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # The refusal raised by the triggers; the Store maps it (and the unique
 # index's violation) to TerminalExists.
@@ -97,6 +98,7 @@ CREATE TABLE IF NOT EXISTS messages (
     ts REAL NOT NULL,
     error_code TEXT,
     reason TEXT,
+    usage TEXT,
     PRIMARY KEY (conversation_id, seq)
 );
 CREATE TABLE IF NOT EXISTS runs (
@@ -249,6 +251,7 @@ def open_database(
 ADDED_COLUMNS = (
     ("messages", "error_code", "TEXT"),
     ("messages", "reason", "TEXT"),
+    ("messages", "usage", "TEXT"),
 )
 
 
@@ -340,15 +343,29 @@ def _upgrade_0_to_1(conn: sqlite3.Connection) -> None:
     log.info("upgraded the database schema from version 0 to 1")
 
 
-def _upgrade_1_to_2(conn: sqlite3.Connection) -> None:
-    """A reply keeps its error code and its reason (every end is a message)."""
-    for table, column, kind in ADDED_COLUMNS:
+def _add_columns(conn: sqlite3.Connection, columns: tuple[tuple[str, str, str], ...]) -> None:
+    for table, column, kind in columns:
         present = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
         if column not in present:
             conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+
+
+def _upgrade_1_to_2(conn: sqlite3.Connection) -> None:
+    """A reply keeps its error code and its reason (every end is a message)."""
+    _add_columns(conn, ADDED_COLUMNS[:2])
     log.info("upgraded the database schema from version 1 to 2")
 
 
+def _upgrade_2_to_3(conn: sqlite3.Connection) -> None:
+    """A reply keeps the tokens its model used."""
+    _add_columns(conn, ADDED_COLUMNS[2:3])
+    log.info("upgraded the database schema from version 2 to 3")
+
+
 # UPGRADES[n] takes a database from version n to n + 1.
-UPGRADES: tuple[Callable[[sqlite3.Connection], None], ...] = (_upgrade_0_to_1, _upgrade_1_to_2)
+UPGRADES: tuple[Callable[[sqlite3.Connection], None], ...] = (
+    _upgrade_0_to_1,
+    _upgrade_1_to_2,
+    _upgrade_2_to_3,
+)
 assert len(UPGRADES) == SCHEMA_VERSION

@@ -304,7 +304,7 @@ def apply_tx(conn: sqlite3.Connection, tx: WriteTx) -> TxOutcome:
     if tx.messages:
         conn.executemany(
             "INSERT INTO messages (conversation_id, seq, role, content, request_id, status, ts,"
-            " error_code, reason) VALUES (?,?,?,?,?,?,?,?,?)",
+            " error_code, reason, usage) VALUES (?,?,?,?,?,?,?,?,?,?)",
             [
                 (
                     m.conversation_id,
@@ -316,6 +316,7 @@ def apply_tx(conn: sqlite3.Connection, tx: WriteTx) -> TxOutcome:
                     m.ts,
                     m.error_code,
                     m.reason,
+                    None if m.usage is None else _encode(m.usage).decode(),
                 )
                 for m in tx.messages
             ],
@@ -515,7 +516,7 @@ def head_seq(conn: sqlite3.Connection, conversation_id: str) -> int:
 
 
 _MESSAGE_COLUMNS = (
-    "conversation_id, seq, role, content, request_id, status, ts, error_code, reason"
+    "conversation_id, seq, role, content, request_id, status, ts, error_code, reason, usage"
 )
 
 
@@ -536,7 +537,23 @@ def message_page(
             (conversation_id, upper, limit + 1),
         ).fetchall()
     more = len(rows) > limit
-    return MessagePage([MessageRow(*r) for r in reversed(rows[:limit])], more)
+    return MessagePage([_message_from_row(r) for r in reversed(rows[:limit])], more)
+
+
+def _message_from_row(row: tuple[Any, ...]) -> MessageRow:
+    conversation_id, seq, role, content, request_id, status, ts, error_code, reason, usage = row
+    return MessageRow(
+        conversation_id,
+        seq,
+        role,
+        content,
+        request_id,
+        status,
+        ts,
+        error_code,
+        reason,
+        None if usage is None else _decode(usage),
+    )
 
 
 def run_for_request(

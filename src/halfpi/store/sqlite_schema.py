@@ -28,10 +28,12 @@ log = logging.getLogger("halfpi.store")
 #      triggers that keep an ended row's terminal status (I10, DESIGN §12)
 #   2  a reply keeps its error code and its reason (messages.error_code,
 #      messages.reason)
+#   3  each conversation's journal epoch is the Store's (conversations.epoch,
+#      NULL until a Mind first loads the conversation)
 # A new version: change SCHEMA, append its upgrade to UPGRADES, freeze the
 # new schema as tests/store/schema_vN.py, and add a row to the table in
 # docs/operations.md.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # The refusal raised by the triggers; the Store maps it (and the unique
 # index's violation) to TerminalExists.
@@ -76,7 +78,8 @@ CREATE TABLE IF NOT EXISTS conversations (
     name TEXT,
     created_at REAL NOT NULL,
     created_by TEXT,
-    seq_reserved INTEGER NOT NULL DEFAULT 0
+    seq_reserved INTEGER NOT NULL DEFAULT 0,
+    epoch TEXT  -- the journal epoch its cursors carry (DESIGN §3), NULL until first loaded
 );
 CREATE TABLE IF NOT EXISTS events (
     conversation_id TEXT NOT NULL,
@@ -349,6 +352,17 @@ def _upgrade_1_to_2(conn: sqlite3.Connection) -> None:
     log.info("upgraded the database schema from version 1 to 2")
 
 
+def _upgrade_2_to_3(conn: sqlite3.Connection) -> None:
+    """Each conversation's epoch is stored (none yet: the first Mind to load
+    a conversation writes one, as a restarted Mind always did in memory)."""
+    conn.execute("ALTER TABLE conversations ADD COLUMN epoch TEXT")
+    log.info("upgraded the database schema from version 2 to 3")
+
+
 # UPGRADES[n] takes a database from version n to n + 1.
-UPGRADES: tuple[Callable[[sqlite3.Connection], None], ...] = (_upgrade_0_to_1, _upgrade_1_to_2)
+UPGRADES: tuple[Callable[[sqlite3.Connection], None], ...] = (
+    _upgrade_0_to_1,
+    _upgrade_1_to_2,
+    _upgrade_2_to_3,
+)
 assert len(UPGRADES) == SCHEMA_VERSION

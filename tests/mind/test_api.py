@@ -64,9 +64,20 @@ class FakeCaller:
     def types(self, request_id: str) -> list[str]:
         return [f["type"] for f in self.replies(request_id)]
 
-    def drain(self, budget: int = 1 << 30) -> list[Frame]:
-        """What its flush would write of the replay now."""
-        return [json.loads(m.frame(0)) for m in self.subscriptions.pull(budget)]
+    async def drain(self, budget: int = 1 << 30) -> list[Frame]:
+        """What its flushes write of the replay until it has caught up: pull
+        when woken, as a connection does while its transport takes writes."""
+        frames: list[Frame] = []
+        async for batch in self.pulls(budget):
+            frames += [json.loads(frame) for frame in batch]
+        return frames
+
+    async def pulls(self, budget: int) -> AsyncIterator[list[bytes]]:
+        """Each flush's frames until the replay has caught up (it is live)."""
+        subs = self.subscriptions
+        while subs.replaying:
+            await until(lambda: subs.ready or not subs.replaying)
+            yield [m.frame(0) for m in subs.pull(budget)]
 
 
 def command(type_: str, **payload: Any) -> Any:
@@ -178,8 +189,9 @@ async def test_I4_subscribe_since_a_cursor_replays_exactly_through_pull_then_goe
                              since={cid: start}))
     accepted = reader.replies("s1")[-1]["payload"]
     assert (accepted["replay"], accepted["conversations"]) == ("exact", {cid: "exact"})
-    assert reader.woken == 1  # the connection is asked to flush; nothing is pushed
-    replayed = reader.drain()
+    await until(lambda: reader.woken >= 1)  # the connection is asked to flush
+    assert not [m for m in reader.sent if m.type == "face.event"]  # nothing is pushed
+    replayed = await reader.drain()
     seqs = [f["payload"]["seq"] for f in replayed]
     assert seqs == list(range(1, actor.published + 1))
     assert not reader.subscriptions.replaying  # caught up: live from here
@@ -198,9 +210,7 @@ async def test_I7_a_replay_is_pulled_in_batches_within_the_budget(mind: Mind) ->
     await api.handle(mind, reader, "face.subscribe",
                      command("face.subscribe", request_id="s1", conversation_ids=[cid],
                              since={cid: start}))
-    batches = []
-    while reader.subscriptions.replaying:
-        batches.append([m.frame(0) for m in reader.subscriptions.pull(1_000)])
+    batches = [batch async for batch in reader.pulls(1_000)]
     assert len(batches) > 3
     # A batch stops once it has used its budget: all but its last frame fit.
     assert all(sum(len(frame) for frame in batch[:-1]) < 1_000 for batch in batches)

@@ -153,7 +153,7 @@ class FaceSession:
             frames.extend(queue.emit_now(m) for m in replay.pull(FLUSH_BUDGET))
         if frames:
             self.transport.write_frames(frames)
-        if (len(queue) or replay.replaying) and not self.paused and not self.closed:
+        if (len(queue) or replay.ready) and not self.paused and not self.closed:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
 

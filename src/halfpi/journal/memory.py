@@ -184,7 +184,7 @@ class MemoryJournal:
         w = self._windows[conversation_id]
         if seq < w.floor:
             return None
-        index = bisect_right(w.items, seq, lo=w.start, key=_seq)  # type: ignore[arg-type]
+        index = bisect_right(w.items, seq, lo=w.start, key=_seq)
         return w.items[index : index + limit]  # type: ignore[return-value]  # all live past start
 
     def holds(self, conversation_id: str) -> bool:

@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 
 from halfpi.agents.scripted import ScriptedAgent
-from halfpi.config import Config, JournalLimits
+from halfpi.config import Config, JournalLimits, QueueLimits
 from halfpi.core import wire
-from halfpi.core.outbound import Message
+from halfpi.core.events import ToolCalled
+from halfpi.core.outbound import Message, OutboundQueue
 from halfpi.errors import Forbidden, InvalidRequest, RequestConflict, Unavailable
 from halfpi.journal.base import JournalEntry
 from halfpi.journal.memory import MemoryJournal
@@ -423,3 +424,52 @@ async def test_I4_a_replay_waits_for_appends_still_on_their_way_to_the_journal(
         replayed = await reader.drain()
         assert event_seqs(replayed) == list(range(1, actor.published + 1))
         assert sub.live
+
+
+@pytest.mark.parametrize(
+    ("detail_mode", "transient_types"),
+    [
+        ("transparent", None),
+        ("summary", None),
+        ("transparent", []),
+        ("summary", ["face.chat.delta"]),
+    ],
+)
+async def test_replayed_frames_are_the_frames_of_the_replayed_messages(
+    mind: Mind, detail_mode: str, transient_types: list[str] | None
+) -> None:
+    """A connection's flush frames journal entries without making messages
+    of them: the same frames, in the same order, with the same filters (I9),
+    and the queue knows the cursor it wrote last (for face.evicted)."""
+    writer = FakeCaller(mind)
+    cid = await create(mind, writer)
+    actor = await mind.actor(cid)
+    start = actor.cursor(actor.published)
+    await actor.append(ToolCalled(tool_call_id="t_1", tool="exec", args={"n": 1}))
+    await chat_to_end(mind, writer, cid, "q1", "/repeat 5 word")
+    readers = [FakeCaller(mind), FakeCaller(mind)]
+    for reader in readers:
+        await api.handle(mind, reader, "face.subscribe",
+                         command("face.subscribe", request_id="s1", conversation_ids=[cid],
+                                 since={cid: start}, detail_mode=detail_mode,
+                                 transient_types=transient_types))
+    by_message, by_frame = readers
+    messages = [frame async for batch in by_message.pulls(1 << 20) for frame in batch]
+    queue = OutboundQueue(QueueLimits())
+    subs = by_frame.subscriptions
+    frames: list[bytes] = []
+    while subs.replaying:
+        await until(lambda: subs.ready or not subs.replaying)
+        frames += subs.pull_frames(queue, 1 << 20)
+    expected = [
+        json.dumps({**json.loads(f), "payload": {**json.loads(f)["payload"], "event_seq": n}})
+        for n, f in enumerate(messages, 1)
+    ]
+    assert [json.loads(f) for f in frames] == [json.loads(f) for f in expected]
+    assert len(frames) > 2
+    assert queue.event_seq == len(frames)
+    assert queue.written_cursors[cid] == json.loads(frames[-1])["payload"]["cursor"]
+    has_args = any(b'"args"' in f for f in frames)
+    assert has_args == (detail_mode == "transparent")
+    has_deltas = any(b"face.chat.delta" in f for f in frames)
+    assert has_deltas == (transient_types != [])

@@ -31,8 +31,7 @@ from typing import Protocol
 
 import msgspec
 
-from halfpi.core.cursor import encode_cursor
-from halfpi.core.outbound import Message
+from halfpi.core.outbound import Message, frame_prefix, splice
 
 
 class JournalEntry(msgspec.Struct, frozen=True, gc=False):
@@ -74,27 +73,57 @@ def entry_of(message: Message, ts: float) -> JournalEntry:
     )
 
 
+_PREFIXES: dict[str, bytes] = {}
+
+
+def prefix_of(type_: str) -> bytes:
+    """The frame prefix of a message type (computed once per type)."""
+    return _PREFIXES.get(type_) or _PREFIXES.setdefault(type_, frame_prefix(type_))
+
+
+class Replayed(Message, gc=False):
+    """A message rebuilt from a journal entry for one replay: written at once
+    (a connection's flush pulls it when its transport takes writes), never
+    queued or kept. So it is made cheaply — its body is the entry's, not
+    copied, and its frame is formatted from the body directly, not cached —
+    and its ``size`` is an estimate (it never enters a queue's accounting).
+    A replay makes one per event it sends; a live message costs this once
+    for all its subscribers."""
+
+    def __post_init__(self) -> None:
+        self.prefix = prefix_of(self.type)
+        self.first_seq = self.seq
+        self.size = 256 + 2 * len(self.body or b"")
+
+    def frame(self, event_seq: int) -> bytes:
+        body = self.body
+        assert body is not None
+        return splice(self.prefix, event_seq, body)
+
+
 def message_of(conversation_id: str, epoch: str, entry: JournalEntry) -> Message:
-    """The shared message an entry was made from, rebuilt to be sent again."""
-    cursor = encode_cursor(epoch, entry.seq)
-    message = Message(
+    """The message an entry was made from, rebuilt to be sent again: it
+    frames exactly as the one sent live (its summary variant too)."""
+    seq = entry.seq
+    cursor = f"{epoch}.{seq}"  # core.cursor.encode_cursor, inlined: once per replayed event
+    message = Replayed(
         entry.type,
         entry.body,
         kind=entry.kind,
         conversation_id=conversation_id,
-        seq=entry.seq,
+        seq=seq,
         cursor=cursor,
         request_id=entry.request_id,
         stream=entry.stream,
     )
     if entry.summary is not None:
         message.with_summary(
-            Message(
+            Replayed(
                 entry.type,
                 entry.summary,
                 kind=entry.kind,
                 conversation_id=conversation_id,
-                seq=entry.seq,
+                seq=seq,
                 cursor=cursor,
                 request_id=entry.request_id,
                 stream=entry.stream,

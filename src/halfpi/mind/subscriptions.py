@@ -41,10 +41,10 @@ from typing import Any, Protocol
 from halfpi.core import wire
 from halfpi.core.cursor import parse_cursor
 from halfpi.core.events import Accepted, Reset, to_message
-from halfpi.core.outbound import PROGRESS, RELIABLE, Message
+from halfpi.core.outbound import PROGRESS, RELIABLE, Message, OutboundQueue
 from halfpi.core.replay import Exact, plan_resume
 from halfpi.errors import InvalidRequest, Unavailable
-from halfpi.journal.base import Journal, JournalEntry
+from halfpi.journal.base import Journal, JournalEntry, message_of, prefix_of
 from halfpi.mind.actor import ConversationActor
 
 log = logging.getLogger("halfpi.mind")
@@ -322,24 +322,59 @@ class Subscriptions:
         mode and transient types applied). A subscription that has caught up
         goes live in this same step; one whose buffer runs low reads on."""
         out: list[Message] = []
+        self._pull(budget, out, None)
+        return out
+
+    def pull_frames(self, queue: OutboundQueue, budget: int) -> list[bytes]:
+        """:meth:`pull`, framed at once for a connection whose ``queue`` is
+        empty (each frame takes its ``event_seq``; the queue learns the last
+        cursor written per conversation): a replayed journal entry becomes a
+        frame without a :class:`Message` ever being made of it."""
+        out: list[bytes] = []
+        self._pull(budget, out, queue)
+        return out
+
+    def _pull(self, budget: int, out: list[Any], queue: OutboundQueue | None) -> None:
+        append = out.append
         for sub in list(self.replaying):
             actor = sub.actor
             buffer = sub.buffer
+            cid, epoch, mode = actor.id, actor.epoch, sub.detail_mode
+            summary_mode = mode != "transparent"
+            framed = 0  # the last entry framed (its cursor is the queue's to know)
             while budget > 0 and buffer:
                 item = buffer.popleft()
                 sub.pos = item.seq
                 if isinstance(item, JournalEntry):
-                    if sub.skips(item):
+                    if item.kind != RELIABLE and sub.skips(item):
                         continue
-                    m = actor.message_of(item)
-                else:
+                    if queue is not None:
+                        summary = item.summary
+                        body = summary if summary_mode and summary is not None else item.body
+                        frame = queue.emit_body(prefix_of(item.type), body)
+                        framed = item.seq
+                        budget -= len(frame)
+                        append(frame)
+                        continue
+                    m = message_of(cid, epoch, item)
+                else:  # a durable event from the Store
                     m = item
-                shown = m.for_mode(sub.detail_mode)
-                if shown is not None and (m.kind == RELIABLE or sub.wants(m)):
+                shown = m.for_mode(mode)
+                if shown is None:
+                    continue
+                if queue is not None:
+                    frame = queue.emit_now(shown)
+                    framed = 0
+                    budget -= len(frame)
+                    append(frame)
+                else:
                     # The frame's size, with room for the event_seq the
                     # connection splices in.
                     budget -= len(shown.prefix) + len(shown.encoded_body()) + FRAME_SLACK
-                    out.append(shown)
+                    append(shown)
+            if framed:
+                assert queue is not None
+                queue.wrote(cid, f"{epoch}.{framed}")
             if not sub.fetching:
                 if not buffer and sub.read >= actor.published:
                     # Caught up: live from here, in this same step (no event
@@ -350,7 +385,6 @@ class Subscriptions:
                     self._fetch(sub)  # read on while the rest is written
             if budget <= 0:
                 break
-        return out
 
     def _fetch(self, sub: Subscription) -> None:
         sub.fetching = True

@@ -5,13 +5,14 @@ conversations stream together until well past the Mind-wide bound. Prints
 the append rate before the bound is reached and after it (same run, same
 streams: the ratio after/before should stay near 1 — trimming is O(1)
 amortised per append), and the process RSS against the bytes the journal
-accounts for (``Message.size`` is meant to be the memory really held).
+accounts for (``entry_size`` is meant to be the memory really held).
 
     python benchmarks/journal_bound.py                  # 10,000 idle, 10 streaming, 128 MiB
     python benchmarks/journal_bound.py --bound-mib 512  # the default Mind-wide bound
 
 No server, no sockets: the journal is driven directly, with messages built
-and framed once the way the actor and one subscriber would.
+and framed once the way the actor and one subscriber would, and appended as
+the entries the actor's publication makes of them.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import msgspec
 
 from halfpi.config import JournalLimits
 from halfpi.core.outbound import DELTA, Message
-from halfpi.journal.memory import MemoryJournal
+from halfpi.journal.base import entry_of
+from halfpi.journal.memory import MemoryJournal, entry_size
 
 MiB = 1024 * 1024
 _encode = msgspec.json.encode
@@ -48,7 +50,7 @@ class Conversation:
     def __init__(self, journal: MemoryJournal, cid: str) -> None:
         self.journal = journal
         self.cid = cid
-        self.epoch = journal.open(cid, 0)
+        self.epoch = journal.open_now(cid, 0)
         self.seq = 0
 
     def _cursor(self) -> str:
@@ -108,9 +110,9 @@ class Conversation:
 def stream(journal: MemoryJournal, streams: list[Conversation], count: int,
            chat_no: list[int], now: float) -> tuple[float, float]:
     """Append ``count`` messages from ``streams`` interleaved. Returns the
-    seconds spent in ``journal.append`` alone, and in building, framing and
-    appending them (what the Mind does per event, short of the store and
-    the sockets)."""
+    seconds spent in making their entries and ``journal.append`` alone, and in
+    building, framing and appending them (what the Mind does per event, short
+    of the store and the sockets)."""
     appending = total = 0.0
     done = 0
     while done < count:
@@ -124,7 +126,8 @@ def stream(journal: MemoryJournal, streams: list[Conversation], count: int,
         built = time.perf_counter()
         append = journal.append
         for m in batch:
-            append(m, now)
+            assert m.conversation_id is not None
+            append(m.conversation_id, entry_of(m, now))
         end = time.perf_counter()
         appending += end - built
         total += end - start
@@ -153,7 +156,7 @@ def main() -> int:
     for n in range(args.idle):
         conv = Conversation(journal, f"c_idle_{n:06d}")
         for m in conv.chat(1, 6, now):
-            journal.append(m, now)
+            journal.append(conv.cid, entry_of(m, now))
     idle_bytes = journal.total_bytes
     if idle_bytes >= bound * 0.8:
         print(f"the idle conversations alone fill {idle_bytes / MiB:.1f} MiB; raise --bound-mib",
@@ -164,7 +167,7 @@ def main() -> int:
     chat_no = [0]
     # Before: from the idle load up to 95 % of the bound.
     probe = streams[0].chat(0, 40, now)
-    per_message = sum(m.size for m in probe) / len(probe)
+    per_message = sum(entry_size(entry_of(m, now)) for m in probe) / len(probe)
     before_count = int((bound * 0.95 - idle_bytes) / per_message)
     before_append_s, before_s = stream(journal, streams, before_count, chat_no, now)
     assert journal.total_bytes <= bound, "the bound was reached too early"

@@ -20,10 +20,11 @@ Per conversation, in a fresh Mind: one Face creates 50 conversations
 (warm-up), then 1,000 more (``face.conversation.create``); per subscribed
 conversation: the same Face then subscribes to those 1,000 (which loads one
 actor and one journal window each, and a subscription); then runs one
-one-word chat in each (4 events in each journal window). Conversation state
-is never unloaded while the Mind runs (an actor stays loaded for the life of
-the process), so these grow with every conversation ever touched. No
-baseline: a raw server has no conversations.
+one-word chat in each (4 events in each journal window). A subscribed
+conversation is at work: its actor and journal window stay loaded while
+anyone follows it (idle ones are unloaded: ``benchmarks/conversations.py``
+shows RSS flat across 10,000 → 50,000 conversations served). No baseline: a
+raw server has no conversations.
 
     python benchmarks/memory.py [--connections N] [--rounds R] [--json PATH]
 """
@@ -227,10 +228,10 @@ def report(rounds: list[dict[str, Any]], convs: list[dict[str, Any]], args: argp
                note=f"baseline: the lean raw server; websockets.asyncio.server {ws:.1f} KiB"),
         figure("memory", f"RSS per conversation created ({args.conversations:,})", "KiB",
                convs, None, "created_kib", lower_is_better=True,
-               note="never freed while the Mind runs"),
+               note="request record, SQLite page cache"),
         figure("memory", f"RSS per subscribed conversation ({args.conversations:,})", "KiB",
                convs, None, "subscribed_kib", lower_is_better=True,
-               note="actor + journal window + subscription; actors are never unloaded"),
+               note="actor + journal window + subscription, loaded while followed"),
         figure("memory", "RSS per conversation's first chat", "KiB",
                convs, None, "chatted_kib", lower_is_better=True,
                note="a one-word chat: 4 events kept in the journal window, request record"),

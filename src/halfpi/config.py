@@ -145,6 +145,10 @@ class Config:
     invalid_frames_before_close: int = 3
     queue: QueueLimits = field(default_factory=QueueLimits)
     journal: JournalLimits = field(default_factory=JournalLimits)
+    # An idle conversation (no subscriber, no chat, tool run or approval,
+    # nothing published) is unloaded from memory after this long; None: the
+    # journal's time window (journal.seconds). docs/protocol.md §7 (resume).
+    unload_idle_s: float | None = None
     # The backends, picked in one place (halfpi.wiring; docs/operations.md,
     # "The store"). The Store: ``sqlite:///PATH``, None for HOME/halfpi.db;
     # ``postgresql://…`` is reserved for cluster mode. The Journal: "memory"

@@ -19,6 +19,7 @@ from halfpi.core.outbound import (
     OutboundQueue,
     frame_prefix,
     message,
+    splice,
 )
 
 ROOMY = QueueLimits(
@@ -548,3 +549,30 @@ def test_I7_queue_property_lossless_and_event_seq_exact(ops: list[tuple[Any, ...
 
 def test_kinds_are_distinct() -> None:
     assert len({RELIABLE, DELTA, PROGRESS}) == 3
+
+
+@given(
+    payload=st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=20), max_size=4),
+    event_seq=st.integers(min_value=1, max_value=10**12),
+)
+def test_a_body_framed_at_once_is_the_frame_a_message_makes(
+    payload: dict[str, Any], event_seq: int
+) -> None:
+    """Replayed journal entries are framed without a Message (the queue's
+    ``emit_body``): byte for byte the frame a Message of them makes."""
+    body = msgspec.json.encode(payload)
+    prefix = frame_prefix("face.event")
+    assert splice(prefix, event_seq, body) == Message("face.event", body).frame(event_seq)
+    frame = json.loads(splice(prefix, event_seq, body))
+    assert frame == {"type": "face.event", "payload": {"event_seq": event_seq, **payload}}
+
+
+def test_emit_body_takes_the_next_event_seq_and_the_queue_learns_the_cursor_written() -> None:
+    q = OutboundQueue(ROOMY)
+    assert json.loads(q.emit_now(message("face.pong", {})))["payload"]["event_seq"] == 1
+    body = b'{"conversation_id":"c1","seq":7}'
+    frame = json.loads(q.emit_body(frame_prefix("face.event"), body))
+    assert frame["payload"] == {"event_seq": 2, "conversation_id": "c1", "seq": 7}
+    q.wrote("c1", "ep.7")
+    assert q.event_seq == 2
+    assert q.evict() == {"c1": "ep.7"}

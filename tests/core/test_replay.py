@@ -52,6 +52,33 @@ def test_I4_reset_when_cursor_is_ahead_of_the_head() -> None:
     assert plan == Reset(ResetReason.UNKNOWN_CURSOR)
 
 
+def test_I4_below_the_floor_of_a_settled_window_the_store_replays_up_to_the_floor() -> None:
+    """The window was dropped while the conversation was idle (an unloaded
+    actor) and re-opened at 4096: what came before is all in the Store, and
+    every chat in it had ended, so the durable events replay exactly."""
+    plan = plan_resume(Cursor("e1", 7), epoch="e1", floor=4096, head=4100, settled=4096)
+    assert plan == Exact(7, durable_until=4096)
+    assert plan_resume(Cursor("e1", 0), epoch="e1", floor=4096, head=4096, settled=4096) == Exact(
+        0, durable_until=4096
+    )
+
+
+def test_I4_a_settled_window_trimmed_since_expires_what_it_no_longer_holds() -> None:
+    # Trimmed past its settled point: events after 4096 are gone from the
+    # journal and may belong to a chat that was running: no exact replay.
+    plan = plan_resume(Cursor("e1", 7), epoch="e1", floor=5000, head=9000, settled=4096)
+    assert plan == Reset(ResetReason.CURSOR_EXPIRED)
+
+
+def test_I4_a_settled_window_changes_nothing_at_or_above_its_floor_or_of_another_epoch() -> None:
+    assert plan_resume(Cursor("e1", 4097), epoch="e1", floor=4096, head=4100, settled=4096) == (
+        Exact(4097)
+    )
+    assert plan_resume(Cursor("e0", 7), epoch="e1", floor=4096, head=4100, settled=4096) == Reset(
+        ResetReason.EPOCH_CHANGED
+    )
+
+
 def test_reset_reasons_are_the_wire_strings() -> None:
     assert {r.value for r in ResetReason} == {"epoch_changed", "cursor_expired", "unknown_cursor"}
     assert ResetReason.CURSOR_EXPIRED == "cursor_expired"
@@ -62,15 +89,24 @@ def test_reset_reasons_are_the_wire_strings() -> None:
     extra=st.integers(min_value=0, max_value=1000),
     seq=st.integers(min_value=0, max_value=3000),
     same_epoch=st.booleans(),
+    settled=st.integers(min_value=0, max_value=1000),
 )
-def test_I4_never_a_silent_gap(floor: int, extra: int, seq: int, same_epoch: bool) -> None:
+def test_I4_never_a_silent_gap(
+    floor: int, extra: int, seq: int, same_epoch: bool, settled: int
+) -> None:
     head = floor + extra
-    plan = plan_resume(Cursor("e" if same_epoch else "x", seq), epoch="e", floor=floor, head=head)
+    plan = plan_resume(
+        Cursor("e" if same_epoch else "x", seq), epoch="e", floor=floor, head=head, settled=settled
+    )
     if isinstance(plan, Exact):
-        # Exact only when every event after the cursor is still held.
+        # Exact only when every event after the cursor is still held, or the
+        # Store holds every durable one up to the floor of a settled window.
         assert same_epoch
-        assert floor <= plan.after_seq <= head
-        assert plan.after_seq == seq
+        assert plan.after_seq == seq <= head
+        if plan.durable_until is None:
+            assert floor <= seq
+        else:
+            assert seq < floor == plan.durable_until <= settled
     else:
         assert isinstance(plan, Reset)
         expected = (
@@ -82,6 +118,7 @@ def test_I4_never_a_silent_gap(floor: int, extra: int, seq: int, same_epoch: boo
         )
         assert plan.reason is expected
         assert not (same_epoch and floor <= seq <= head)
+        assert not (same_epoch and seq < floor <= settled)
 
 
 def test_plans_are_frozen() -> None:

@@ -8,6 +8,8 @@ whose sink just collects what it is sent (DESIGN §9).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,10 +18,12 @@ from typing import Any
 import pytest
 
 from halfpi.agents.scripted import ScriptedAgent
-from halfpi.config import Config
+from halfpi.config import Config, JournalLimits, QueueLimits
 from halfpi.core import wire
-from halfpi.core.outbound import Message
+from halfpi.core.events import ToolCalled
+from halfpi.core.outbound import Message, OutboundQueue
 from halfpi.errors import Forbidden, InvalidRequest, RequestConflict, Unavailable
+from halfpi.journal.base import JournalEntry
 from halfpi.journal.memory import MemoryJournal
 from halfpi.mind import api
 from halfpi.mind.service import Mind
@@ -64,9 +68,20 @@ class FakeCaller:
     def types(self, request_id: str) -> list[str]:
         return [f["type"] for f in self.replies(request_id)]
 
-    def drain(self, budget: int = 1 << 30) -> list[Frame]:
-        """What its flush would write of the replay now."""
-        return [json.loads(m.frame(0)) for m in self.subscriptions.pull(budget)]
+    async def drain(self, budget: int = 1 << 30) -> list[Frame]:
+        """What its flushes write of the replay until it has caught up: pull
+        when woken, as a connection does while its transport takes writes."""
+        frames: list[Frame] = []
+        async for batch in self.pulls(budget):
+            frames += [json.loads(frame) for frame in batch]
+        return frames
+
+    async def pulls(self, budget: int) -> AsyncIterator[list[bytes]]:
+        """Each flush's frames until the replay has caught up (it is live)."""
+        subs = self.subscriptions
+        while subs.replaying:
+            await until(lambda: subs.ready or not subs.replaying)
+            yield [m.frame(0) for m in subs.pull(budget)]
 
 
 def command(type_: str, **payload: Any) -> Any:
@@ -178,8 +193,9 @@ async def test_I4_subscribe_since_a_cursor_replays_exactly_through_pull_then_goe
                              since={cid: start}))
     accepted = reader.replies("s1")[-1]["payload"]
     assert (accepted["replay"], accepted["conversations"]) == ("exact", {cid: "exact"})
-    assert reader.woken == 1  # the connection is asked to flush; nothing is pushed
-    replayed = reader.drain()
+    await until(lambda: reader.woken >= 1)  # the connection is asked to flush
+    assert not [m for m in reader.sent if m.type == "face.event"]  # nothing is pushed
+    replayed = await reader.drain()
     seqs = [f["payload"]["seq"] for f in replayed]
     assert seqs == list(range(1, actor.published + 1))
     assert not reader.subscriptions.replaying  # caught up: live from here
@@ -198,9 +214,7 @@ async def test_I7_a_replay_is_pulled_in_batches_within_the_budget(mind: Mind) ->
     await api.handle(mind, reader, "face.subscribe",
                      command("face.subscribe", request_id="s1", conversation_ids=[cid],
                              since={cid: start}))
-    batches = []
-    while reader.subscriptions.replaying:
-        batches.append([m.frame(0) for m in reader.subscriptions.pull(1_000)])
+    batches = [batch async for batch in reader.pulls(1_000)]
     assert len(batches) > 3
     # A batch stops once it has used its budget: all but its last frame fit.
     assert all(sum(len(frame) for frame in batch[:-1]) < 1_000 for batch in batches)
@@ -263,3 +277,199 @@ async def test_mutations_are_refused_while_the_mind_drains(mind: Mind) -> None:
         assert caller.types("l1") == ["face.result"]
     finally:
         mind.draining = False
+
+
+# -- replay through the Journal seam: reads awaited, appends in flight (I4) -------------------
+
+
+class InFlightReads(MemoryJournal):
+    """A journal whose reads take their answer at once but deliver it only
+    when :attr:`gate` opens: a remote read in flight while the log moves."""
+
+    def __init__(self, limits: JournalLimits) -> None:
+        super().__init__(limits)
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.reads = 0
+
+    async def read_after(
+        self, conversation_id: str, seq: int, limit: int
+    ) -> list[JournalEntry] | None:
+        answer = self.read_after_now(conversation_id, seq, limit)
+        self.reads += 1
+        await self.gate.wait()
+        return answer
+
+
+class LaggingAppends(MemoryJournal):
+    """A journal whose appends land only when :meth:`land` is called (a remote
+    journal's pipelined appends): until then reads do not see them."""
+
+    def __init__(self, limits: JournalLimits) -> None:
+        super().__init__(limits)
+        self.in_flight: list[tuple[str, JournalEntry, asyncio.Future[None]]] = []
+        self.reads = 0
+
+    async def read_after(
+        self, conversation_id: str, seq: int, limit: int
+    ) -> list[JournalEntry] | None:
+        self.reads += 1
+        return self.read_after_now(conversation_id, seq, limit)
+
+    def append(self, conversation_id: str, entry: JournalEntry) -> asyncio.Future[None] | None:
+        future = asyncio.get_running_loop().create_future()
+        self.in_flight.append((conversation_id, entry, future))
+        return future
+
+    def land(self) -> None:
+        for conversation_id, entry, future in self.in_flight:
+            super().append(conversation_id, entry)
+            future.set_result(None)
+        self.in_flight.clear()
+
+
+@contextlib.asynccontextmanager
+async def mind_on(tmp_path: Path, journal: MemoryJournal) -> AsyncIterator[Mind]:
+    config = Config(home=tmp_path, credential_poll_s=3600.0, local_hand=False)
+    mind = Mind(config, SQLiteStore(config.db_path), journal, ScriptedAgent(0.0))
+    await mind.start()
+    try:
+        yield mind
+    finally:
+        await mind.drain()
+
+
+def event_seqs(frames: list[Frame]) -> list[int]:
+    return [f["payload"]["seq"] for f in frames if "seq" in f["payload"]]
+
+
+async def test_I4_events_published_while_a_replay_read_is_in_flight_come_once(
+    tmp_path: Path,
+) -> None:
+    """The switch to live is one synchronous step: an event published while
+    the replay's read is under way is read by a later read or pushed live,
+    never both, never neither."""
+    journal = InFlightReads(JournalLimits())
+    async with mind_on(tmp_path, journal) as mind:
+        writer, reader = FakeCaller(mind), FakeCaller(mind)
+        cid = await create(mind, writer)
+        actor = await mind.actor(cid)
+        start = actor.cursor(actor.published)
+        await chat_to_end(mind, writer, cid, "q1", "/repeat 30 word")
+        journal.gate.clear()
+        await api.handle(mind, reader, "face.subscribe",
+                         command("face.subscribe", request_id="s1", conversation_ids=[cid],
+                                 since={cid: start}))
+        await until(lambda: journal.reads == 1)  # its answer taken, not delivered yet
+        await chat_to_end(mind, writer, cid, "q2", "/repeat 20 more")  # the log moves on
+        assert not reader.subscriptions.by_conversation[cid].live
+        journal.gate.set()
+        replayed = await reader.drain()
+        assert event_seqs(replayed) == list(range(1, actor.published + 1))
+        assert journal.reads >= 2  # what came meanwhile was read, not pushed
+        before = len(reader.sent)
+        await chat_to_end(mind, writer, cid, "q3", "live")
+        live = [json.loads(m.frame(0)) for m in reader.sent[before:]]
+        assert event_seqs(live)[0] == event_seqs(replayed)[-1] + 1
+        assert event_seqs(live) == sorted(set(event_seqs(live)))
+
+
+async def test_I4_a_replay_pulled_in_steps_while_the_log_moves_misses_nothing(
+    tmp_path: Path,
+) -> None:
+    async with mind_on(tmp_path, MemoryJournal(JournalLimits())) as mind:
+        writer, reader = FakeCaller(mind), FakeCaller(mind)
+        cid = await create(mind, writer)
+        actor = await mind.actor(cid)
+        start = actor.cursor(actor.published)
+        await chat_to_end(mind, writer, cid, "q1", "/repeat 200 word")
+        await api.handle(mind, reader, "face.subscribe",
+                         command("face.subscribe", request_id="s1", conversation_ids=[cid],
+                                 since={cid: start}))
+        frames: list[Frame] = []
+        chats = iter(range(2, 6))
+        async for batch in reader.pulls(2_000):
+            frames += [json.loads(frame) for frame in batch]
+            n = next(chats, None)
+            if n is not None:  # more is published between two pulls
+                await chat_to_end(mind, writer, cid, f"q{n}", f"/repeat {n} more")
+        frames += [json.loads(m.frame(0)) for m in reader.sent if m.conversation_id == cid]
+        assert event_seqs(frames) == list(range(1, actor.published + 1))
+
+
+async def test_I4_a_replay_waits_for_appends_still_on_their_way_to_the_journal(
+    tmp_path: Path,
+) -> None:
+    journal = LaggingAppends(JournalLimits())
+    async with mind_on(tmp_path, journal) as mind:
+        writer, reader = FakeCaller(mind), FakeCaller(mind)
+        cid = await create(mind, writer)
+        actor = await mind.actor(cid)
+        start = actor.cursor(actor.published)
+        await chat_to_end(mind, writer, cid, "q1", "/repeat 5 word")
+        assert journal.in_flight  # published, not yet in the journal
+        assert not actor.idle()  # so it is not unloaded before they are in
+        await api.handle(mind, reader, "face.subscribe",
+                         command("face.subscribe", request_id="s1", conversation_ids=[cid],
+                                 since={cid: start}))
+        sub = reader.subscriptions.by_conversation[cid]
+        await until(lambda: sub.fetching)
+        subs = reader.subscriptions
+        for _ in range(50):  # the connection flushes whenever there is something to pull
+            if subs.ready:
+                assert subs.pull(1 << 20) == []
+            await asyncio.sleep(0)
+        assert journal.reads <= 2  # no read again and again: it waits for the appends
+        journal.land()
+        replayed = await reader.drain()
+        assert event_seqs(replayed) == list(range(1, actor.published + 1))
+        assert sub.live
+
+
+@pytest.mark.parametrize(
+    ("detail_mode", "transient_types"),
+    [
+        ("transparent", None),
+        ("summary", None),
+        ("transparent", []),
+        ("summary", ["face.chat.delta"]),
+    ],
+)
+async def test_replayed_frames_are_the_frames_of_the_replayed_messages(
+    mind: Mind, detail_mode: str, transient_types: list[str] | None
+) -> None:
+    """A connection's flush frames journal entries without making messages
+    of them: the same frames, in the same order, with the same filters (I9),
+    and the queue knows the cursor it wrote last (for face.evicted)."""
+    writer = FakeCaller(mind)
+    cid = await create(mind, writer)
+    actor = await mind.actor(cid)
+    start = actor.cursor(actor.published)
+    await actor.append(ToolCalled(tool_call_id="t_1", tool="exec", args={"n": 1}))
+    await chat_to_end(mind, writer, cid, "q1", "/repeat 5 word")
+    readers = [FakeCaller(mind), FakeCaller(mind)]
+    for reader in readers:
+        await api.handle(mind, reader, "face.subscribe",
+                         command("face.subscribe", request_id="s1", conversation_ids=[cid],
+                                 since={cid: start}, detail_mode=detail_mode,
+                                 transient_types=transient_types))
+    by_message, by_frame = readers
+    messages = [frame async for batch in by_message.pulls(1 << 20) for frame in batch]
+    queue = OutboundQueue(QueueLimits())
+    subs = by_frame.subscriptions
+    frames: list[bytes] = []
+    while subs.replaying:
+        await until(lambda: subs.ready or not subs.replaying)
+        frames += subs.pull_frames(queue, 1 << 20)
+    expected = [
+        json.dumps({**json.loads(f), "payload": {**json.loads(f)["payload"], "event_seq": n}})
+        for n, f in enumerate(messages, 1)
+    ]
+    assert [json.loads(f) for f in frames] == [json.loads(f) for f in expected]
+    assert len(frames) > 2
+    assert queue.event_seq == len(frames)
+    assert queue.written_cursors[cid] == json.loads(frames[-1])["payload"]["cursor"]
+    has_args = any(b'"args"' in f for f in frames)
+    assert has_args == (detail_mode == "transparent")
+    has_deltas = any(b"face.chat.delta" in f for f in frames)
+    assert has_deltas == (transient_types != [])

@@ -26,9 +26,10 @@ from tests.store.schema_v0 import SCHEMA_V0
 from tests.store.schema_v1 import SCHEMA_V1
 from tests.store.schema_v2 import SCHEMA_V2
 from tests.store.schema_v3 import SCHEMA_V3
+from tests.store.schema_v4 import SCHEMA_V4
 
 # Every released schema, by version. A new version adds its frozen copy here.
-FROZEN = {0: SCHEMA_V0, 1: SCHEMA_V1, 2: SCHEMA_V2, 3: SCHEMA_V3}
+FROZEN = {0: SCHEMA_V0, 1: SCHEMA_V1, 2: SCHEMA_V2, 3: SCHEMA_V3, 4: SCHEMA_V4}
 
 
 def version(path: Path) -> int:
@@ -282,6 +283,31 @@ async def test_a_version_1_database_keeps_its_rows_and_its_outcomes(tmp_path: Pa
         await store.write(WriteTx(messages=[reason]))
         page = await store.messages("c_1", limit=10, before_seq=None, max_seq=None)
         assert page.messages[-1] == reason
+    finally:
+        await store.close()
+
+
+async def test_a_version_2_database_keeps_its_conversations_which_have_no_epoch_yet(
+    tmp_path: Path,
+) -> None:
+    """Version 3 stores each conversation's epoch: a conversation of an
+    older database has none, so the first Mind to load it writes one."""
+    path = tmp_path / "halfpi.db"
+    frozen_database(path, 2)
+    conn = sqlite3.connect(path)
+    conn.execute("INSERT INTO conversations VALUES ('c_1', 'old', 1.0, 'p_1', 4096)")
+    conn.commit()
+    conn.close()
+    store = SQLiteStore(path)
+    await store.open()
+    try:
+        row = await store.get_conversation("c_1")
+        assert row is not None
+        assert (row.name, row.epoch) == ("old", None)
+        assert await store.head_seq("c_1") == 4096
+        await store.write(WriteTx(epochs=[("c_1", "e1")]))
+        row = await store.get_conversation("c_1")
+        assert row is not None and row.epoch == "e1"
     finally:
         await store.close()
 

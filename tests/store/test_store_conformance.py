@@ -828,6 +828,44 @@ async def test_a_conversation_name_changes_in_place(store: Any) -> None:
     assert [r.name for r in await store.list_conversations(10, None)] == ["name of c_2", "plans"]
 
 
+async def test_a_new_conversation_has_no_epoch_until_one_is_written(store: Any) -> None:
+    """The epoch (DESIGN §3) is the Store's: the Mind writes one when the
+    journal starts a new window of continuity for the conversation."""
+    await commit(store, WriteTx(conversations=[conversation("c_1"), conversation("c_2")]))
+    assert (await store.get_conversation("c_1")).epoch is None
+    await commit(store, WriteTx(epochs=[("c_1", "e1")]))
+    assert (await store.get_conversation("c_1")).epoch == "e1"
+    assert (await store.get_conversation("c_2")).epoch is None
+    await commit(store, WriteTx(epochs=[("c_1", "e2")]))
+    assert await store.get_conversation("c_1") == dataclasses.replace(
+        conversation("c_1"), epoch="e2"
+    )
+    listed = {r.conversation_id: r.epoch for r in await store.list_conversations(10, None)}
+    assert listed == {"c_1": "e2", "c_2": None}
+
+
+async def test_a_conversation_keeps_its_epoch_across_a_restart(backend: Backend) -> None:
+    first = backend.make()
+    await first.open()
+    await commit(first, WriteTx(conversations=[conversation("c_1")], epochs=[("c_1", "e1")]))
+    await first.close()
+    second = backend.make()
+    await second.open()
+    try:
+        assert (await second.get_conversation("c_1")).epoch == "e1"
+    finally:
+        await second.close()
+
+
+async def test_an_epoch_rides_a_write_with_events_without_being_merged_away(store: Any) -> None:
+    await commit(store, WriteTx(conversations=[conversation("c_1")]))
+    tx = WriteTx(events=[stored("c_1", 1)], epochs=[("c_1", "e1")])
+    assert not tx.only_events
+    await commit(store, tx)
+    assert (await store.get_conversation("c_1")).epoch == "e1"
+    assert [e.seq for e in await store.events("c_1", 0, 10)] == [1]
+
+
 async def test_a_duplicate_conversation_fails_its_tx(store: Any) -> None:
     await commit(store, WriteTx(conversations=[conversation("c_1")]))
     with pytest.raises(StoreError):

@@ -26,6 +26,7 @@ from halfpi.agents.scripted import ScriptedAgent
 from halfpi.config import Config
 from halfpi.gateway.hand_session import HandSession
 from halfpi.gateway.session import FaceSession
+from halfpi.journal.base import Journal
 from halfpi.journal.memory import MemoryJournal
 from halfpi.mind.auth import make_credential
 from halfpi.mind.service import Mind
@@ -168,9 +169,10 @@ class Rig:
 
 @contextlib.asynccontextmanager
 async def fake_time_mind(
-    home: Path, agent: Agent | None = None, **overrides: Any
+    home: Path, agent: Agent | None = None, *, journal: Journal | None = None, **overrides: Any
 ) -> AsyncIterator[Rig]:
-    """A started Mind on a :class:`FakeClock`, no local Hand, no server.
+    """A started Mind on a :class:`FakeClock`, no local Hand, no server
+    (a journal of the test's, if given: one that outlived a Mind).
 
     Its sessions' liveness is a day: a test that moves the clock by minutes
     in one step (one maintenance round) is not about Faces that go silent —
@@ -182,7 +184,7 @@ async def fake_time_mind(
     mind = Mind(
         config,
         SQLiteStore(config.db_path),
-        MemoryJournal(config.journal),
+        journal or MemoryJournal(config.journal),
         agent or ScriptedAgent(0.0),
         clock=clock,
     )

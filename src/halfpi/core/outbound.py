@@ -167,6 +167,15 @@ class Message(msgspec.Struct, gc=False):
 _STRUCT = allocated(sys.getsizeof(Message("", b"")))
 
 
+def splice(prefix: bytes, event_seq: int, body: bytes) -> bytes:
+    """The frame of a payload ``body`` (JSON without ``event_seq``) for one
+    connection, made at once: what :meth:`Message.frame` makes, without
+    caching a tail (for a message framed only once, such as a replayed one)."""
+    if len(body) > 2:  # the body after its "{" (a slice: cheaper than a view when small)
+        return b"%b%d,%b}" % (prefix, event_seq, body[1:])
+    return b"%b%d}}" % (prefix, event_seq)
+
+
 def message(type_: str, payload: dict[str, Any] | msgspec.Struct) -> Message:
     """A reliable message with no conversation position (accepted, result, error…)."""
     return Message(type_, _encode(payload))
@@ -360,6 +369,17 @@ class OutboundQueue:
         if conv is not None and m.cursor is not None:
             self.written_cursors[conv] = m.cursor
         return m.frame(self.event_seq)
+
+    def emit_body(self, prefix: bytes, body: bytes) -> bytes:
+        """:meth:`emit_now` for a message that exists only as its frame prefix
+        and payload body (a replayed journal entry: no :class:`Message` is
+        made of it); the caller records the cursor it reached (:meth:`wrote`)."""
+        self.event_seq += 1
+        return splice(prefix, self.event_seq, body)
+
+    def wrote(self, conversation_id: str, cursor: str) -> None:
+        """The last message written of ``conversation_id`` had ``cursor``."""
+        self.written_cursors[conversation_id] = cursor
 
     def evict(self) -> dict[str, str]:
         """Discard everything queued; return the cursors to resume from."""

@@ -1,7 +1,12 @@
 """Resume planning (DESIGN §4.2, I4): exact replay from a cursor, or a reset.
 
 The journal covers the half-open window ``(floor, head]`` of one epoch. A
-cursor inside it resumes exactly; anything else is told plainly why not.
+cursor inside it resumes exactly. Below the floor of a window that was
+dropped while its conversation was idle and re-opened at ``settled`` (an
+unloaded conversation, loaded again), the Store holds every durable event
+and every chat among them had ended, its end event carrying the full
+content: the durable events up to the floor replay from the Store, exactly
+for durable events, then the journal. Anything else is told plainly why not.
 """
 
 from __future__ import annotations
@@ -20,9 +25,12 @@ class ResetReason(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Exact:
-    """Replay every event with ``seq > after_seq``, then go live."""
+    """Replay every event with ``seq > after_seq``, then go live. With
+    ``durable_until``: the durable events up to it come from the Store (the
+    journal no longer holds them), then the journal's after it."""
 
     after_seq: int
+    durable_until: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,16 +38,23 @@ class Reset:
     reason: ResetReason
 
 
-def plan_resume(cursor: Cursor, *, epoch: str, floor: int, head: int) -> Exact | Reset:
+def plan_resume(
+    cursor: Cursor, *, epoch: str, floor: int, head: int, settled: int = 0
+) -> Exact | Reset:
     """Decide how a Face holding ``cursor`` catches up.
 
     ``floor`` is the highest seq no longer (or never) in the journal: the
-    journal holds every event in ``(floor, head]``.
+    journal holds every event in ``(floor, head]``. ``settled``: the window
+    re-opened there after it was dropped with its conversation idle (0:
+    never); while ``floor`` has not moved past it, the Store replays what
+    lies below the floor.
     """
     if cursor.epoch != epoch:
         return Reset(ResetReason.EPOCH_CHANGED)
     if cursor.seq > head:
         return Reset(ResetReason.UNKNOWN_CURSOR)
-    if cursor.seq < floor:
-        return Reset(ResetReason.CURSOR_EXPIRED)
-    return Exact(cursor.seq)
+    if cursor.seq >= floor:
+        return Exact(cursor.seq)
+    if floor <= settled:
+        return Exact(cursor.seq, durable_until=floor)
+    return Reset(ResetReason.CURSOR_EXPIRED)

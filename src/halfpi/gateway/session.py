@@ -150,10 +150,10 @@ class FaceSession:
         replay = self.subscriptions
         if not len(queue) and replay.replaying:
             # Replay (I4): as fast as this connection drains, never all at once.
-            frames.extend(queue.emit_now(m) for m in replay.pull(FLUSH_BUDGET))
+            frames.extend(replay.pull_frames(queue, FLUSH_BUDGET))
         if frames:
             self.transport.write_frames(frames)
-        if (len(queue) or replay.replaying) and not self.paused and not self.closed:
+        if (len(queue) or replay.ready) and not self.paused and not self.closed:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
 

@@ -20,6 +20,15 @@ An actor is given what it needs — an :class:`ActorEnv`: the store, the
 journal, the clock, the chat driver and where results and news go — not
 the Mind around it. It does not run the agent or tools itself: the chat
 driver (``mind/chat.py``) does, and appends through this API.
+
+**Loaded while it works.** The Mind unloads an actor that is :meth:`idle`
+(no subscriber, no chat, nothing shown pending, nothing waiting to commit or
+to reach the journal) for long enough; the journal drops its window, the
+Store keeps its epoch. Whoever still holds an unloaded actor cannot write
+through it (:meth:`stage` refuses, ``unavailable``): the next load is the
+one writer (I2). What it published it rebuilds for a replay, from journal
+entries (:meth:`message_of`) or, below the journal, from the Store
+(:meth:`durable_after`), byte for byte as it was sent live.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ import msgspec
 from halfpi.core.backoff import backoff
 from halfpi.core.cursor import encode_cursor
 from halfpi.core.events import (
+    EVENT_TYPES,
     Accepted,
     ApprovalRequested,
     ApprovalResolved,
@@ -66,8 +76,8 @@ from halfpi.core.requests import RequestRecord, Tombstone
 from halfpi.core.states import CHAT
 from halfpi.core.timers import Timer
 from halfpi.core.titles import title_from_message
-from halfpi.errors import Busy, StoreError, TerminalExists
-from halfpi.journal.base import Journal
+from halfpi.errors import Busy, StoreError, TerminalExists, Unavailable
+from halfpi.journal.base import Journal, JournalEntry, entry_of, message_of
 from halfpi.mind.records import message_entry, message_row, tool_record
 from halfpi.store.base import (
     ConversationRow,
@@ -243,13 +253,23 @@ END_RETRY_CAP_S = 30.0
 
 
 class ConversationActor:
-    def __init__(self, env: ActorEnv, row: ConversationRow, head: int) -> None:
+    def __init__(self, env: ActorEnv, row: ConversationRow, head: int, epoch: str) -> None:
+        """``head``: the highest seq the conversation may have shown (the
+        Store's); ``epoch``: the one the Store holds for it, which the
+        journal continues (``Mind.actor`` opens the window)."""
         self.env = env
         self.row = row
         self.id = row.conversation_id
-        self.epoch = env.journal.open(self.id, head)
+        self.epoch = epoch
         self.next_seq = head + 1
         self.published = head
+        # When it last published, and when the Mind last handed it out: the
+        # idle time the unloading counts from (the Mind's clock).
+        self.active_at = self.used_at = env.clock()
+        # Set once the Mind unloaded it: it never writes again (I2).
+        self.unloaded = False
+        # The last journal append still under way (None: all are in).
+        self._journaling: asyncio.Future[None] | None = None
         # Live subscriptions, by their connection (``add_listener``).
         self.subscribers: dict[object, Listener] = {}
         self.reserved = head  # seqs up to here are durably reserved
@@ -278,6 +298,64 @@ class ConversationActor:
     def remove_listener(self, key: object) -> None:
         self.subscribers.pop(key, None)
 
+    # -- loaded while it works -------------------------------------------------------
+
+    def idle(self) -> bool:
+        """Nothing would be lost by unloading it now: no subscriber, no chat
+        (running, or its end not yet shown), no approval or tool run shown
+        pending, nothing waiting to commit or to reach the journal."""
+        journaling = self._journaling
+        return (
+            not self.subscribers
+            and self.run is None
+            and not self.visible_runs
+            and not self.visible_approvals
+            and not self.visible_tool_runs
+            and not self._outbox
+            and (journaling is None or journaling.done())
+        )
+
+    def idle_since(self) -> float:
+        return max(self.active_at, self.used_at)
+
+    async def journaled(self) -> None:
+        """Every published message is in the journal (a reader that must not
+        miss one waits for this; an in-process journal is never behind)."""
+        journaling = self._journaling
+        if journaling is not None and not journaling.done():
+            await asyncio.shield(journaling)
+
+    def message_of(self, entry: JournalEntry) -> Message:
+        """A journal entry of this conversation as it was sent live."""
+        return message_of(self.id, self.epoch, entry)
+
+    async def durable_after(
+        self, after_seq: int, until: int, limit: int
+    ) -> tuple[list[Message], int]:
+        """The durable events in ``(after_seq, until]`` from the Store, at
+        most ``limit``, rebuilt as they were sent live (with their summary
+        variant, I9); and the seq read up to (``until`` once all are read)."""
+        events = await self.env.store.events(self.id, after_seq, limit)
+        inside = [e for e in events if e.seq <= until]
+        read = inside[-1].seq if len(inside) == limit else until
+        return [self._stored_message(e) for e in inside], read
+
+    def _stored_message(self, event: StoredEvent) -> Message:
+        # The stored data is the event's JSON as encoded live: spliced in
+        # raw, the body is the same bytes. The summary variant is derived
+        # from the typed data the way stage() derived it.
+        seq, kind, ts = event.seq, event.type, event.ts
+        cursor = self.cursor(seq)
+        raw: Any = msgspec.Raw(event.data)
+        message = self._event_message(kind, raw, ts, seq, cursor)
+        cls = EVENT_TYPES.get(kind)
+        if cls is not None:
+            data = msgspec.json.decode(event.data, type=cls)
+            summary = data.summary()
+            if summary is not data:
+                message.with_summary(self._event_message(kind, summary, ts, seq, cursor))
+        return message
+
     # -- the append API (I3) -----------------------------------------------------
 
     def stage(
@@ -290,7 +368,12 @@ class ConversationActor:
         """Stage one event: take its ``seq`` and encode it once (with its
         summary variant when that differs, I9). ``data`` is already a
         display projection (never raw tool arguments). Nothing is shown
-        until :meth:`commit`; ``on_shown`` runs once it is."""
+        until :meth:`commit`; ``on_shown`` runs once it is.
+
+        Raises :class:`Unavailable` (retryable) on an actor the Mind has
+        unloaded: the conversation's writer is the one loaded now (I2)."""
+        if self.unloaded:
+            raise Unavailable("the conversation was unloaded while this command waited; retry")
         now = self.now() if now is None else now
         seq = self._take_seq()
         cursor = self.cursor(seq)
@@ -395,7 +478,12 @@ class ConversationActor:
 
     def _publish(self, message: Message) -> None:
         self.published = message.seq
-        self.env.journal.append(message, self.env.clock())
+        now = self.active_at = self.env.clock()
+        # In seq order, not waited for: the journal keeps its order, and a
+        # replay that needs the entry waits for it (``journaled``).
+        appending = self.env.journal.append(self.id, entry_of(message, now))
+        if appending is not None:
+            self._journaling = appending
         if message.kind == DELTA and message.request_id is not None:
             run = self.visible_runs.get(message.request_id)
             if run is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -151,6 +152,11 @@ class Mind:
         self.session_deadlines: Deadlines[Session] = Deadlines()
         self._actors: dict[str, ConversationActor] = {}
         self._loading: dict[str, asyncio.Future[ConversationActor]] = {}
+        # When each loaded actor is next looked at for unloading (a heap: a
+        # round visits only the actors whose idle time may have run out).
+        self._idle: Deadlines[ConversationActor] = Deadlines()
+        # Journal windows being dropped: a load of the same conversation waits.
+        self._releasing: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._last_prune = float("-inf")  # the first maintenance round prunes
 
@@ -303,9 +309,16 @@ class Mind:
     # -- actors (I2) -------------------------------------------------------------
 
     async def actor(self, conversation_id: str) -> ConversationActor:
-        """The one actor of a conversation; concurrent loads share one load."""
+        """The one actor of a conversation; concurrent loads share one load.
+
+        A conversation loaded in this process for the first time (or whose
+        journal lost continuity) gets a new epoch, stored before the actor
+        exists, so no cursor of it is shown before the Store holds it; one
+        loaded again after it was unloaded keeps its epoch and continues
+        its seq (from the Store's head: past its seq reservation)."""
         actor = self._actors.get(conversation_id)
         if actor is not None:
+            actor.used_at = self.clock()
             return actor
         loading = self._loading.get(conversation_id)
         if loading is None:
@@ -320,8 +333,18 @@ class Mind:
                         field="conversation_id",
                     )
                 head = await self.store.head_seq(conversation_id)
-                actor = ConversationActor(self.env, row, head)
+                releasing = self._releasing.get(conversation_id)
+                if releasing is not None:  # its window is being dropped: after that
+                    await asyncio.wait({releasing})
+                epoch = await self.journal.open(conversation_id, row.epoch, head)
+                if epoch != row.epoch:
+                    # Continuity lost (a restart of the in-process journal):
+                    # cursors of the old epoch get epoch_changed from now on.
+                    await self.store.write(WriteTx(epochs=[(conversation_id, epoch)]))
+                    row = dataclasses.replace(row, epoch=epoch)
+                actor = ConversationActor(self.env, row, head, epoch)
                 self._actors[conversation_id] = actor
+                self._idle.set(actor, actor.idle_since() + self.unload_idle_s)
                 loading.set_result(actor)
             except BaseException as exc:
                 loading.set_exception(exc)
@@ -331,6 +354,59 @@ class Mind:
                 del self._loading[conversation_id]
             return actor
         return await asyncio.shield(loading)
+
+    def is_loaded(self, conversation_id: str) -> bool:
+        return conversation_id in self._actors
+
+    def loaded(self) -> int:
+        """How many conversations have an actor in memory now."""
+        return len(self._actors)
+
+    @property
+    def unload_idle_s(self) -> float:
+        """How long an idle actor stays loaded (default: the journal's window)."""
+        configured = self.config.unload_idle_s
+        return self.config.journal.seconds if configured is None else configured
+
+    async def unload_idle(self, now: float) -> int:
+        """Unload every actor idle (``ConversationActor.idle``) for
+        ``unload_idle_s`` at ``now`` (time passed in): memory follows the
+        work, not the history. Its journal window is dropped, its epoch
+        stays in the Store; loading it again is transparent, and a resume
+        from a cursor of before replays from the Store (docs/protocol.md).
+        Returns how many were unloaded. A round looks only at the actors
+        whose idle time may have run out (a heap of deadlines)."""
+        idle_s = self.unload_idle_s
+        releases: list[asyncio.Task[None]] = []
+        for actor in self._idle.pop_due(now):
+            if self._actors.get(actor.id) is not actor:
+                continue
+            if not actor.idle():  # working, or someone follows it: look again later
+                self._idle.set(actor, now + idle_s)
+                continue
+            due = actor.idle_since() + idle_s
+            if due > now:
+                self._idle.set(actor, due)
+                continue
+            # In one synchronous step: from here on a load makes a new actor
+            # (after the window is dropped), and this one never writes (I2).
+            del self._actors[actor.id]
+            actor.unloaded = True
+            releases.append(self._release(actor.id))
+        if releases:
+            await asyncio.wait(releases)
+        return len(releases)
+
+    def _release(self, conversation_id: str) -> asyncio.Task[None]:
+        task = self.spawn(self.journal.release(conversation_id), "release a journal window")
+        self._releasing[conversation_id] = task
+
+        def released(_: object) -> None:
+            if self._releasing.get(conversation_id) is task:
+                del self._releasing[conversation_id]
+
+        task.add_done_callback(released)
+        return task
 
     async def create_conversation(
         self, record: RequestRecord, name: str | None
@@ -520,6 +596,7 @@ class Mind:
         try:
             await self.refresh_credentials()
             self.tick_sessions(now)
+            await self.unload_idle(now)
             if now - self._last_prune > 60.0:
                 self._last_prune = now
                 await self.store.prune_requests(now, self.config.requests)

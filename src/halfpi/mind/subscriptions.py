@@ -1,37 +1,60 @@
 """A connection's subscriptions: resume planning, replay and going live (DESIGN §4.2, I4).
 
-A subscription is either *replaying* — the connection pulls events from the
-journal after ``pos`` as fast as its transport drains (so catching up on
-10,000 events never floods the bounded queue) — or *live*, when the actor
-pushes each event as it is published. The switch happens in one synchronous
-step when the pull finds nothing newer, so there is no gap and no overlap.
+A subscription is either *replaying* — it catches up from ``pos`` on what
+was published before it was installed — or *live*, when the actor pushes
+each event to it as it is published (the actor's done-callback, I3: no hop).
+
+Replay reads are coroutines (a journal may be remote), so each catching-up
+subscription has one read at a time under way (a task, only while one is
+needed): it fills the subscription's small buffer — journal entries, or
+below the journal's window of an unloaded-and-reloaded conversation, the
+durable events the Store holds — and wakes the connection. The
+connection's flush *pulls* from the buffers within its byte budget
+(:meth:`Subscriptions.pull`), only while its transport takes writes, so
+catching up on 10,000 events never floods the bounded queue, and a
+buffer is refilled only as it drains (back-pressure end to end).
+
+**The switch to live** happens inside ``pull``, in one synchronous step:
+when a subscription's buffer is empty, no read is under way and it has
+read everything up to the actor's ``published`` seq, it turns live. The
+actor's publication (which sets ``published`` and pushes to live
+subscriptions) is synchronous too, so every event is either at or below
+that seq — read by the replay — or after it — pushed live: no gap, no
+overlap. A read that finds the journal behind ``published`` (appends in
+flight to a remote journal) waits for them (``ConversationActor.journaled``).
 
 :class:`Subscriptions` is everything one connection subscribed to, whatever
 its transport: ``face.subscribe`` plans each conversation (exact replay from
-a cursor, a reset with a snapshot, or live) and installs it; the
-connection's flush asks :meth:`Subscriptions.pull` for the next replayed
-messages within a byte budget instead of reading the journal itself; a
-window that moves past a replaying subscription turns into a
-``face.reset``. The connection is only a :class:`Sink`: it sends what it is
-given, and flushes (pulls) when woken.
+a cursor, a reset with a snapshot, or live) and installs it; a window that
+moves past a replaying subscription turns into a ``face.reset``. The
+connection is only a :class:`Sink`: it sends what it is given, and flushes
+(pulls) when woken.
 """
 
 from __future__ import annotations
 
+import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 from halfpi.core import wire
 from halfpi.core.cursor import parse_cursor
 from halfpi.core.events import Accepted, Reset, to_message
-from halfpi.core.outbound import RELIABLE, Message
+from halfpi.core.outbound import PROGRESS, RELIABLE, Message, OutboundQueue
 from halfpi.core.replay import Exact, plan_resume
-from halfpi.errors import InvalidRequest
-from halfpi.journal.base import Journal
+from halfpi.errors import InvalidRequest, Unavailable
+from halfpi.journal.base import Journal, JournalEntry, message_of, prefix_of
 from halfpi.mind.actor import ConversationActor
 
-REPLAY_BATCH = 256
+log = logging.getLogger("halfpi.mind")
+
+REPLAY_BATCH = 1024  # journal entries per read (a list of shared references in process)
+STORE_BATCH = 256  # durable events per Store read (rebuilt messages)
 FRAME_SLACK = 12  # a frame beyond its prefix and body: event_seq digits, a brace
+# A subscribe planned while one of its conversations was unloaded is planned
+# again (the new actor is the writer); after this many, ``unavailable``.
+PLAN_ATTEMPTS = 3
 
 # What ``face.subscribe.transient_types`` may name (docs/protocol.md §6):
 # ``face.run.progress`` is reserved for background tasks.
@@ -56,7 +79,18 @@ class Sink(Protocol):
 
 
 class Subscription:
-    __slots__ = ("actor", "detail_mode", "live", "pos", "session", "transient_types")
+    __slots__ = (
+        "actor",
+        "buffer",
+        "detail_mode",
+        "durable_until",
+        "fetching",
+        "live",
+        "pos",
+        "read",
+        "session",
+        "transient_types",
+    )
 
     def __init__(
         self,
@@ -66,10 +100,17 @@ class Subscription:
         pos: int,
         transient_types: frozenset[str] | None,
         detail_mode: str,
+        durable_until: int = 0,
     ) -> None:
         self.session = session  # anything with send(Message)
         self.actor = actor
-        self.pos = pos
+        self.pos = pos  # the last seq handed to the connection (or skipped for it)
+        self.read = pos  # the seq read up to (into the buffer)
+        # Up to here, the durable events come from the Store (the journal
+        # no longer holds them: an unloaded conversation, loaded again).
+        self.durable_until = durable_until
+        self.buffer: deque[JournalEntry | Message] = deque()
+        self.fetching = False  # a read is under way
         self.live = False
         self.transient_types = transient_types
         self.detail_mode = detail_mode
@@ -81,6 +122,16 @@ class Subscription:
     def wants(self, message: Message) -> bool:
         """Transient messages pass only if the Face asked for their type."""
         return self.transient_types is None or message.type in self.transient_types
+
+    def skips(self, entry: JournalEntry) -> bool:
+        """A replayed entry this subscription would not be sent (I9: no
+        progress to summary viewers; transient types it did not ask for)."""
+        kind = entry.kind
+        if kind == RELIABLE:
+            return False
+        if kind == PROGRESS and self.detail_mode != "transparent":
+            return True
+        return self.transient_types is not None and entry.type not in self.transient_types
 
 
 class Subscriptions:
@@ -110,6 +161,13 @@ class Subscriptions:
     def __contains__(self, conversation_id: str) -> bool:
         return conversation_id in self.by_conversation
 
+    @property
+    def ready(self) -> bool:
+        """:meth:`pull` has something to do now: replayed messages wait, or
+        a subscription may go live or read on. False while every catching-up
+        subscription waits for its read (which wakes the connection)."""
+        return any(sub.buffer or not sub.fetching for sub in self.replaying)
+
     # -- face.subscribe / face.unsubscribe -------------------------------------
 
     async def subscribe(self, p: wire.Subscribe, detail_mode: str, actor_of: ActorOf) -> None:
@@ -118,6 +176,8 @@ class Subscriptions:
         All reads happen first; then, in one synchronous step, the reply, the
         snapshots/resets and the subscriptions are queued and installed, so no
         replayed event can overtake the ``face.accepted`` that announces it.
+        If a conversation was unloaded while the reads were under way, the
+        whole subscribe is planned again on its new actor.
         """
         since = dict(p.since or {})
         unknown = set(since) - set(p.conversation_ids)
@@ -134,38 +194,17 @@ class Subscriptions:
                     field="transient_types",
                 )
         transient = frozenset(p.transient_types) if p.transient_types is not None else None
-        limit = self.snapshot_messages
-        plans: list[tuple[ConversationActor, int]] = []
-        modes: dict[str, str] = {}
-        followups: list[Message] = []
-        for cid in dict.fromkeys(p.conversation_ids):
-            actor = await actor_of(cid)
-            cursor = cursors.get(cid)
-            if cursor is not None:
-                epoch, floor, head = self.journal.window(cid)
-                plan = plan_resume(cursor, epoch=epoch, floor=floor, head=head)
-                if isinstance(plan, Exact):
-                    plans.append((actor, plan.after_seq))
-                    modes[cid] = "exact"
-                    continue
-                snap = await actor.snapshot(limit, detail_mode)
-                followups.append(
-                    to_message(Reset(conversation_id=cid, reason=plan.reason.value, snapshot=snap))
-                )
-                modes[cid] = "reset"
-            elif p.snapshot:
-                snap = await actor.snapshot(limit, detail_mode)
-                followups.append(to_message(snap.answering(p.request_id)))
-                modes[cid] = "live"
-            else:
-                plans.append((actor, actor.published))
-                modes[cid] = "live"
-                continue
-            plans.append((actor, parse_cursor(snap.cursor).seq))
+        for _ in range(PLAN_ATTEMPTS):
+            planned = await self._plan(p, cursors, detail_mode, actor_of)
+            if planned is not None:
+                break
+        else:
+            raise Unavailable("the conversations were unloaded while subscribing; retry")
+        plans, modes, followups = planned
         replay = "exact" if cursors and all(modes[c] == "exact" for c in cursors) else "live"
         # ``heads``: where each log stands at this instant, so a Face knows how
         # many replayed events it is catching up on and when it has caught up.
-        heads = {actor.id: actor.cursor(actor.published) for actor, _ in plans}
+        heads = {actor.id: actor.cursor(actor.published) for actor, _, _ in plans}
         self.sink.send(
             to_message(
                 Accepted(
@@ -179,8 +218,58 @@ class Subscriptions:
         )
         for message in followups:
             self.sink.send(message)
-        for actor, pos in plans:
-            self.install(actor, pos, transient, detail_mode)
+        for actor, pos, durable_until in plans:
+            self.install(actor, pos, transient, detail_mode, durable_until)
+
+    async def _plan(
+        self,
+        p: wire.Subscribe,
+        cursors: dict[str, Any],
+        detail_mode: str,
+        actor_of: ActorOf,
+    ) -> tuple[list[tuple[ConversationActor, int, int]], dict[str, str], list[Message]] | None:
+        """Each conversation's plan: ``(actor, pos, durable_until)``, its mode
+        and the snapshots/resets to send first. None if a conversation was
+        unloaded meanwhile (its actor no longer writes: plan again)."""
+        limit = self.snapshot_messages
+        plans: list[tuple[ConversationActor, int, int]] = []
+        modes: dict[str, str] = {}
+        followups: list[Message] = []
+        for cid in dict.fromkeys(p.conversation_ids):
+            actor = await actor_of(cid)
+            cursor = cursors.get(cid)
+            if cursor is not None:
+                if actor.unloaded:
+                    return None
+                window = await self.journal.window(cid)
+                plan = plan_resume(
+                    cursor,
+                    epoch=actor.epoch,
+                    floor=window.floor,
+                    head=actor.published,
+                    settled=window.settled,
+                )
+                if isinstance(plan, Exact):
+                    plans.append((actor, plan.after_seq, plan.durable_until or 0))
+                    modes[cid] = "exact"
+                    continue
+                snap = await actor.snapshot(limit, detail_mode)
+                followups.append(
+                    to_message(Reset(conversation_id=cid, reason=plan.reason.value, snapshot=snap))
+                )
+                modes[cid] = "reset"
+            elif p.snapshot:
+                snap = await actor.snapshot(limit, detail_mode)
+                followups.append(to_message(snap.answering(p.request_id)))
+                modes[cid] = "live"
+            else:
+                plans.append((actor, actor.published, 0))
+                modes[cid] = "live"
+                continue
+            plans.append((actor, parse_cursor(snap.cursor).seq, 0))
+        if any(actor.unloaded for actor, _, _ in plans):
+            return None
+        return plans, modes, followups
 
     def install(
         self,
@@ -188,25 +277,36 @@ class Subscriptions:
         pos: int,
         transient_types: frozenset[str] | None,
         detail_mode: str,
+        durable_until: int = 0,
     ) -> None:
-        """Subscribe from ``pos``: replay what is newer, then go live."""
+        """Subscribe from ``pos``: replay what is newer (the durable events up
+        to ``durable_until`` from the Store), then go live."""
         if self.sink.closed:  # the connection went while the subscribe was being read
             return
         self.drop(actor.id)
         sub = Subscription(
-            self.sink, actor, pos=pos, transient_types=transient_types, detail_mode=detail_mode
+            self.sink,
+            actor,
+            pos=pos,
+            transient_types=transient_types,
+            detail_mode=detail_mode,
+            durable_until=durable_until,
         )
         self.by_conversation[actor.id] = sub
         actor.add_listener(self.sink, sub)
         self._origins.setdefault(actor.id, actor.cursor(pos))
+        if pos >= actor.published and not durable_until:
+            sub.live = True  # nothing to catch up on: live from this very step
+            return
         self.replaying.append(sub)
-        self.sink.wake()
+        self._fetch(sub)
 
     def drop(self, conversation_id: str) -> None:
         sub = self.by_conversation.pop(conversation_id, None)
         if sub is None:
             return
         sub.actor.remove_listener(self.sink)
+        sub.buffer.clear()
         if sub in self.replaying:
             self.replaying.remove(sub)
 
@@ -219,39 +319,131 @@ class Subscriptions:
     def pull(self, budget: int) -> list[Message]:
         """The next replayed messages, about ``budget`` bytes of them, in
         order, for the connection to write now (each subscription's detail
-        mode and transient types applied). A subscription that reaches the
-        head goes live in this same step; one whose window moved past it is
-        dropped and reset (``face.reset{reason: cursor_expired}``)."""
+        mode and transient types applied). A subscription that has caught up
+        goes live in this same step; one whose buffer runs low reads on."""
         out: list[Message] = []
+        self._pull(budget, out, None)
+        return out
+
+    def pull_frames(self, queue: OutboundQueue, budget: int) -> list[bytes]:
+        """:meth:`pull`, framed at once for a connection whose ``queue`` is
+        empty (each frame takes its ``event_seq``; the queue learns the last
+        cursor written per conversation): a replayed journal entry becomes a
+        frame without a :class:`Message` ever being made of it."""
+        out: list[bytes] = []
+        self._pull(budget, out, queue)
+        return out
+
+    def _pull(self, budget: int, out: list[Any], queue: OutboundQueue | None) -> None:
+        append = out.append
         for sub in list(self.replaying):
-            while budget > 0:
-                batch = self.journal.read_after(sub.conversation_id, sub.pos, REPLAY_BATCH)
-                if batch is None:  # the window moved past us while we replayed
-                    self.drop(sub.conversation_id)
-                    self.spawn(self._reset(sub), "reset subscription")
-                    break
-                if not batch:
+            actor = sub.actor
+            buffer = sub.buffer
+            cid, epoch, mode = actor.id, actor.epoch, sub.detail_mode
+            summary_mode = mode != "transparent"
+            framed = 0  # the last entry framed (its cursor is the queue's to know)
+            while budget > 0 and buffer:
+                item = buffer.popleft()
+                sub.pos = item.seq
+                if isinstance(item, JournalEntry):
+                    if item.kind != RELIABLE and sub.skips(item):
+                        continue
+                    if queue is not None:
+                        summary = item.summary
+                        body = summary if summary_mode and summary is not None else item.body
+                        frame = queue.emit_body(prefix_of(item.type), body)
+                        framed = item.seq
+                        budget -= len(frame)
+                        append(frame)
+                        continue
+                    m = message_of(cid, epoch, item)
+                else:  # a durable event from the Store
+                    m = item
+                shown = m.for_mode(mode)
+                if shown is None:
+                    continue
+                if queue is not None:
+                    frame = queue.emit_now(shown)
+                    framed = 0
+                    budget -= len(frame)
+                    append(frame)
+                else:
+                    # The frame's size, with room for the event_seq the
+                    # connection splices in.
+                    budget -= len(shown.prefix) + len(shown.encoded_body()) + FRAME_SLACK
+                    append(shown)
+            if framed:
+                assert queue is not None
+                queue.wrote(cid, f"{epoch}.{framed}")
+            if not sub.fetching:
+                if not buffer and sub.read >= actor.published:
+                    # Caught up: live from here, in this same step (no event
+                    # can be published between the check and the switch).
                     sub.live = True
                     self.replaying.remove(sub)
-                    break
-                for m in batch:
-                    if budget <= 0:
-                        break  # the rest comes with the next flush
-                    sub.pos = m.seq
-                    shown = m.for_mode(sub.detail_mode)
-                    if shown is not None and (m.kind == RELIABLE or sub.wants(m)):
-                        # The frame's size, with room for the event_seq the
-                        # connection splices in.
-                        budget -= len(shown.prefix) + len(shown.encoded_body()) + FRAME_SLACK
-                        out.append(shown)
+                elif len(buffer) < REPLAY_BATCH // 2 and sub.read < actor.published:
+                    self._fetch(sub)  # read on while the rest is written
             if budget <= 0:
                 break
-        return out
+
+    def _fetch(self, sub: Subscription) -> None:
+        sub.fetching = True
+        self.spawn(self._read(sub), "replay read")
+
+    async def _read(self, sub: Subscription) -> None:
+        """One read for ``sub`` into its buffer; then the connection is woken.
+        A window that moved past it resets it (``cursor_expired``)."""
+        cid = sub.conversation_id
+        try:
+            batch = await self._next_batch(sub)
+        except Exception:
+            if self.by_conversation.get(cid) is sub and not self.sink.closed:
+                log.exception("replay of %s failed; the subscription is reset", cid)
+            batch = None
+        sub.fetching = False
+        if self.sink.closed or self.by_conversation.get(cid) is not sub:
+            return  # dropped (or replaced) while it read
+        if batch is None:
+            # The subscription stays installed (not live) until the reset is
+            # sent: its actor keeps a listener, so it is not unloaded meanwhile.
+            self.replaying.remove(sub)
+            self.spawn(self._reset(sub), "reset subscription")
+            return
+        sub.buffer.extend(batch)
+        self.sink.wake()
+
+    async def _next_batch(self, sub: Subscription) -> list[JournalEntry | Message] | None:
+        """The next entries after ``sub.read`` (advancing it), from the Store
+        below ``durable_until``, then from the journal; None if the journal
+        no longer holds what follows ``sub.read``."""
+        actor = sub.actor
+        if sub.read < sub.durable_until:
+            messages, sub.read = await actor.durable_after(
+                sub.read, sub.durable_until, STORE_BATCH
+            )
+            return list(messages)
+        cid = sub.conversation_id
+        journal = self.journal
+        entries = await journal.read_after(cid, sub.read, REPLAY_BATCH)
+        if entries == [] and sub.read < actor.published:
+            # Published but not read: appends still on their way to the
+            # journal, or seqs that were reserved and never used.
+            await actor.journaled()
+            head = (await journal.window(cid)).head
+            entries = await journal.read_after(cid, sub.read, REPLAY_BATCH)
+            if entries == []:
+                sub.read = max(sub.read, head)  # nothing exists in (read, head]
+                return []
+        if entries is None:
+            return None
+        if entries:
+            sub.read = entries[-1].seq
+        return list(entries)
 
     async def _reset(self, sub: Subscription) -> None:
         actor = sub.actor
         snap = await actor.snapshot(self.snapshot_messages, sub.detail_mode)
-        if self.sink.closed:
+        if self.sink.closed or self.by_conversation.get(actor.id) is not sub:
             return
         self.sink.send(
             to_message(Reset(conversation_id=actor.id, reason="cursor_expired", snapshot=snap))

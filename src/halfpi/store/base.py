@@ -44,6 +44,10 @@ class ConversationRow:
     name: str | None
     created_at: float
     created_by: str | None = None
+    # The journal epoch its cursors carry (DESIGN §3): the Store's, written by
+    # the Mind when the journal starts a new window of continuity; None until
+    # a Mind first loads the conversation.
+    epoch: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +270,8 @@ class WriteTx:
     seq_reservations: Sequence[tuple[str, int]] = ()
     # (conversation_id, name): a rename or an automatic title
     conversation_names: Sequence[tuple[str, str]] = ()
+    # (conversation_id, epoch): the journal lost continuity; cursors carry this now
+    epochs: Sequence[tuple[str, str]] = ()
 
     @property
     def only_events(self) -> bool:

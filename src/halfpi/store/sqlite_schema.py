@@ -29,10 +29,12 @@ log = logging.getLogger("halfpi.store")
 #   2  a reply keeps its error code and its reason (messages.error_code,
 #      messages.reason)
 #   3  a reply keeps the tokens its model used (messages.usage, JSON)
+#   4  each conversation's journal epoch is the Store's (conversations.epoch,
+#      NULL until a Mind first loads the conversation)
 # A new version: change SCHEMA, append its upgrade to UPGRADES, freeze the
 # new schema as tests/store/schema_vN.py, and add a row to the table in
 # docs/operations.md.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # The refusal raised by the triggers; the Store maps it (and the unique
 # index's violation) to TerminalExists.
@@ -77,7 +79,8 @@ CREATE TABLE IF NOT EXISTS conversations (
     name TEXT,
     created_at REAL NOT NULL,
     created_by TEXT,
-    seq_reserved INTEGER NOT NULL DEFAULT 0
+    seq_reserved INTEGER NOT NULL DEFAULT 0,
+    epoch TEXT  -- the journal epoch its cursors carry (DESIGN §3), NULL until first loaded
 );
 CREATE TABLE IF NOT EXISTS events (
     conversation_id TEXT NOT NULL,
@@ -362,10 +365,18 @@ def _upgrade_2_to_3(conn: sqlite3.Connection) -> None:
     log.info("upgraded the database schema from version 2 to 3")
 
 
+def _upgrade_3_to_4(conn: sqlite3.Connection) -> None:
+    """Each conversation's epoch is stored (none yet: the first Mind to load
+    a conversation writes one, as a restarted Mind always did in memory)."""
+    conn.execute("ALTER TABLE conversations ADD COLUMN epoch TEXT")
+    log.info("upgraded the database schema from version 3 to 4")
+
+
 # UPGRADES[n] takes a database from version n to n + 1.
 UPGRADES: tuple[Callable[[sqlite3.Connection], None], ...] = (
     _upgrade_0_to_1,
     _upgrade_1_to_2,
     _upgrade_2_to_3,
+    _upgrade_3_to_4,
 )
 assert len(UPGRADES) == SCHEMA_VERSION

@@ -256,14 +256,22 @@ def apply_tx(conn: sqlite3.Connection, tx: WriteTx) -> TxOutcome:
         )
     if tx.conversations:
         conn.executemany(
-            "INSERT INTO conversations (conversation_id, name, created_at, created_by)"
-            " VALUES (?,?,?,?)",
-            [(c.conversation_id, c.name, c.created_at, c.created_by) for c in tx.conversations],
+            "INSERT INTO conversations (conversation_id, name, created_at, created_by, epoch)"
+            " VALUES (?,?,?,?,?)",
+            [
+                (c.conversation_id, c.name, c.created_at, c.created_by, c.epoch)
+                for c in tx.conversations
+            ],
         )
     if tx.conversation_names:
         conn.executemany(
             "UPDATE conversations SET name = ? WHERE conversation_id = ?",
             [(name, conversation_id) for conversation_id, name in tx.conversation_names],
+        )
+    if tx.epochs:
+        conn.executemany(
+            "UPDATE conversations SET epoch = ? WHERE conversation_id = ?",
+            [(epoch, conversation_id) for conversation_id, epoch in tx.epochs],
         )
     if tx.seq_reservations:
         conn.executemany(
@@ -477,7 +485,7 @@ def prune_requests(conn: sqlite3.Connection, now: float, retention: RequestReten
     return pruned
 
 
-_CONVERSATION_COLUMNS = "conversation_id, name, created_at, created_by"
+_CONVERSATION_COLUMNS = "conversation_id, name, created_at, created_by, epoch"
 
 
 def conversation(conn: sqlite3.Connection, conversation_id: str) -> ConversationRow | None:

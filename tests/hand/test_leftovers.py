@@ -22,7 +22,7 @@ import pytest
 
 from halfpi.hand.executor import KILL_GRACE_S
 from halfpi.hand.leftovers import Leftovers
-from tests.support.procs import Marks
+from tests.support.procs import Marks, until
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="process trees are read in /proc")
 
@@ -81,6 +81,9 @@ async def hand(tmp_path: Path, marks: Marks) -> AsyncIterator[HandInstance]:
         env=marks.env("hand"), stdout=subprocess.PIPE)
     instance = HandInstance(proc, record)
     await instance.ready()
+    # The words are printed before each ``exec sleep``, and the last
+    # ``sleep 1000`` starts after them: wait until all four run.
+    await until(lambda: len(marks.alive("cmd")) >= 4, 15, "the whole tree to run")
     try:
         yield instance
     finally:

@@ -54,7 +54,9 @@ from starlette.types import Receive, Scope, Send
 
 from halfpi.core.throttle import client_address
 from halfpi.errors import CloseCode
+from halfpi.gateway import http
 from halfpi.gateway.hand_session import HandSession
+from halfpi.gateway.http.door import Door
 from halfpi.gateway.native import CLOSE_TIMEOUT_S, FACE_PATH, HAND_PATH, HIGH_WATER, LOW_WATER
 from halfpi.gateway.session import FaceSession
 
@@ -288,12 +290,17 @@ class AsgiGateway:
                 Route("/healthz", self._healthz, methods=["GET", "HEAD"]),
                 WebSocketRoute(FACE_PATH, _Endpoint(self, FaceSession)),
                 WebSocketRoute(HAND_PATH, _Endpoint(self, HandSession)),
+                *http.routes(Door(self.serving)),
             ],
             lifespan=lifespan,
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.app(scope, receive, send)
+
+    def serving(self) -> Mind | None:
+        """The Mind, while new requests are served (the HTTP door's view)."""
+        return self.mind if self.accepting else None
 
     def watch_sends(self) -> None:
         """Check, at the loop's next turn, which connections are still inside

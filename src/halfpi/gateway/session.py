@@ -32,11 +32,9 @@ from halfpi.config import PROTOCOL_VERSION
 from halfpi.core import wire
 from halfpi.core.events import Error, Evicted, Limits, Ping, Welcome, to_message
 from halfpi.core.outbound import Message, OutboundQueue
-from halfpi.core.scopes import COMMAND_SCOPE
 from halfpi.core.states import CONNECTION
 from halfpi.errors import (
     CloseCode,
-    Forbidden,
     HalfpiError,
     InternalError,
     InvalidRequest,
@@ -261,10 +259,8 @@ class FaceSession:
         if credential is None:
             self.close(CloseCode.REVOKED, "credential revoked")
             return
-        scope = COMMAND_SCOPE.get(type_)
         try:
-            if scope is not None and scope not in credential.scopes:
-                raise Forbidden(f"{type_} needs scope {scope}")
+            api.authorize(credential.scopes, type_)
             await api.handle(self.mind, self, type_, payload)
         except HalfpiError as exc:
             self.send_error(exc, request_id)
@@ -428,4 +424,3 @@ class FaceSession:
         # a connection that closes meanwhile must still start (I1). Replies
         # to a closed session are dropped; a replay re-attaches.
         self._inbox.clear()
-

@@ -18,7 +18,8 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from halfpi.core import wire
-from halfpi.errors import Unavailable
+from halfpi.core.scopes import COMMAND_SCOPE
+from halfpi.errors import Forbidden, Unavailable
 from halfpi.mind import cancels, commands
 from halfpi.mind.caller import Caller
 
@@ -47,6 +48,14 @@ HANDLERS: dict[str, Handler] = {
     "face.task.log": commands.task_get,
     "face.hand.list": commands.hand_list,
 }
+
+
+def authorize(scopes: frozenset[str], type_: str) -> None:
+    """I8: the scope ``type_`` needs, checked against the credential's
+    scopes as they are now (every transport calls this for every command)."""
+    scope = COMMAND_SCOPE.get(type_)
+    if scope is not None and scope not in scopes:
+        raise Forbidden(f"{type_} needs scope {scope}")
 
 
 async def handle(mind: Mind, caller: Caller, type_: str, payload: Any) -> None:

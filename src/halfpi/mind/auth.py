@@ -21,7 +21,8 @@ from pathlib import Path
 from halfpi.core.ids import new_principal_id
 from halfpi.core.scopes import scopes_for
 from halfpi.private import private_dir
-from halfpi.store.base import Credential, Store
+from halfpi.store.base import Credential as Credential  # what transports are given
+from halfpi.store.base import Store
 
 log = logging.getLogger("halfpi.mind.auth")
 

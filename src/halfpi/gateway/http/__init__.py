@@ -1,0 +1,22 @@
+"""The HTTP door (DESIGN §9): SSE streams, HTTP commands, REST reads and the
+OpenAPI document, as Starlette routes over the Mind API.
+
+``door.py`` holds what every route shares (the running Mind, bearer
+authentication, the Origin rule, errors as HTTP responses); ``sse.py`` the
+event streams and stream tickets; ``commands.py`` the HTTP commands, the
+REST reads and the OpenAPI document. :func:`routes` lists them all for the
+ASGI gateway, which serves them for ``--server asgi``, for ``MindApp``
+mounted in someone's app, and behind the native server for every request
+that is not a WebSocket upgrade.
+"""
+
+from __future__ import annotations
+
+from starlette.routing import BaseRoute
+
+from halfpi.gateway.http import commands, sse
+from halfpi.gateway.http.door import Door
+
+
+def routes(door: Door) -> list[BaseRoute]:
+    return [*sse.routes(door), *commands.routes(door)]

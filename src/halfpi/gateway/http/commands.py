@@ -208,8 +208,19 @@ def payload_of(type_: str, body: bytes, key: str | None) -> Any:
             )
         raw["request_id"] = key
     elif given is None and type_ != "face.ping":
-        # A read without a key: a name of its own (reads are not registered).
-        raw["request_id"] = "http-" + secrets.token_hex(8)
+        raw["request_id"] = fresh_request_id()
+    return decode(type_, raw)
+
+
+def fresh_request_id() -> str:
+    """A read without a key gets a name of its own (reads are not registered)."""
+    return "http-" + secrets.token_hex(8)
+
+
+def decode(type_: str, raw: dict[str, Any]) -> Any:
+    """``raw`` as the payload struct of ``type_``, or ``InvalidRequest`` naming
+    the field: the WebSocket's own decoder (``wire.decode_command``) on the
+    frame ``{"type", "payload"}`` made of it."""
     frame = msgspec.json.encode({"type": type_, "payload": raw})
     return wire.decode_command(frame)[1]
 

@@ -309,6 +309,30 @@ def cmd_face_add(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_face_link(args: argparse.Namespace) -> int:
+    """A one-time sign-in link for the web face (docs/faces.md, "Signing in")."""
+    from halfpi.mind.links import create_link
+
+    home = _home(args.home)
+    prepare_home(home)
+    extra = tuple(s for s in (args.scopes or "").split(",") if s)
+    try:
+        code = create_link(home, args.label, args.profile, time.time(), ttl_s=args.ttl,
+                           extra_scopes=extra, approve=args.approve)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    base = args.url
+    if base is None:
+        address = _mind_address(home)
+        face_url = address.face_url if address else f"ws://127.0.0.1:{DEFAULT_PORT}/v1/face"
+        base = re.sub(r"^ws", "http", face_url).removesuffix("/v1/face")
+    minutes = args.ttl / 60
+    print(f"one-time sign-in link for a new credential {args.label!r} ({args.profile}); "
+          f"it works once, within {minutes:g} min:", file=sys.stderr)
+    print(f"{base.rstrip('/')}/#link={code}")
+    return 0
+
+
 def _list_credentials(args: argparse.Namespace, kind: str) -> int:
     rows = [c for c in _on_store(args, lambda store: store.credentials()) if c.kind == kind]
     print(f"{'LABEL':<20} {'PROFILE':<9} {'STATE':<8} {'PRINCIPAL':<34} SCOPES")
@@ -647,7 +671,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: keep trying, saying why on stderr)",
     )
     face.set_defaults(func=cmd_face)
-    face_sub = face.add_subparsers(dest="face_command", metavar="{add,list,revoke}")
+    face_sub = face.add_subparsers(dest="face_command", metavar="{add,link,list,revoke}")
     add = face_sub.add_parser(
         "add",
         help="create a Face credential; prints its token once",
@@ -674,6 +698,26 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--home", metavar="DIR", help=home_help)
     add.add_argument("--store", type=store_url, metavar="URL", help=store_help)
     add.set_defaults(func=cmd_face_add)
+    link = face_sub.add_parser(
+        "link",
+        help="print a one-time link that signs a browser in to the web face",
+        description="Print a one-time sign-in link for the web face: opened within --ttl "
+        "seconds, once, it gives that browser a new Face credential (LABEL; revoke it with "
+        "halfpi face revoke LABEL). The code is in the link's #fragment, which browsers never "
+        "send to a server.",
+    )
+    link.add_argument("--label", default="browser", help="the new credential's label "
+                      "(default browser)")
+    link.add_argument("--profile", choices=sorted(PROFILES), default="operator",
+                      help="operator or observer (default operator)")
+    link.add_argument("--scopes", help="extra scopes, comma-separated")
+    link.add_argument("--approve", action="store_true", help="may resolve tool approvals")
+    link.add_argument("--ttl", type=positive_seconds, default=300.0, metavar="SECONDS",
+                      help="how long the link works (default 300)")
+    link.add_argument("--url", metavar="URL", help="the web face's address as the browser "
+                      "reaches it (default: the running Mind's, from HOME/mind.json)")
+    link.add_argument("--home", metavar="DIR", help=home_help)
+    link.set_defaults(func=cmd_face_link)
     lst = face_sub.add_parser(
         "list",
         help="list Face credentials (never their tokens)",

@@ -1,0 +1,100 @@
+"""The web face's routes (docs/faces.md, "The web face"): the page at ``/``,
+its one script and one style sheet, and ``POST /v1/web/link`` that turns a
+one-time sign-in link (``halfpi face link``) into a token.
+
+Every response carries the same headers: a Content-Security-Policy that
+allows only this origin's own script, style and connections (no inline
+script or style, no ``eval``, no frames, no plugins, no form posts), and
+``nosniff``, ``no-referrer``, ``DENY`` framing. The page itself only ever
+builds the DOM with ``textContent`` (docs/faces.md); the policy is the
+second wall should that ever fail.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from halfpi.errors import HalfpiError, InvalidRequest
+from halfpi.gateway.http.door import Door, error_response
+from halfpi.mind.links import redeem_link
+
+CSP = "; ".join(
+    (
+        "default-src 'self'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "img-src 'self'",
+        "connect-src 'self'",
+        "object-src 'none'",
+        "base-uri 'none'",
+        "form-action 'none'",
+        "frame-ancestors 'none'",
+    )
+)
+HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cross-Origin-Opener-Policy": "same-origin",
+    # The page changes with halfpi: revalidate, never serve a stale one.
+    "Cache-Control": "no-cache",
+}
+ASSETS = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/web/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/web/app.css": ("app.css", "text/css; charset=utf-8"),
+}
+MAX_LINK_BODY = 1024
+
+
+class LinkBody(msgspec.Struct, forbid_unknown_fields=True):
+    code: str
+
+
+def _asset(name: str) -> bytes:
+    return resources.files("halfpi.web").joinpath(name).read_bytes()
+
+
+def routes(door: Door) -> list[BaseRoute]:
+    files = {path: (_asset(name), media) for path, (name, media) in ASSETS.items()}
+
+    async def asset(request: Request) -> Response:
+        body, media = files[request.url.path]
+        return Response(body, media_type=media, headers=HEADERS)
+
+    async def link(request: Request) -> Response:
+        try:
+            door.check_origin(request)
+            raw = await request.body()
+            if len(raw) > MAX_LINK_BODY:
+                raise InvalidRequest("the body is too large", field="code")
+            try:
+                body = msgspec.json.decode(raw, type=LinkBody)
+            except msgspec.ValidationError as exc:
+                raise InvalidRequest(f"send {{\"code\": \"…\"}}: {exc}", field="code") from None
+            except msgspec.DecodeError:
+                raise InvalidRequest("the body is not JSON", field="code") from None
+            redeemed = await redeem_link(door.mind(), body.code)
+        except HalfpiError as exc:
+            response = error_response(exc)
+            response.headers.update({"Cache-Control": "no-store"})
+            return response
+        return JSONResponse(
+            {
+                "token": redeemed.token,
+                "label": redeemed.label,
+                "principal_id": redeemed.principal_id,
+            },
+            headers={**HEADERS, "Cache-Control": "no-store"},
+        )
+
+    return [
+        *(Route(path, asset, methods=["GET", "HEAD"]) for path in ASSETS),
+        Route("/v1/web/link", link, methods=["POST"]),
+    ]

@@ -8,7 +8,7 @@
 // - Nothing from the Mind, a model or a tool is ever parsed as HTML: every
 //   node is built with createElement/textContent, Markdown included
 //   (parseMarkdown builds a tree of a few allowed tags; toDom makes nodes
-//   of it). The page has no innerHTML at all (a test greps for it).
+//   of it). No HTML parsing sink appears in this file (a test greps for them).
 // - The connection line never lies: connected, reconnecting (reason and a
 //   countdown that moves), resynced from snapshot, offline, signed out
 //   because the credential is no longer valid.

@@ -121,7 +121,8 @@ def test_emphasis_code_headings_lists_quotes_and_fences() -> None:
 
 def test_plain_text_keeps_its_words_and_line_breaks() -> None:
     nodes = dom("hello big world\nsecond line")
-    assert nodes == [{"tag": "p", "attrs": {}, "children": [{"text": "hello big world\nsecond line"}]}]
+    text = {"text": "hello big world\nsecond line"}
+    assert nodes == [{"tag": "p", "attrs": {}, "children": [text]}]
 
 
 def test_an_unclosed_fence_keeps_the_rest_as_code() -> None:

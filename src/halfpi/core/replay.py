@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 from halfpi.core.cursor import Cursor
 
-
 # The epoch of a cursor that stands for "somewhere I cannot say": never a
 # real epoch (those are 8 hex digits), so it always resets as unknown. An SSE
 # resume token that does not verify resumes from it (docs/protocol.md §17).

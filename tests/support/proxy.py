@@ -72,6 +72,18 @@ class FaultProxy:
     def resume_to_client(self) -> None:
         self.flowing.set()
 
+    async def refuse(self) -> None:
+        """Cut every link and stop listening: new connections are refused
+        (the network is down) until :meth:`listen_again`."""
+        self.cut_all()
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+    async def listen_again(self) -> None:
+        """Accept connections again, on the same port."""
+        self.server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
+
     def cut_all(self) -> None:
         for link in self.links:
             link.cut()

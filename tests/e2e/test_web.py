@@ -1,0 +1,283 @@
+"""The web face in a real Chromium (Debian's, driven by Playwright) against a
+real ``halfpi mind``: what a person sees when the network or the Mind fails.
+
+Screenshots of the key states go to ``$HALFPI_WEB_SHOTS`` when it is set
+(``docs/images/web`` is where docs/faces.md shows them from), else into the
+test's own directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.async_api import Browser, BrowserContext, Page, async_playwright
+
+from tests.support.cli import face_add, face_revoke
+from tests.support.mind import MindProcess
+from tests.support.proxy import FaultProxy
+from tests.web.http import fetch
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+WAIT_MS = 30_000
+TRANSCRIPT = """() => [...document.querySelectorAll('#log > li.message')]
+  .filter((li) => !li.classList.contains('pending') && !li.classList.contains('streaming'))
+  .map((li) => [li.dataset.role, li.dataset.status, li.querySelector('.body').textContent])"""
+STREAMED_WORDS = """(n) => {
+  const body = document.querySelector('#log li.streaming .body');
+  return body !== null && body.textContent.split('word').length > n;
+}"""
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    async with async_playwright() as p:
+        launched = await p.chromium.launch(executable_path=chromium)
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+@pytest.fixture
+def mind(tmp_path: Path, server_kind: str) -> Iterator[MindProcess]:
+    """A Mind whose scripted agent streams one word every 40 ms."""
+    home = tmp_path / "home"
+    home.mkdir()
+    proc = MindProcess(home, delta_ms=40, server=server_kind)
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.kill()
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    folder = Path(os.environ.get("HALFPI_WEB_SHOTS") or tmp_path / "shots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def base_of(port: int) -> str:
+    return f"http://127.0.0.1:{port}"
+
+
+async def open_face(context: BrowserContext, base: str, token: str) -> Page:
+    """A tab signed in with ``token`` (pasted once), connected."""
+    page = await context.new_page()
+    page.set_default_timeout(WAIT_MS)
+    await page.goto(base + "/")
+    await page.fill("#signin-token", token)
+    await page.click("#signin-form button[type=submit]")
+    await page.wait_for_selector('#status[data-state="connected"]')
+    return page
+
+
+async def send(page: Page, text: str) -> None:
+    await page.fill("#input", text)
+    await page.press("#input", "Enter")
+
+
+async def open_conversation(page: Page) -> str:
+    cid = await page.evaluate("() => localStorage.getItem('halfpi.open')")
+    assert isinstance(cid, str) and cid.startswith("c_")
+    return cid
+
+
+async def snapshot(base: str, token: str, cid: str) -> dict[str, Any]:
+    answer = await fetch(f"{base}/v1/conversations/{cid}", token=token)
+    assert answer.status == 200, answer.body
+    return dict(answer.json())
+
+
+def as_shown(snap: dict[str, Any]) -> list[list[str]]:
+    return [[m["role"], m["status"] or "", m["content"]] for m in snap["messages"]]
+
+
+async def test_a_reply_cut_mid_stream_resumes_exactly_and_equals_the_minds_snapshot(
+    browser: Browser, mind: MindProcess, shots: Path
+) -> None:
+    proxy = await FaultProxy(mind.port).start()
+    try:
+        base = base_of(proxy.port)
+        page = await open_face(await browser.new_context(), base, mind.token)
+        await send(page, "/repeat 60 word")
+        await page.wait_for_function(STREAMED_WORDS, arg=8)
+        await shots_of(page, shots, "streaming")
+
+        await proxy.refuse()  # the network goes: every connection cut, none accepted
+        await page.wait_for_selector('#status[data-state="reconnecting"]')
+        status = await page.inner_text("#status")
+        assert "reconnecting (attempt" in status and "next in" in status, status
+        await shots_of(page, shots, "reconnecting")
+        await proxy.listen_again()
+
+        await page.wait_for_selector('#log li[data-role="assistant"][data-status="succeeded"]')
+        await page.wait_for_selector('#status[data-state="connected"]')
+        cid = await open_conversation(page)
+        shown = await page.evaluate(TRANSCRIPT)
+        assert shown == as_shown(await snapshot(base, mind.token, cid))
+        assert shown[-1][2].count("word") == 60
+        # Resumed exactly: never rebuilt from a snapshot after the first, and
+        # the streamed text was the reply, word for word, no duplicate, no gap.
+        assert await page.get_attribute("#log", "data-snapshots") == "1"
+        assert await page.get_attribute("#log", "data-mismatches") == "0"
+        await shots_of(page, shots, "resumed")
+    finally:
+        await proxy.stop()
+
+
+async def test_a_reply_with_script_and_img_onerror_markdown_is_shown_as_text(
+    browser: Browser, mind: MindProcess, shots: Path
+) -> None:
+    base = base_of(mind.port)
+    page = await open_face(await browser.new_context(), base, mind.token)
+    hostile = ('<script>window.pwned=1</script> <img src=x onerror="window.pwned=2"> '
+               "[click](javascript:window.pwned=3) **bold**")
+    await send(page, hostile)
+    await page.wait_for_selector('#log li[data-role="assistant"][data-status="succeeded"]')
+    reply = page.locator('#log li[data-role="assistant"] .body')
+    assert "<script>window.pwned=1</script>" in await reply.inner_text()
+    assert '<img src=x onerror="window.pwned=2">' in await reply.inner_text()
+    for tag in ("script", "img", "a", "iframe"):
+        assert await page.locator(f"#log {tag}").count() == 0, tag
+    assert await page.locator('#log li[data-role="assistant"] .body strong').inner_text() == "bold"
+    assert await page.evaluate("() => window.pwned") is None
+    await shots_of(page, shots, "hostile-markdown")
+
+
+async def test_a_message_sent_while_offline_is_admitted_exactly_once(
+    browser: Browser, mind: MindProcess, shots: Path
+) -> None:
+    base = base_of(mind.port)
+    context = await browser.new_context()
+    page = await open_face(context, base, mind.token)
+    cid = await open_conversation(page)
+
+    await context.set_offline(True)
+    await page.wait_for_selector('#status[data-state="offline"]')
+    await send(page, "written on the train")
+    await page.wait_for_selector('#log li.pending[data-pending="queued"]')
+    await shots_of(page, shots, "offline")
+    await context.set_offline(False)
+
+    await page.wait_for_selector('#log li[data-role="assistant"][data-status="succeeded"]')
+    await page.wait_for_selector('#status[data-state="connected"]')
+    snap = await snapshot(base, mind.token, cid)
+    users = [m for m in snap["messages"] if m["role"] == "user"]
+    assert [m["content"] for m in users] == ["written on the train"]
+    assert await page.evaluate(TRANSCRIPT) == as_shown(snap)
+    assert await page.evaluate("() => localStorage.getItem('halfpi.outbox')") == "[]"
+
+
+async def test_a_send_whose_answer_was_lost_is_sent_again_and_admitted_once(
+    browser: Browser, mind: MindProcess
+) -> None:
+    base = base_of(mind.port)
+    page = await open_face(await browser.new_context(), base, mind.token)
+    cid = await open_conversation(page)
+    lost: list[str] = []
+
+    async def lose_the_first_answer(route: Any) -> None:
+        if lost:
+            await route.continue_()
+            return
+        lost.append(route.request.headers["idempotency-key"])
+        await route.fetch()  # it reaches the Mind, which admits it...
+        await route.abort("connectionreset")  # ...and the page never hears back
+
+    await page.route("**/v1/commands/face.chat", lose_the_first_answer)
+    await send(page, "did this arrive")
+    await page.wait_for_selector('#log li[data-role="assistant"][data-status="succeeded"]')
+    snap = await snapshot(base, mind.token, cid)
+    users = [m for m in snap["messages"] if m["role"] == "user"]
+    assert [(m["content"], m["request_id"]) for m in users] == [("did this arrive", lost[0])]
+    assert await page.evaluate(TRANSCRIPT) == as_shown(snap)
+
+
+async def test_a_revoked_token_signs_the_page_out_with_a_clear_message(
+    browser: Browser, mind: MindProcess, shots: Path
+) -> None:
+    tablet = await face_add(mind.home, "tablet")
+    page = await open_face(await browser.new_context(), base_of(mind.port), tablet.token)
+    await face_revoke(mind.home, "tablet")
+    await page.wait_for_selector("#signin", state="visible")
+    message = await page.inner_text("#signin-message")
+    assert "no longer valid" in message and "revoked" in message
+    assert await page.evaluate("() => localStorage.getItem('halfpi.token')") is None
+    await shots_of(page, shots, "revoked")
+
+
+async def test_a_mind_killed_mid_reply_shows_the_reset_and_the_interrupted_partial_reply(
+    browser: Browser, mind: MindProcess, shots: Path
+) -> None:
+    base = base_of(mind.port)
+    page = await open_face(await browser.new_context(), base, mind.token)
+    cid = await open_conversation(page)
+    await send(page, "/repeat 400 word")
+    # Long enough for the Mind to have saved part of it (about every second).
+    await page.wait_for_function(STREAMED_WORDS, arg=60)
+    await asyncio.to_thread(mind.kill)
+    await page.wait_for_selector('#status[data-state="reconnecting"]')
+    await asyncio.to_thread(mind.start)
+
+    await page.wait_for_selector('#status[data-state="resynced"]')
+    assert "resynced from snapshot" in await page.inner_text("#status")
+    reply = page.locator('#log li[data-role="assistant"][data-status="interrupted"]')
+    await reply.wait_for()
+    assert await reply.locator(".reason").count() == 1
+    partial = await reply.locator(".body").inner_text()
+    assert 0 < partial.count("word") < 400
+    await shots_of(page, shots, "interrupted")
+    assert await page.evaluate(TRANSCRIPT) == as_shown(await snapshot(base, mind.token, cid))
+
+    await send(page, "still here")  # and it goes on
+    await page.wait_for_selector('#log li[data-role="assistant"][data-status="succeeded"]')
+    assert await page.evaluate(TRANSCRIPT) == as_shown(await snapshot(base, mind.token, cid))
+
+
+async def test_two_tabs_race_an_approval_one_wins_the_other_shows_it_already_resolved(
+    browser: Browser, mind: MindProcess, shots: Path
+) -> None:
+    base = base_of(mind.port)
+    phone = await face_add(mind.home, "phone", "--approve")
+    laptop = await open_face(await browser.new_context(), base, mind.token)
+    cid = await open_conversation(laptop)
+    other = await open_face(await browser.new_context(), base, phone.token)
+    assert await open_conversation(other) == cid  # the newest conversation: the same
+    await send(laptop, '/tool exec_command {"argv": ["echo", "approved"]}')
+    allow = '#log .tool[data-state="awaiting approval"] button.allow'
+    await laptop.wait_for_selector(allow)
+    await other.wait_for_selector(allow)
+    await shots_of(other, shots, "approval")
+
+    await asyncio.gather(laptop.click(allow), other.click(allow))
+    outcomes = []
+    for page in (laptop, other):
+        outcome = page.locator("#log .tool .outcome")
+        await outcome.wait_for()
+        outcomes.append((await outcome.get_attribute("data-outcome"), await outcome.inner_text()))
+    assert sorted(o for o, _ in outcomes) == ["already_resolved", "applied"]
+    winner = "local" if outcomes[0][0] == "applied" else "phone"
+    loser_text = next(text for o, text in outcomes if o == "already_resolved")
+    assert f"already resolved by {winner}" in loser_text
+    # Both end on the same truth: the call ran, allowed by the winner.
+    for page in (laptop, other):
+        await page.wait_for_selector(f'#log .tool[data-state="succeeded · allowed by {winner}"]')
+        await page.wait_for_selector('#log li[data-role="assistant"][data-status="succeeded"]')
+    await shots_of(other if outcomes[1][0] == "already_resolved" else laptop, shots,
+                   "already-resolved")
+
+
+async def shots_of(page: Page, folder: Path, name: str) -> None:
+    await page.screenshot(path=str(folder / f"{name}.png"))

@@ -40,8 +40,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from halfpi.core import wire
+from halfpi.core.events import Accepted, Pong, Result, Snapshot
 from halfpi.core.outbound import Message
 from halfpi.errors import ErrorCode, HalfpiError, InternalError, InvalidRequest, TooLarge
+from halfpi.gateway.http import spec
 from halfpi.gateway.http.door import STATUS, Door, error_response
 from halfpi.mind import api
 
@@ -288,3 +290,73 @@ class Commands:
 def routes(door: Door) -> list[BaseRoute]:
     return [Route("/v1/commands/{type}", Commands(door).post, methods=["POST"])]
 
+
+
+# -- the OpenAPI description (openapi.py) ---------------------------------------------------
+
+# What each command may refuse with, besides what every authenticated
+# request may (spec.AUTHENTICATED_ERRORS) and what every command may
+# (invalid_request, too_large; request_conflict and request_in_progress for
+# mutations).
+COMMAND_ERRORS: dict[str, frozenset[ErrorCode]] = {
+    "face.conversation.rename": frozenset({ErrorCode.CONVERSATION_NOT_FOUND}),
+    "face.conversation.snapshot": frozenset({ErrorCode.CONVERSATION_NOT_FOUND}),
+    "face.conversation.messages": frozenset({ErrorCode.CONVERSATION_NOT_FOUND}),
+    "face.chat": frozenset({ErrorCode.CONVERSATION_NOT_FOUND, ErrorCode.BUSY}),
+    "face.chat.cancel": frozenset({ErrorCode.CONVERSATION_NOT_FOUND, ErrorCode.RUN_NOT_FOUND}),
+    "face.approval.resolve": frozenset(
+        {ErrorCode.APPROVAL_NOT_FOUND, ErrorCode.APPROVAL_EXPIRED}
+    ),
+    "face.run.cancel": frozenset({ErrorCode.RUN_NOT_FOUND}),
+    "face.task.cancel": frozenset({ErrorCode.TASK_NOT_FOUND}),
+    "face.task.get": frozenset({ErrorCode.TASK_NOT_FOUND}),
+    "face.task.log": frozenset({ErrorCode.TASK_NOT_FOUND}),
+}
+
+
+def replies(type_: str) -> dict[int, spec.Body]:
+    """The success answers of one command."""
+    if type_ == "face.conversation.snapshot":
+        return {200: spec.Body(Snapshot, "the snapshot (face.snapshot)")}
+    if type_ == "face.ping":
+        return {200: spec.Body(Pong, "face.pong")}
+    ok = {200: spec.Body(Result, "the command's face.result")}
+    if type_ in wire.MUTATIONS:
+        ok[202] = spec.Body(Accepted, "face.accepted: admitted, still running (no result "
+                                      "within ?wait=)")
+    return ok
+
+
+def describe() -> list[spec.Operation]:
+    key_schema = {"type": "string", "minLength": 1, "maxLength": MAX_KEY,
+                  "pattern": "^[!-~]+$"}
+    wait = spec.Parameter(
+        "wait", "query", {"type": "number", "minimum": 0, "maximum": MAX_WAIT_S},
+        description=f"hold the answer up to this many seconds (at most {MAX_WAIT_S:g}) for "
+                    "the final result; 0 (the default) answers at once",
+    )
+    operations = []
+    for type_ in HTTP_COMMANDS:
+        mutation = type_ in wire.MUTATIONS
+        key = spec.Parameter(
+            KEY_HEADER, "header", key_schema, required=mutation,
+            description="the command's request_id: a retry with the same key is admitted "
+                        "once (I5)" if mutation else "the command's request_id (optional)",
+        )
+        errors = {ErrorCode.INVALID_REQUEST, ErrorCode.TOO_LARGE, *COMMAND_ERRORS.get(type_, ())}
+        if mutation:
+            errors |= {ErrorCode.REQUEST_CONFLICT, ErrorCode.REQUEST_IN_PROGRESS}
+        operations.append(spec.Operation(
+            method="post",
+            path=f"/v1/commands/{type_}",
+            operation_id=type_.replace(".", "_"),
+            summary=f"{type_} ({'mutation' if mutation else 'read'})",
+            tag="commands",
+            description="The JSON body is the command's payload (docs/protocol.md §4); its "
+                        f"request_id is {KEY_HEADER}'s (the body may repeat it, never differ).",
+            parameters=(key, wait) if mutation else (key,),
+            body=spec.Body(wire.COMMANDS[type_], "the command's payload"),
+            responses=replies(type_),
+            errors=frozenset(errors),
+        ))
+    return operations

@@ -16,15 +16,26 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from types import UnionType
+from typing import TYPE_CHECKING, Any, Union, get_args, get_origin
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from halfpi.core import wire
+from halfpi.core.events import (
+    ApprovalPage,
+    ConversationPage,
+    HandPage,
+    MessagePage,
+    Outbound,
+    Snapshot,
+)
 from halfpi.core.outbound import Message
-from halfpi.errors import HalfpiError, InternalError, InvalidRequest
+from halfpi.errors import ErrorCode, HalfpiError, InternalError, InvalidRequest
+from halfpi.gateway.http import spec
 from halfpi.gateway.http.commands import (
     NO_STORE,
     HttpCaller,
@@ -180,3 +191,56 @@ class ReadRoute:
 
 def routes(door: Door) -> list[BaseRoute]:
     return [Route(r.path, ReadRoute(door, r).get, methods=["GET"]) for r in READS]
+
+
+# -- the OpenAPI description (openapi.py) ---------------------------------------------------
+
+ANSWERS: dict[str, type[Outbound]] = {
+    "face.conversation.list": ConversationPage,
+    "face.conversation.snapshot": Snapshot,
+    "face.conversation.messages": MessagePage,
+    "face.approval.list": ApprovalPage,
+    "face.hand.list": HandPage,
+}
+# Ids the Mind makes: letters, digits, "_" and "-" (a path segment as is).
+ID_PATTERN = "^[A-Za-z0-9_-]{1,128}$"
+
+
+def field_type(type_: str, name: str) -> Any:
+    """The wire struct's type of one payload field, without its ``None``."""
+    for f in msgspec.structs.fields(wire.COMMANDS[type_]):
+        if f.name == name:
+            args = [a for a in get_args(f.type) if a is not type(None)]
+            return args[0] if get_origin(f.type) in (Union, UnionType) else f.type
+    raise KeyError(name)
+
+
+def describe() -> list[spec.Operation]:
+    operations = []
+    for read in READS:
+        params = [
+            spec.Parameter(name, "path", {"type": "string", "pattern": ID_PATTERN},
+                           required=True, description="an id the Mind made")
+            for name in read.path_field
+        ]
+        params += [
+            spec.Parameter(p.name, "query", field_type(read.type, p.field),
+                           description=p.description)
+            for p in read.params
+        ]
+        errors = {ErrorCode.INVALID_REQUEST}
+        if read.path_field:
+            errors.add(ErrorCode.CONVERSATION_NOT_FOUND)
+        operations.append(spec.Operation(
+            method="get",
+            path=read.path,
+            operation_id="get_" + read.path.strip("/").replace("/", "_").replace("{", "")
+            .replace("}", ""),
+            summary=read.summary,
+            tag="reads",
+            description=f"Runs {read.type} (docs/protocol.md §4) and answers its data.",
+            parameters=tuple(params),
+            responses={200: spec.Body(ANSWERS[read.type])},
+            errors=frozenset(errors),
+        ))
+    return operations

@@ -264,14 +264,12 @@ class SseResponse(Response):
         self.status_code = 200
         self.background = None
         self.body = b""
-        self.raw_headers = []
-        self.init_headers(
-            {
-                "Cache-Control": "no-cache",
-                "X-Accel-Buffering": "no",
-                "Connection": "keep-alive",
-            }
-        )
+        # No content-length: the body is a stream.
+        self.raw_headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),
+        ]
         first = retry_bytes(RETRY_MS)
         self._buffer: deque[bytes] = deque([first])
         self._buffered = len(first)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from playwright.async_api import Browser, BrowserContext, Page, async_playwright
 
-from tests.support.cli import face_add, face_revoke
+from tests.support.cli import face_add, face_revoke, halfpi_cli
 from tests.support.mind import MindProcess
 from tests.support.proxy import FaultProxy
 from tests.web.http import fetch
@@ -28,7 +28,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 WAIT_MS = 30_000
 TRANSCRIPT = """() => [...document.querySelectorAll('#log > li.message')]
   .filter((li) => !li.classList.contains('pending') && !li.classList.contains('streaming'))
-  .map((li) => [li.dataset.role, li.dataset.status, li.querySelector('.body').textContent])"""
+  .map((li) => [li.dataset.role, li.dataset.status,
+                 li.querySelector('.body .notext') ? '' : li.querySelector('.body').textContent])"""
 STREAMED_WORDS = """(n) => {
   const body = document.querySelector('#log li.streaming .body');
   return body !== null && body.textContent.split('word').length > n;
@@ -281,3 +282,89 @@ async def test_two_tabs_race_an_approval_one_wins_the_other_shows_it_already_res
 
 async def shots_of(page: Page, folder: Path, name: str) -> None:
     await page.screenshot(path=str(folder / f"{name}.png"))
+
+
+async def test_a_conversation_made_or_renamed_in_one_tab_appears_in_the_others_list(
+    browser: Browser, mind: MindProcess
+) -> None:
+    base = base_of(mind.port)
+    first = await open_face(await browser.new_context(), base, mind.token)
+    second = await open_face(await browser.new_context(), base, mind.token)
+    assert await first.locator("#list li").count() == 1
+    before = await open_conversation(second)
+    await second.click("#new")
+    await first.wait_for_function("() => document.querySelectorAll('#list li').length === 2")
+    await second.wait_for_function("(c) => localStorage.getItem('halfpi.open') !== c", arg=before)
+    cid = await open_conversation(second)
+    await second.click("#rename")
+    await second.fill("#rename-input", "Lisbon <b>trip</b>")
+    await second.press("#rename-input", "Enter")
+    await first.locator(f'#list li[data-id="{cid}"]', has_text="Lisbon <b>trip</b>").wait_for()
+    await second.locator("#conv-name", has_text="Lisbon <b>trip</b>").wait_for()
+    assert await second.inner_text("#conv-name") == "Lisbon <b>trip</b>"
+
+
+async def test_failed_and_cancelled_replies_stay_with_their_reason_and_text(
+    browser: Browser, mind: MindProcess, shots: Path
+) -> None:
+    base = base_of(mind.port)
+    page = await open_face(await browser.new_context(), base, mind.token)
+    cid = await open_conversation(page)
+    await send(page, "/fail")
+    failed = page.locator('#log li[data-role="assistant"][data-status="failed"]')
+    await failed.wait_for()
+    assert "agent_failed" in await failed.locator(".who").inner_text()
+    assert await failed.locator(".reason").count() == 1
+
+    await send(page, "/repeat 400 word")
+    await page.wait_for_function(STREAMED_WORDS, arg=5)
+    await page.click("#log li.streaming button.cancel")
+    cancelled = page.locator('#log li[data-role="assistant"][data-status="cancelled"]')
+    await cancelled.wait_for()
+    assert "cancelled by local" in await cancelled.locator(".reason").inner_text()
+    assert 0 < (await cancelled.locator(".body").inner_text()).count("word") < 400
+    await shots_of(page, shots, "failed-and-cancelled")
+    assert await page.evaluate(TRANSCRIPT) == as_shown(await snapshot(base, mind.token, cid))
+
+
+async def test_a_one_time_link_signs_in_leaves_no_code_in_the_url_and_works_once(
+    browser: Browser, mind: MindProcess, shots: Path
+) -> None:
+    run = await halfpi_cli("face", "link", "--home", str(mind.home), "--label", "tab")
+    assert run.returncode == 0, run.stderr
+    link = run.stdout.strip()
+    page = await browser.new_page()
+    page.set_default_timeout(WAIT_MS)
+    await page.goto(link)
+    await page.wait_for_selector('#status[data-state="connected"]')
+    assert page.url == base_of(mind.port) + "/"
+    assert "#" not in await page.evaluate("() => location.href")
+    token = await page.evaluate("() => localStorage.getItem('halfpi.token')")
+    assert isinstance(token, str) and token.startswith("hpf_") and token != mind.token
+
+    again = await browser.new_page()
+    await again.goto(link)
+    await again.wait_for_selector("#signin", state="visible")
+    assert "already used" in await again.inner_text("#signin-message")
+    assert again.url == base_of(mind.port) + "/"
+    await shots_of(again, shots, "link-used")
+
+
+async def test_a_wrong_token_is_refused_at_sign_in_and_sign_out_forgets_the_token(
+    browser: Browser, mind: MindProcess
+) -> None:
+    page = await browser.new_page()
+    page.set_default_timeout(WAIT_MS)
+    await page.goto(base_of(mind.port) + "/")
+    await page.fill("#signin-token", "hpf_not-a-token")
+    await page.click("#signin-form button[type=submit]")
+    await page.locator("#signin-message", has_text="not valid").wait_for()
+    assert await page.evaluate("() => localStorage.getItem('halfpi.token')") is None
+    await page.fill("#signin-token", mind.token)
+    await page.click("#signin-form button[type=submit]")
+    await page.wait_for_selector('#status[data-state="connected"]')
+    await page.click("#signout")
+    await page.locator("#signin-message", has_text="not revoked").wait_for()
+    assert await page.evaluate("() => localStorage.getItem('halfpi.token')") is None
+    await page.reload()
+    await page.wait_for_selector("#signin", state="visible")

@@ -245,6 +245,7 @@ class Face {
     this.token = storage.getItem("halfpi.token");
     this.conversations = new Map(); // id -> {id, name, created_at}
     this.approvalsWaiting = new Map(); // approval_id -> summary (any conversation)
+    this.listNews = new Set(); // per list read in flight: the ids news arrived for
     this.open = null; // conversation id
     this.view = null;
     this.stream = null;
@@ -277,7 +278,7 @@ class Face {
 
   // -- HTTP ---------------------------------------------------------------
 
-  async http(method, path, body, key) {
+  async http(method, path, body, key, { signOutOn401 = true } = {}) {
     const headers = { Authorization: "Bearer " + this.token };
     if (body !== undefined) headers["Content-Type"] = "application/json";
     if (key) headers["Idempotency-Key"] = key;
@@ -300,7 +301,7 @@ class Face {
       const error = (json && json.error) || {};
       const exc = new HttpError(response.status, error.code || "http_" + response.status,
                                 error.message || response.statusText, error.field);
-      if (response.status === 401) this.signOut("unauthorized");
+      if (response.status === 401 && signOutOn401) this.signOut("unauthorized");
       throw exc;
     }
     return { status: response.status, json };
@@ -371,11 +372,13 @@ class Face {
     if (!token) return;
     this.token = token;
     try {
-      await this.http("GET", "/v1/conversations?limit=1");
+      await this.http("GET", "/v1/conversations?limit=1", undefined, undefined,
+                      { signOutOn401: false });
     } catch (exc) {
-      if (exc instanceof HttpError && exc.status === 401) return; // signOut said why
       this.token = null;
-      this.showSignIn("Could not check the token: " + exc.message + ".");
+      this.showSignIn(exc instanceof HttpError && exc.status === 401
+        ? "This token is not valid (unknown or revoked)."
+        : "Could not check the token: " + exc.message + ".");
       return;
     }
     this.storage.setItem("halfpi.token", token);
@@ -431,8 +434,17 @@ class Face {
   }
 
   async readLists() {
-    const { json } = await this.http("GET", "/v1/conversations?limit=200");
-    for (const c of json.conversations || []) this.conversations.set(c.id, c);
+    // News that arrives while the read is on its way wins over the read
+    // (the SDK's LiveLists rule): the read may have been answered before it.
+    const news = new Set();
+    this.listNews.add(news);
+    let json;
+    try {
+      ({ json } = await this.http("GET", "/v1/conversations?limit=200"));
+    } finally {
+      this.listNews.delete(news);
+    }
+    for (const c of json.conversations || []) if (!news.has(c.id)) this.conversations.set(c.id, c);
     try {
       const approvals = await this.http("GET", "/v1/approvals");
       this.approvalsWaiting = new Map((approvals.json.approvals || []).map((a) => [a.approval_id, a]));
@@ -698,6 +710,7 @@ class Face {
 
   noteConversation(c) {
     if (!c || !c.id) return;
+    for (const news of this.listNews) news.add(c.id);
     const known = this.conversations.get(c.id) || {};
     this.conversations.set(c.id, { ...known, ...c });
     this.renderList();

@@ -74,6 +74,7 @@ def create_link(
     """Record a link on ``home`` and return its code (shown once). Raises
     ValueError for an unknown profile or scope."""
     scopes = scopes_for(profile, extra_scopes, approve=approve)
+    forget_expired(home, now)  # links nobody used do not pile up
     code = secrets.token_urlsafe(CODE_BYTES)
     record = {
         "label": label,

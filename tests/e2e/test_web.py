@@ -368,3 +368,37 @@ async def test_a_wrong_token_is_refused_at_sign_in_and_sign_out_forgets_the_toke
     assert await page.evaluate("() => localStorage.getItem('halfpi.token')") is None
     await page.reload()
     await page.wait_for_selector("#signin", state="visible")
+
+
+async def test_a_tab_in_the_background_lets_its_stream_go_and_resumes_when_shown(
+    browser: Browser, mind: MindProcess
+) -> None:
+    base = base_of(mind.port)
+    page = await (await browser.new_context()).new_page()
+    page.set_default_timeout(WAIT_MS)
+    await page.clock.install()  # the page's timers on a clock the test moves
+    await page.goto(base + "/")
+    await page.fill("#signin-token", mind.token)
+    await page.click("#signin-form button[type=submit]")
+    await page.wait_for_selector('#status[data-state="connected"]')
+    cid = await open_conversation(page)
+    hide = """(hidden) => {
+      Object.defineProperty(document, 'hidden', {configurable: true, get: () => hidden});
+      document.dispatchEvent(new Event('visibilitychange'));
+    }"""
+    await page.evaluate(hide, True)
+    await page.clock.run_for(29_000)
+    assert await page.get_attribute("#status", "data-state") == "connected"
+    await page.clock.run_for(2_000)
+    await page.wait_for_selector('#status[data-state="paused"]')
+
+    # Meanwhile another Face chats here; shown again, the tab catches up exactly.
+    other = await fetch(f"{base}/v1/commands/face.chat?wait=10", "POST",
+                        {"conversation_id": cid, "content": "while you were away"},
+                        headers={"Idempotency-Key": "away-1"}, token=mind.token)
+    assert other.status == 200, other.body
+    await page.evaluate(hide, False)
+    await page.wait_for_selector('#status[data-state="connected"]')
+    await page.wait_for_selector('#log li[data-role="assistant"][data-status="succeeded"]')
+    assert await page.evaluate(TRANSCRIPT) == as_shown(await snapshot(base, mind.token, cid))
+    assert await page.get_attribute("#log", "data-snapshots") == "1"

@@ -179,24 +179,25 @@ async def read_sse(url: str, *, headers: dict[str, str] | None = None,
     reading = Reading()
 
     async def run() -> None:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0)) as client:
-            async with aconnect_sse(client, "GET", url, headers=headers or {},
-                                    params=params or {}) as source:
-                reading.status = source.response.status_code
-                if reading.status != 200:
-                    await source.response.aread()
-                    reading.body = source.response.text
+        async with (
+            httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0)) as client,
+            aconnect_sse(client, "GET", url, headers=headers or {}, params=params or {}) as source,
+        ):
+            reading.status = source.response.status_code
+            if reading.status != 200:
+                await source.response.aread()
+                reading.body = source.response.text
+                return
+            async for sse in source.aiter_sse():
+                if sse.id:
+                    reading.last_id = sse.id
+                if not sse.data:
+                    continue
+                reading.events.append(Event(sse.event, sse.data, sse.id or None, sse.retry))
+                if on_event is not None:
+                    on_event(reading)
+                if stop is not None and stop(reading):
                     return
-                async for sse in source.aiter_sse():
-                    if sse.id:
-                        reading.last_id = sse.id
-                    if not sse.data:
-                        continue
-                    reading.events.append(Event(sse.event, sse.data, sse.id or None, sse.retry))
-                    if on_event is not None:
-                        on_event(reading)
-                    if stop is not None and stop(reading):
-                        return
 
     try:
         await asyncio.wait_for(run(), timeout)

@@ -33,6 +33,8 @@ from websockets.typing import Origin
 
 from halfpi.core.throttle import client_address
 from halfpi.gateway.hand_session import HandSession
+from halfpi.gateway.handover import MAX_REQUEST_LINE, HttpHandover
+from halfpi.gateway.http.door import Door
 from halfpi.gateway.session import FaceSession
 
 if TYPE_CHECKING:
@@ -47,6 +49,9 @@ HAND_PATH = "/v1/hand"
 HIGH_WATER = 128 * 1024
 LOW_WATER = 32 * 1024
 CLOSE_TIMEOUT_S = 10.0
+_TOO_LONG = b"HTTP/1.1 414 URI Too Long\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+_FACE_PATH = FACE_PATH.encode()
+_HAND_PATH = HAND_PATH.encode()
 # FIN + text opcode, then a 7-bit length: the header of every small frame.
 _HEADERS = [bytes((0x81, size)) for size in range(126)]
 
@@ -76,7 +81,8 @@ class LatestPongProtocol(ServerProtocol):
 
 
 class FaceServer:
-    """Listens on host:port and serves ``/v1/face`` (and ``/healthz``)."""
+    """Listens on host:port and serves ``/v1/face`` and ``/v1/hand``; any
+    other HTTP request goes to the HTTP door (``gateway/handover.py``)."""
 
     def __init__(self, mind: Mind) -> None:
         self.mind = mind
@@ -92,6 +98,12 @@ class FaceServer:
         # between max_frame_bytes and this get a face.error instead, so a
         # client learns why rather than just losing its connection.
         self.hard_limit = mind.config.max_frame_bytes * 4
+        self.accepting = True
+        self.http = HttpHandover(Door(self.serving))
+
+    def serving(self) -> Mind | None:
+        """The Mind, while new requests are served (the HTTP door's view)."""
+        return self.mind if self.accepting else None
 
     async def start(self) -> None:
         config = self.mind.config
@@ -115,21 +127,28 @@ class FaceServer:
         return int(self.server.sockets[0].getsockname()[1])
 
     def stop_accepting(self) -> None:
+        self.accepting = False
         if self.server is not None:
             self.server.close()
 
     async def wait_closed(self, timeout: float) -> None:
-        """Wait (bounded) for connections to finish their close handshakes."""
+        """Wait (bounded) for connections to finish their close handshakes
+        and HTTP responses."""
+        self.http.shutdown()
         deadline = asyncio.get_running_loop().time() + timeout
-        while self.connections and asyncio.get_running_loop().time() < deadline:
+        while (self.connections or self.http.connections) and (
+            asyncio.get_running_loop().time() < deadline
+        ):
             await asyncio.sleep(0.05)
         for connection in list(self.connections):
             connection.abort()
+        self.http.abort()
 
 
 class WebSocketConnection(asyncio.Protocol):
     __slots__ = (
         "_fragments",
+        "_head",
         "_paused",
         "_timer",
         "address",
@@ -148,6 +167,8 @@ class WebSocketConnection(asyncio.Protocol):
         self.session: FaceSession | HandSession | None = None
         self.address = ""  # the peer's IP address (or the proxy's client's)
         self._fragments: list[bytes] | None = None
+        # What was read before the request line was whole (then None).
+        self._head: bytes | None = b""
         self._timer: asyncio.TimerHandle | None = None
         self._paused = False
 
@@ -167,6 +188,11 @@ class WebSocketConnection(asyncio.Protocol):
         )
 
     def data_received(self, data: bytes) -> None:
+        if self._head is not None:
+            data = self._head + data
+            if not self._upgrade(data):
+                return
+            self._head = None
         ws = self.ws
         ws.receive_data(data)
         for event in ws.events_received():
@@ -234,6 +260,33 @@ class WebSocketConnection(asyncio.Protocol):
             ws.send_pong(data)
 
     # -- handshake ----------------------------------------------------------------
+
+    def _upgrade(self, head: bytes) -> bool:
+        """True when the connection stays here (a WebSocket for ``/v1/face``
+        or ``/v1/hand``); False while the request line is incomplete, or
+        once the connection was handed to the HTTP door."""
+        end = head.find(b"\n")
+        if end < 0:
+            if len(head) < MAX_REQUEST_LINE:
+                self._head = head
+            else:
+                self._head = None
+                assert self.transport is not None
+                self.transport.write(_TOO_LONG)
+                self.transport.close()
+            return False
+        method, _, rest = head[:end].partition(b" ")
+        path = rest.partition(b" ")[0].partition(b"?")[0]
+        if method == b"GET" and path in (_FACE_PATH, _HAND_PATH):
+            return True
+        self._head = None
+        self.server.connections.discard(self)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        assert self.transport is not None
+        self.server.http.take(self.transport, head)
+        return False
 
     def _handshake(self, request: Request) -> None:
         ws = self.ws

@@ -45,7 +45,6 @@ from halfpi.core.sse import (
     type_of,
 )
 from halfpi.errors import CloseCode
-from halfpi.gateway.native import CLOSE_TIMEOUT_S, HIGH_WATER, LOW_WATER
 from halfpi.mind import api
 
 if TYPE_CHECKING:
@@ -56,6 +55,11 @@ log = logging.getLogger("halfpi.gateway.sse")
 
 FLUSH_BUDGET = 256 * 1024  # bytes of frames taken from the queue per flush round
 RETRY_MS = 2000  # EventSource's wait before it reconnects (the stream's first block)
+# The pressure marks and the close timeout of the WebSocket transports
+# (gateway/native.py: the native server imports the door, so not from there).
+HIGH_WATER = 128 * 1024
+LOW_WATER = 32 * 1024
+CLOSE_TIMEOUT_S = 10.0
 
 
 class SseStream:

@@ -22,7 +22,6 @@ from schemathesis import Case, GenerationMode
 from schemathesis.specs.openapi.schemas import OpenApiSchema
 
 from halfpi.gateway.http import openapi
-
 from tests.support.http_door import base_url
 from tests.support.mind import MindProcess
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import httpx
+import pytest
+
 from tests.support.cli import face_add
 from tests.support.client import FaceClient
 from tests.support.http_door import http_door, key
@@ -277,3 +280,16 @@ async def test_I5_a_chat_sent_over_websocket_and_retried_over_http_is_admitted_o
                                    idempotency_key="ws-first")
         assert clash.status_code == 409
         await face.close()
+
+
+async def test_I1_a_client_gone_while_it_waits_ends_nothing(tmp_path: Path) -> None:
+    async with http_door(tmp_path) as (_, door):
+        cid = await door.create_conversation()
+        body = {"conversation_id": cid, "content": "/sleep 0.5"}
+        with pytest.raises(httpx.ReadTimeout):
+            await door.client.post("/v1/commands/face.chat", json=body, params={"wait": "30"},
+                                   headers={"Idempotency-Key": "gone"}, timeout=0.2)
+        # The chat ran to its end all the same (I1): the same key answers its result.
+        final = await door.command("face.chat", body, idempotency_key="gone", wait=10)
+        assert final.status_code == 200
+        assert (final.json()["status"], final.json()["content"]) == ("succeeded", "done")

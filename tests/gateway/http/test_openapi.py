@@ -64,6 +64,7 @@ def test_command_bodies_are_the_wire_structs_with_the_key_as_request_id() -> Non
     _, generated = msgspec.json.schema_components([wire.Chat], ref_template=openapi.REF)
     wire_chat = copy.deepcopy(generated["Chat"])
     wire_chat["required"].remove("request_id")
+    del wire_chat["properties"]["request_id"]
     assert schemas["Chat"] == wire_chat
     assert schemas["Chat"]["additionalProperties"] is False
     body = doc["paths"]["/v1/commands/face.chat"]["post"]["requestBody"]
@@ -102,7 +103,8 @@ def test_read_parameters_are_the_wire_fields() -> None:
     params = {p["name"]: p for p in doc["paths"]["/v1/conversations/{conversation_id}/messages"]
               ["get"]["parameters"]}
     assert params["limit"]["schema"] == {"type": "integer", "minimum": 1, "maximum": 500}
-    assert params["before"]["schema"] == {"type": "integer", "minimum": 1}
+    assert params["before"]["schema"] == {"type": "integer", "minimum": 1,
+                                          "maximum": 2**53 - 1}
     detail = doc["paths"]["/v1/conversations/{conversation_id}"]["get"]["parameters"][1]
     assert detail["schema"] == {"enum": ["summary", "transparent"]}
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import secrets
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +62,10 @@ HTTP_COMMANDS = tuple(sorted(set(wire.COMMANDS) - NOT_HTTP))
 MAX_WAIT_S = 60.0
 KEY_HEADER = "Idempotency-Key"
 MAX_KEY = 128  # a request_id's bound (core/wire.py)
+# What a header carries unchanged: visible ASCII, no space (a request_id with
+# other characters can be used over the WebSocket only).
+KEY_PATTERN = "^[!-~]{1,128}$"
+KEY = re.compile(KEY_PATTERN)
 FINAL = frozenset({"face.result", "face.snapshot", "face.pong"})
 NO_STORE = {"Cache-Control": "no-store"}
 
@@ -183,8 +188,10 @@ def key_of(request: Request, type_: str) -> str | None:
                 field=KEY_HEADER,
             )
         return None
-    if not 0 < len(key) <= MAX_KEY:
-        raise InvalidRequest(f"{KEY_HEADER} is 1 to {MAX_KEY} characters", field=KEY_HEADER)
+    if not KEY.fullmatch(key):
+        raise InvalidRequest(
+            f"{KEY_HEADER} is 1 to {MAX_KEY} visible ASCII characters", field=KEY_HEADER
+        )
     return key
 
 
@@ -201,6 +208,11 @@ def payload_of(type_: str, body: bytes, key: str | None) -> Any:
         raw = {}
     if not isinstance(raw, dict):
         raise InvalidRequest("the body is a JSON object: the command's payload", field="body")
+    for name, value in raw.items():
+        # JSON does not tell 1.0 from 1 (JSON Schema neither): a whole number
+        # written with a fraction is that number. Payload fields are flat.
+        if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+            raw[name] = int(value)
     given = raw.get("request_id")
     if key is not None:
         if given is not None and given != key:
@@ -328,8 +340,7 @@ def replies(type_: str) -> dict[int, spec.Body]:
 
 
 def describe() -> list[spec.Operation]:
-    key_schema = {"type": "string", "minLength": 1, "maxLength": MAX_KEY,
-                  "pattern": "^[!-~]+$"}
+    key_schema = {"type": "string", "pattern": KEY_PATTERN}
     wait = spec.Parameter(
         "wait", "query", {"type": "number", "minimum": 0, "maximum": MAX_WAIT_S},
         description=f"hold the answer up to this many seconds (at most {MAX_WAIT_S:g}) for "
@@ -356,6 +367,8 @@ def describe() -> list[spec.Operation]:
                         f"request_id is {KEY_HEADER}'s (the body may repeat it, never differ).",
             parameters=(key, wait) if mutation else (key,),
             body=spec.Body(wire.COMMANDS[type_], "the command's payload"),
+            body_required=any(f.required for f in msgspec.structs.fields(wire.COMMANDS[type_])
+                              if f.name != "request_id"),
             responses=replies(type_),
             errors=frozenset(errors),
         ))

@@ -148,11 +148,14 @@ def _error_schema(codes: Iterable[ErrorCode]) -> dict[str, Any]:
 
 
 def _request_body_schemas(components: dict[str, Any], refs: dict[Any, Any]) -> None:
-    """A command's body may leave ``request_id`` out: Idempotency-Key carries it."""
+    """A command's body as HTTP takes it: the wire's payload without
+    ``request_id``, which Idempotency-Key carries (a body may repeat it,
+    equal, as a courtesy to code written for the WebSocket; never differ)."""
     for cls in wire.COMMANDS.values():
         ref = refs.get(cls)
         if ref is not None:
             schema = components[ref["$ref"].rsplit("/", 1)[1]]
+            schema["properties"].pop("request_id", None)
             schema["required"] = [r for r in schema.get("required", []) if r != "request_id"]
 
 

@@ -108,6 +108,10 @@ READS: tuple[Read, ...] = (
     Read("/v1/hands", "face.hand.list", "Hands connected to this Mind"),
 )
 
+# A whole number in a query string: at most 2**53 - 1 (what every JSON
+# reader holds exactly); a field's own bounds (core/wire.py) apply within.
+MAX_QUERY_INT = 2**53 - 1
+
 DEFAULTS = {"face.conversation.messages": {"limit": 50}}
 
 
@@ -125,8 +129,10 @@ class ReadRoute:
             if param is None:
                 raise InvalidRequest(f"unknown query parameter {name[:64]!r}", field=name[:64])
             if param.integer:
-                if not (value.isascii() and value.isdigit() and len(value) <= 12):
-                    raise InvalidRequest(f"{name} is a whole number", field=name)
+                if not (value.isascii() and value.isdigit() and int(value) <= MAX_QUERY_INT):
+                    raise InvalidRequest(
+                        f"{name} is a whole number up to {MAX_QUERY_INT}", field=name
+                    )
                 raw[param.field] = int(value)
             else:
                 raw[param.field] = value
@@ -215,6 +221,15 @@ def field_type(type_: str, name: str) -> Any:
     raise KeyError(name)
 
 
+def query_schema(type_: Any) -> dict[str, Any]:
+    """The field's schema (made from the wire's type), bounded as a query
+    string is (:data:`MAX_QUERY_INT`)."""
+    schema: dict[str, Any] = msgspec.json.schema(type_)
+    if schema.get("type") == "integer":
+        schema.setdefault("maximum", MAX_QUERY_INT)
+    return schema
+
+
 def describe() -> list[spec.Operation]:
     operations = []
     for read in READS:
@@ -224,7 +239,7 @@ def describe() -> list[spec.Operation]:
             for name in read.path_field
         ]
         params += [
-            spec.Parameter(p.name, "query", field_type(read.type, p.field),
+            spec.Parameter(p.name, "query", query_schema(field_type(read.type, p.field)),
                            description=p.description)
             for p in read.params
         ]

@@ -710,8 +710,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "(default browser)")
     link.add_argument("--profile", choices=sorted(PROFILES), default="operator",
                       help="operator or observer (default operator)")
-    link.add_argument("--scopes", help="extra scopes, comma-separated")
-    link.add_argument("--approve", action="store_true", help="may resolve tool approvals")
+    link.add_argument("--scopes", help="extra scopes, comma-separated (default: the profile's)")
+    link.add_argument("--approve", action="store_true",
+                      help="may resolve tool approvals (default: off)")
     link.add_argument("--ttl", type=positive_seconds, default=300.0, metavar="SECONDS",
                       help="how long the link works (default 300)")
     link.add_argument("--url", metavar="URL", help="the web face's address as the browser "

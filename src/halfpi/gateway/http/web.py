@@ -19,7 +19,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from halfpi.errors import HalfpiError, InvalidRequest
+from halfpi.errors import ErrorCode, HalfpiError, InvalidRequest
+from halfpi.gateway.http import spec
 from halfpi.gateway.http.door import Door, error_response
 from halfpi.mind.links import redeem_link
 
@@ -98,3 +99,30 @@ def routes(door: Door) -> list[BaseRoute]:
         *(Route(path, asset, methods=["GET", "HEAD"]) for path in ASSETS),
         Route("/v1/web/link", link, methods=["POST"]),
     ]
+
+
+def describe() -> list[spec.Operation]:
+    """The face's routes for the OpenAPI document (``openapi.py``)."""
+    files = [
+        spec.Operation(
+            method="get", path=path, operation_id="get_web_" + (name.replace(".", "_")),
+            summary=f"The web face: {name}", tag="web", public=True,
+            responses={200: spec.Body({"type": "string"}, name, media.split(";")[0])},
+        )
+        for path, (name, media) in ASSETS.items()
+    ]
+    link = spec.Operation(
+        method="post", path="/v1/web/link", operation_id="post_v1_web_link",
+        summary="Redeem a one-time sign-in link (halfpi face link) for a new Face token",
+        tag="web", public=True,
+        description="The code from the link's #fragment, used once within its time; "
+        "the answer is a new credential's token, shown once.",
+        body=spec.Body(msgspec.json.schema(LinkBody), "the link's code"),
+        body_required=True,
+        responses={200: spec.Body({"type": "object", "properties": {
+            "token": {"type": "string"}, "label": {"type": "string"},
+            "principal_id": {"type": "string"}}}, "the new credential")},
+        errors=frozenset({ErrorCode.INVALID_REQUEST, ErrorCode.UNAUTHORIZED,
+                          ErrorCode.FORBIDDEN}),
+    )
+    return [*files, link]

@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from playwright.async_api import Browser, BrowserContext, Page, async_playwright
 
+from tests.support.browser import chromium
 from tests.support.cli import face_add, face_revoke, halfpi_cli
 from tests.support.mind import MindProcess
 from tests.support.proxy import FaultProxy
 from tests.web.http import fetch
+
+if TYPE_CHECKING:  # playwright is imported only where a browser can run
+    from playwright.async_api import Browser, BrowserContext, Page
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -38,15 +40,8 @@ STREAMED_WORDS = """(n) => {
 
 @pytest.fixture
 async def browser() -> AsyncIterator[Browser]:
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
-    async with async_playwright() as p:
-        launched = await p.chromium.launch(executable_path=chromium)
-        try:
-            yield launched
-        finally:
-            await launched.close()
+    async with chromium() as launched:
+        yield launched
 
 
 @pytest.fixture

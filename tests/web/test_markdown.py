@@ -22,13 +22,21 @@ from typing import Any
 import pytest
 
 import halfpi.web
+from tests.support.browser import REQUIRED
 
 APP = Path(halfpi.web.__file__).with_name("app.js")
 RUNNER = Path(__file__).with_name("markdown_runner.mjs")
 ALLOWED = {"p", "h1", "h2", "h3", "h4", "h5", "h6", "pre", "code", "strong", "em", "a",
            "ul", "ol", "li", "blockquote", "hr", "br"}
 
-pytestmark = pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+
+
+@pytest.fixture(autouse=True)
+def _node() -> None:
+    if shutil.which("node") is None:
+        if REQUIRED:  # CI: the web face's tests must run
+            pytest.fail("HALFPI_BROWSER=required but node is not installed (apt install nodejs)")
+        pytest.skip("node is not installed (apt-get install nodejs)")
 
 
 def render(*texts: str) -> list[dict[str, Any]]:

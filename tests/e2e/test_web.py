@@ -173,7 +173,7 @@ async def test_a_message_sent_while_offline_is_admitted_exactly_once(
     users = [m for m in snap["messages"] if m["role"] == "user"]
     assert [m["content"] for m in users] == ["written on the train"]
     assert await page.evaluate(TRANSCRIPT) == as_shown(snap)
-    assert await page.evaluate("() => localStorage.getItem('halfpi.outbox')") == "[]"
+    assert await page.evaluate("() => sessionStorage.getItem('halfpi.outbox')") == "[]"
 
 
 async def test_a_send_whose_answer_was_lost_is_sent_again_and_admitted_once(
@@ -397,3 +397,24 @@ async def test_a_tab_in_the_background_lets_its_stream_go_and_resumes_when_shown
     await page.wait_for_selector('#log li[data-role="assistant"][data-status="succeeded"]')
     assert await page.evaluate(TRANSCRIPT) == as_shown(await snapshot(base, mind.token, cid))
     assert await page.get_attribute("#log", "data-snapshots") == "1"
+
+
+async def test_older_messages_than_the_snapshot_are_read_on_demand(
+    browser: Browser, mind: MindProcess
+) -> None:
+    base = base_of(mind.port)
+    page = await open_face(await browser.new_context(), base, mind.token)
+    cid = await open_conversation(page)
+    for n in range(26):  # 52 messages: more than the snapshot's last 50
+        sent = await fetch(f"{base}/v1/commands/face.chat?wait=10", "POST",
+                           {"conversation_id": cid, "content": f"m{n}"},
+                           headers={"Idempotency-Key": f"old-{n}"}, token=mind.token)
+        assert sent.status == 200, sent.body
+    await page.reload()
+    await page.wait_for_selector('#status[data-state="connected"]')
+    await page.wait_for_function("() => document.querySelectorAll('#log li.message').length === 50")
+    await page.click("#older")
+    await page.wait_for_function("() => document.querySelectorAll('#log li.message').length === 52")
+    assert await page.locator("#older").count() == 0
+    every = await fetch(f"{base}/v1/conversations/{cid}/messages?limit=500", token=mind.token)
+    assert await page.evaluate(TRANSCRIPT) == as_shown(every.json())

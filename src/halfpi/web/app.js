@@ -240,8 +240,9 @@ class HttpError extends Error {
 // The page.
 
 class Face {
-  constructor(storage) {
-    this.storage = storage;
+  constructor(storage, tabStorage) {
+    this.storage = storage; // the token, the last open conversation: every tab's
+    this.tabStorage = tabStorage; // the outbox: this tab's, kept across a reload
     this.token = storage.getItem("halfpi.token");
     this.conversations = new Map(); // id -> {id, name, created_at}
     this.approvalsWaiting = new Map(); // approval_id -> summary (any conversation)
@@ -265,7 +266,7 @@ class Face {
 
   loadOutbox() {
     try {
-      const list = JSON.parse(this.storage.getItem("halfpi.outbox") || "[]");
+      const list = JSON.parse(this.tabStorage.getItem("halfpi.outbox") || "[]");
       return Array.isArray(list) ? list : [];
     } catch {
       return [];
@@ -273,7 +274,7 @@ class Face {
   }
 
   saveOutbox() {
-    this.storage.setItem("halfpi.outbox", JSON.stringify(this.outbox));
+    this.tabStorage.setItem("halfpi.outbox", JSON.stringify(this.outbox));
   }
 
   // -- HTTP ---------------------------------------------------------------
@@ -837,6 +838,23 @@ class Face {
     this.render();
   }
 
+  async loadOlder() {
+    const view = this.view;
+    if (!view || !view.messages.length) return;
+    const oldest = view.messages[0].seq;
+    try {
+      const { json } = await this.http("GET", `/v1/conversations/${encodeURIComponent(view.id)}`
+        + `/messages?before=${oldest}&limit=50`);
+      if (this.view !== view) return;
+      const older = (json.messages || []).filter((m) => m.seq < oldest);
+      view.messages = [...older, ...view.messages];
+      view.hasMoreOlder = Boolean(json.has_more_older);
+    } catch (exc) {
+      this.notice("Could not read older messages: " + exc.message);
+    }
+    this.render();
+  }
+
   notice(text) {
     const node = $("notice");
     node.textContent = text;
@@ -879,6 +897,12 @@ class Face {
       return;
     }
     const items = [];
+    if (view.hasMoreOlder) {
+      items.push(el("li", { class: "older" }, el("button", {
+        type: "button", id: "older", text: "Show older messages",
+        onclick: () => this.loadOlder(),
+      })));
+    }
     const byRequest = toolsByRequest(view);
     for (const m of view.messages) {
       items.push(this.renderMessage(m));
@@ -1002,6 +1026,7 @@ export function newView(id) {
 export function applySnapshot(view, snap) {
   view.seq = seqOf(snap.cursor);
   view.messages = (snap.messages || []).map((m) => ({ ...m }));
+  view.hasMoreOlder = Boolean(snap.has_more_older);
   view.pending = new Map();
   for (const c of snap.pending_chats || []) {
     view.pending.set(c.request_id, { request_id: c.request_id, run_id: c.run_id, text: c.text_so_far || "" });
@@ -1134,6 +1159,6 @@ export function toolState(t) {
 // ---------------------------------------------------------------------------
 
 if (typeof document !== "undefined" && document.getElementById("app")) {
-  const face = new Face(window.localStorage);
+  const face = new Face(window.localStorage, window.sessionStorage);
   face.start();
 }

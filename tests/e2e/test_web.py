@@ -418,3 +418,28 @@ async def test_older_messages_than_the_snapshot_are_read_on_demand(
     assert await page.locator("#older").count() == 0
     every = await fetch(f"{base}/v1/conversations/{cid}/messages?limit=500", token=mind.token)
     assert await page.evaluate(TRANSCRIPT) == as_shown(every.json())
+
+
+async def test_a_page_that_could_not_read_its_lists_keeps_trying_until_it_can(
+    browser: Browser, mind: MindProcess
+) -> None:
+    page = await (await browser.new_context()).new_page()
+    page.set_default_timeout(WAIT_MS)
+    failed: list[str] = []
+
+    async def fail_twice(route: Any) -> None:
+        if len(failed) < 2:
+            failed.append(route.request.url)
+            await route.abort("connectionrefused")
+        else:
+            await route.continue_()
+
+    await page.route("**/v1/conversations?limit=200", fail_twice)
+    await page.goto(base_of(mind.port) + "/")
+    await page.fill("#signin-token", mind.token)
+    await page.click("#signin-form button[type=submit]")
+    await page.wait_for_selector('#status[data-state="reconnecting"]')
+    await page.wait_for_selector('#status[data-state="connected"]')
+    assert len(failed) == 2
+    await send(page, "hello")
+    await page.wait_for_selector('#log li[data-role="assistant"][data-status="succeeded"]')

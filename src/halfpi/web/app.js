@@ -247,6 +247,8 @@ class Face {
     this.conversations = new Map(); // id -> {id, name, created_at}
     this.approvalsWaiting = new Map(); // approval_id -> summary (any conversation)
     this.listNews = new Set(); // per list read in flight: the ids news arrived for
+    this.messageNodes = new Map(); // "view/snapshot/seq" -> its <li>
+    this.nodesFor = null; // which view and snapshot those nodes are of
     this.open = null; // conversation id
     this.view = null;
     this.stream = null;
@@ -527,9 +529,13 @@ class Face {
   async connect() {
     clearTimeout(this.retryTimer);
     clearInterval(this.countdownTimer);
-    if (!this.token || !this.open) return;
+    if (!this.token) return;
     if (!navigator.onLine) {
       this.wentOffline();
+      return;
+    }
+    if (!this.open) {
+      this.enter(); // the lists were never read: start from there
       return;
     }
     const key = this.streamKey;
@@ -610,7 +616,7 @@ class Face {
   }
 
   reconnectNow(why) {
-    if (!this.token || !this.open) return;
+    if (!this.token) return;
     this.attempt = 0;
     this.closeStream();
     this.setStatus("connecting", "connecting… (" + why + ")");
@@ -896,6 +902,11 @@ class Face {
       log.replaceChildren();
       return;
     }
+    const built = `${view.id}/${view.snapshots}`;
+    if (this.nodesFor !== built) {
+      this.messageNodes.clear(); // rebuilt from a snapshot: the old nodes go
+      this.nodesFor = built;
+    }
     const items = [];
     if (view.hasMoreOlder) {
       items.push(el("li", { class: "older" }, el("button", {
@@ -937,6 +948,17 @@ class Face {
   }
 
   renderMessage(m) {
+    // A message in the log never changes: its node is made once per view
+    // rebuild, so a streaming reply does not redraw (or unselect) the rest.
+    const key = `${this.view.id}/${this.view.snapshots}/${m.seq}`;
+    const cached = this.messageNodes.get(key);
+    if (cached) return cached;
+    const li = this.makeMessage(m);
+    this.messageNodes.set(key, li);
+    return li;
+  }
+
+  makeMessage(m) {
     const li = el("li", {
       class: "message", "data-role": m.role, "data-seq": m.seq, "data-status": m.status || "",
       "data-request-id": m.request_id || "",

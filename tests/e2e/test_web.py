@@ -443,3 +443,25 @@ async def test_a_page_that_could_not_read_its_lists_keeps_trying_until_it_can(
     assert len(failed) == 2
     await send(page, "hello")
     await page.wait_for_selector('#log li[data-role="assistant"][data-status="succeeded"]')
+
+
+async def test_an_approval_waiting_survives_a_reload_and_a_deny_is_shown_to_both_tabs(
+    browser: Browser, mind: MindProcess
+) -> None:
+    base = base_of(mind.port)
+    phone = await face_add(mind.home, "phone", "--approve")
+    laptop = await open_face(await browser.new_context(), base, mind.token)
+    other = await open_face(await browser.new_context(), base, phone.token)
+    await send(laptop, '/tool exec_command {"argv": ["echo", "never"]}')
+    deny = '#log .tool[data-state="awaiting approval"] button.deny'
+    await other.wait_for_selector(deny)
+    await other.reload()  # from the snapshot now: pending_approvals
+    await other.wait_for_selector('#status[data-state="connected"]')
+    await other.click(deny)
+    mine = other.locator("#log .tool .outcome")
+    await mine.wait_for()
+    assert await mine.get_attribute("data-outcome") == "applied"
+    assert "denied once" in await mine.inner_text()
+    for page in (laptop, other):
+        await page.wait_for_selector('#log .tool[data-state="denied by phone"]')
+    assert await laptop.locator("#log .tool button").count() == 0

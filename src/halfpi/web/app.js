@@ -1057,6 +1057,9 @@ export function applySnapshot(view, snap) {
   for (const t of snap.tool_history || []) {
     view.tools.set(t.tool_call_id, { ...t, output: t.result || null });
   }
+  for (const r of snap.active_runs || []) {
+    if (r.tool_call_id) toolCard(view, r.tool_call_id, r).run_status = r.status;
+  }
   for (const a of snap.pending_approvals || []) {
     const card = toolCard(view, a.tool_call_id, a);
     card.approval = { ...a, status: "pending" };

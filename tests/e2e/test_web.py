@@ -465,3 +465,29 @@ async def test_an_approval_waiting_survives_a_reload_and_a_deny_is_shown_to_both
     for page in (laptop, other):
         await page.wait_for_selector('#log .tool[data-state="denied by phone"]')
     assert await laptop.locator("#log .tool button").count() == 0
+
+
+async def test_a_mind_that_answers_nothing_is_said_so_not_waited_for_in_silence(
+    browser: Browser, mind: MindProcess
+) -> None:
+    proxy = await FaultProxy(mind.port).start()
+    try:
+        page = await (await browser.new_context()).new_page()
+        page.set_default_timeout(WAIT_MS)
+        await page.clock.install()
+        await page.goto(base_of(proxy.port) + "/")
+        await page.fill("#signin-token", mind.token)
+        await page.click("#signin-form button[type=submit]")
+        await page.wait_for_selector('#status[data-state="connected"]')
+        proxy.blackhole = True  # connections are taken, nothing comes back
+        proxy.cut_all()
+        await page.locator("#status", has_text="trying now").wait_for()
+        await page.clock.run_for(16_000)
+        await page.locator("#status", has_text="no answer from the Mind within 15 s").wait_for()
+        assert await page.get_attribute("#status", "data-state") == "reconnecting"
+        proxy.blackhole = False
+        proxy.cut_all()
+        await page.clock.run_for(3_000)
+        await page.wait_for_selector('#status[data-state="connected"]')
+    finally:
+        await proxy.stop()

@@ -197,6 +197,7 @@ const STREAM_TYPES = [
 const BACKGROUND_CLOSE_MS = 30000; // a hidden tab lets its stream go after this
 const BACKOFF_BASE_MS = 250;
 const BACKOFF_CAP_MS = 2000; // a local Mind: back within 2 s (docs/faces.md)
+const ANSWER_MS = 15000; // a request or a stream with no answer this long is given up
 
 export function requestId(prefix = "w") {
   const bytes = new Uint8Array(12);
@@ -286,13 +287,19 @@ class Face {
     if (body !== undefined) headers["Content-Type"] = "application/json";
     if (key) headers["Idempotency-Key"] = key;
     let response;
+    const abort = new AbortController();
+    const timer = setTimeout(() => abort.abort(), ANSWER_MS);
     try {
       response = await fetch(path, {
         method, headers, cache: "no-store", credentials: "omit", referrerPolicy: "no-referrer",
-        body: body === undefined ? undefined : JSON.stringify(body),
+        body: body === undefined ? undefined : JSON.stringify(body), signal: abort.signal,
       });
     } catch (exc) {
-      throw new NetworkError(navigator.onLine ? "cannot reach the Mind" : "the browser is offline");
+      throw new NetworkError(!navigator.onLine ? "the browser is offline"
+        : abort.signal.aborted ? `no answer from the Mind within ${ANSWER_MS / 1000} s`
+        : "cannot reach the Mind");
+    } finally {
+      clearTimeout(timer);
     }
     let json = null;
     try {
@@ -568,7 +575,13 @@ class Face {
     };
     for (const type of STREAM_TYPES) source.addEventListener(type, onEvent);
     source.onmessage = onEvent;
+    const watchdog = setTimeout(() => {
+      if (this.stream !== source) return;
+      this.closeStream();
+      this.scheduleReconnect(`the stream did not open within ${ANSWER_MS / 1000} s`);
+    }, ANSWER_MS);
     source.onopen = () => {
+      clearTimeout(watchdog);
       if (this.stream !== source) return;
       this.attempt = 0;
       if (this.status.state !== "resynced") this.setStatus("connected", "connected");
@@ -576,6 +589,7 @@ class Face {
       this.readLists().catch(() => {});
     };
     source.onerror = () => {
+      clearTimeout(watchdog);
       if (this.stream !== source) return;
       this.closeStream();
       this.scheduleReconnect(navigator.onLine ? "the stream was cut" : "the browser is offline");
@@ -611,6 +625,7 @@ class Face {
     this.countdownTimer = setInterval(show, 100);
     this.retryTimer = setTimeout(() => {
       clearInterval(this.countdownTimer);
+      this.setStatus("reconnecting", `reconnecting (attempt ${this.attempt}, trying now) — ${reason}`);
       this.connect();
     }, delay);
   }

@@ -1,6 +1,10 @@
 """The web face in a real Chromium (Debian's, driven by Playwright) against a
 real ``halfpi mind``: what a person sees when the network or the Mind fails.
 
+The breaks (a cut mid-reply, offline, a revoked token, kill -9, a raced
+approval) run on both servers; the page's own logic on the native one only
+(both hand HTTP to uvicorn: the transport says nothing more there).
+
 Screenshots of the key states go to ``$HALFPI_WEB_SHOTS`` when it is set
 (``docs/images/web`` is where docs/faces.md shows them from), else into the
 test's own directory.
@@ -133,6 +137,7 @@ async def test_a_reply_cut_mid_stream_resumes_exactly_and_equals_the_minds_snaps
         await proxy.stop()
 
 
+@pytest.mark.servers("native")
 async def test_a_reply_with_script_and_img_onerror_markdown_is_shown_as_text(
     browser: Browser, mind: MindProcess, shots: Path
 ) -> None:
@@ -176,6 +181,7 @@ async def test_a_message_sent_while_offline_is_admitted_exactly_once(
     assert await page.evaluate("() => sessionStorage.getItem('halfpi.outbox')") == "[]"
 
 
+@pytest.mark.servers("native")
 async def test_a_send_whose_answer_was_lost_is_sent_again_and_admitted_once(
     browser: Browser, mind: MindProcess
 ) -> None:
@@ -279,6 +285,7 @@ async def shots_of(page: Page, folder: Path, name: str) -> None:
     await page.screenshot(path=str(folder / f"{name}.png"))
 
 
+@pytest.mark.servers("native")
 async def test_a_conversation_made_or_renamed_in_one_tab_appears_in_the_others_list(
     browser: Browser, mind: MindProcess
 ) -> None:
@@ -299,6 +306,7 @@ async def test_a_conversation_made_or_renamed_in_one_tab_appears_in_the_others_l
     assert await second.inner_text("#conv-name") == "Lisbon <b>trip</b>"
 
 
+@pytest.mark.servers("native")
 async def test_failed_and_cancelled_replies_stay_with_their_reason_and_text(
     browser: Browser, mind: MindProcess, shots: Path
 ) -> None:
@@ -322,6 +330,7 @@ async def test_failed_and_cancelled_replies_stay_with_their_reason_and_text(
     assert await page.evaluate(TRANSCRIPT) == as_shown(await snapshot(base, mind.token, cid))
 
 
+@pytest.mark.servers("native")
 async def test_a_one_time_link_signs_in_leaves_no_code_in_the_url_and_works_once(
     browser: Browser, mind: MindProcess, shots: Path
 ) -> None:
@@ -345,6 +354,7 @@ async def test_a_one_time_link_signs_in_leaves_no_code_in_the_url_and_works_once
     await shots_of(again, shots, "link-used")
 
 
+@pytest.mark.servers("native")
 async def test_a_wrong_token_is_refused_at_sign_in_and_sign_out_forgets_the_token(
     browser: Browser, mind: MindProcess
 ) -> None:
@@ -365,6 +375,7 @@ async def test_a_wrong_token_is_refused_at_sign_in_and_sign_out_forgets_the_toke
     await page.wait_for_selector("#signin", state="visible")
 
 
+@pytest.mark.servers("native")
 async def test_a_tab_in_the_background_lets_its_stream_go_and_resumes_when_shown(
     browser: Browser, mind: MindProcess
 ) -> None:
@@ -399,6 +410,7 @@ async def test_a_tab_in_the_background_lets_its_stream_go_and_resumes_when_shown
     assert await page.get_attribute("#log", "data-snapshots") == "1"
 
 
+@pytest.mark.servers("native")
 async def test_older_messages_than_the_snapshot_are_read_on_demand(
     browser: Browser, mind: MindProcess
 ) -> None:
@@ -420,6 +432,7 @@ async def test_older_messages_than_the_snapshot_are_read_on_demand(
     assert await page.evaluate(TRANSCRIPT) == as_shown(every.json())
 
 
+@pytest.mark.servers("native")
 async def test_a_page_that_could_not_read_its_lists_keeps_trying_until_it_can(
     browser: Browser, mind: MindProcess
 ) -> None:
@@ -445,6 +458,7 @@ async def test_a_page_that_could_not_read_its_lists_keeps_trying_until_it_can(
     await page.wait_for_selector('#log li[data-role="assistant"][data-status="succeeded"]')
 
 
+@pytest.mark.servers("native")
 async def test_an_approval_waiting_survives_a_reload_and_a_deny_is_shown_to_both_tabs(
     browser: Browser, mind: MindProcess
 ) -> None:
@@ -467,6 +481,7 @@ async def test_an_approval_waiting_survives_a_reload_and_a_deny_is_shown_to_both
     assert await laptop.locator("#log .tool button").count() == 0
 
 
+@pytest.mark.servers("native")
 async def test_a_mind_that_answers_nothing_is_said_so_not_waited_for_in_silence(
     browser: Browser, mind: MindProcess
 ) -> None:

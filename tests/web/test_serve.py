@@ -43,7 +43,7 @@ async def test_the_page_and_its_assets_carry_a_strict_content_security_policy(
 
 def test_the_page_has_no_inline_script_or_style_and_the_script_never_parses_html() -> None:
     html = (WEB / "index.html").read_text()
-    assert re.findall(r"<script\b[^>]*>", html) == ['<script type="module" src="/web/app.js">']
+    assert re.findall(r"<script\b[^>]*>", html) == ['<script type="module" src="web/app.js">']
     assert " style=" not in html and "<style" not in html
     assert not re.search(r"\son[a-z]+=", html)
     script = (WEB / "app.js").read_text()
@@ -94,3 +94,10 @@ async def test_a_malformed_link_request_is_invalid_request(lmind: LocalMind, bod
     answer = await fetch(http_base(lmind.url) + "/v1/web/link", "POST", body)
     assert answer.status == 400
     assert answer.json()["error"]["code"] == "invalid_request"
+
+
+def test_the_page_names_every_url_relative_so_it_works_under_a_mount_path() -> None:
+    # docs/asgi.md: the Mind may be mounted at a path of another app.
+    for name in ("index.html", "app.js"):
+        text = (WEB / name).read_text()
+        assert not re.search(r"""["'`]/(v1|web)/""", text), name

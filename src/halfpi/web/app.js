@@ -250,6 +250,7 @@ class Face {
     this.listNews = new Set(); // per list read in flight: the ids news arrived for
     this.messageNodes = new Map(); // "view/snapshot/seq" -> its <li>
     this.nodesFor = null; // which view and snapshot those nodes are of
+    this.liveNodes = new Map(); // streaming replies and tool cards, redrawn when changed
     this.open = null; // conversation id
     this.view = null;
     this.stream = null;
@@ -359,7 +360,7 @@ class Face {
   async redeem(code) {
     let response;
     try {
-      response = await fetch("/v1/web/link", {
+      response = await fetch("v1/web/link", {
         method: "POST", headers: { "Content-Type": "application/json" }, cache: "no-store",
         credentials: "omit", body: JSON.stringify({ code }),
       });
@@ -382,7 +383,7 @@ class Face {
     if (!token) return;
     this.token = token;
     try {
-      await this.http("GET", "/v1/conversations?limit=1", undefined, undefined,
+      await this.http("GET", "v1/conversations?limit=1", undefined, undefined,
                       { signOutOn401: false });
     } catch (exc) {
       this.token = null;
@@ -450,13 +451,13 @@ class Face {
     this.listNews.add(news);
     let json;
     try {
-      ({ json } = await this.http("GET", "/v1/conversations?limit=200"));
+      ({ json } = await this.http("GET", "v1/conversations?limit=200"));
     } finally {
       this.listNews.delete(news);
     }
     for (const c of json.conversations || []) if (!news.has(c.id)) this.conversations.set(c.id, c);
     try {
-      const approvals = await this.http("GET", "/v1/approvals");
+      const approvals = await this.http("GET", "v1/approvals");
       this.approvalsWaiting = new Map((approvals.json.approvals || []).map((a) => [a.approval_id, a]));
     } catch (exc) {
       if (!(exc instanceof HttpError && exc.status === 403)) throw exc;
@@ -528,7 +529,7 @@ class Face {
   }
 
   async command(type, payload, key) {
-    return this.http("POST", "/v1/commands/" + type, payload, key);
+    return this.http("POST", "v1/commands/" + type, payload, key);
   }
 
   // -- the stream ---------------------------------------------------------------
@@ -548,7 +549,7 @@ class Face {
     const key = this.streamKey;
     let ticket;
     try {
-      const { json } = await this.http("POST", "/v1/stream-tickets", { conversations: [key] });
+      const { json } = await this.http("POST", "v1/stream-tickets", { conversations: [key] });
       ticket = json.ticket;
     } catch (exc) {
       if (exc instanceof HttpError && exc.status === 401) return; // signed out
@@ -560,7 +561,7 @@ class Face {
     if (key !== this.streamKey) return; // another conversation was opened meanwhile
     const query = new URLSearchParams({ conversations: key, ticket });
     if (this.lastEventId) query.set("since", this.lastEventId);
-    const source = new EventSource("/v1/events?" + query.toString());
+    const source = new EventSource("v1/events?" + query.toString());
     this.stream = source;
     const onEvent = (e) => {
       if (this.stream !== source) return;
@@ -813,7 +814,7 @@ class Face {
     // Only for a command outside REPLAY_SAFE (none today): is it in the log?
     try {
       const { json } = await this.http("GET",
-        `/v1/conversations/${encodeURIComponent(item.conversation_id)}/messages?limit=50`);
+        `v1/conversations/${encodeURIComponent(item.conversation_id)}/messages?limit=50`);
       const seen = (json.messages || []).some((m) => m.request_id === item.request_id);
       this.outbox.shift();
       this.saveOutbox();
@@ -864,7 +865,7 @@ class Face {
     if (!view || !view.messages.length) return;
     const oldest = view.messages[0].seq;
     try {
-      const { json } = await this.http("GET", `/v1/conversations/${encodeURIComponent(view.id)}`
+      const { json } = await this.http("GET", `v1/conversations/${encodeURIComponent(view.id)}`
         + `/messages?before=${oldest}&limit=50`);
       if (this.view !== view) return;
       const older = (json.messages || []).filter((m) => m.seq < oldest);
@@ -920,6 +921,7 @@ class Face {
     const built = `${view.id}/${view.snapshots}`;
     if (this.nodesFor !== built) {
       this.messageNodes.clear(); // rebuilt from a snapshot: the old nodes go
+      this.liveNodes.clear();
       this.nodesFor = built;
     }
     const items = [];
@@ -957,8 +959,12 @@ class Face {
     log.dataset.snapshots = String(view.snapshots);
     log.dataset.mismatches = String(view.mismatches);
     log.dataset.cursorSeq = String(view.seq);
+    // The DOM is touched only where something changed: a button under the
+    // pointer is never replaced while a person clicks it.
     const atBottom = log.scrollHeight - log.scrollTop - log.clientHeight < 40;
-    log.replaceChildren(...items);
+    const same = log.children.length === items.length
+      && items.every((node, i) => log.children[i] === node);
+    if (!same) log.replaceChildren(...items);
     if (atBottom) log.scrollTop = log.scrollHeight;
   }
 
@@ -997,6 +1003,20 @@ class Face {
   }
 
   renderPending(reply) {
+    // One node per streaming reply: a delta replaces its text, not its Cancel.
+    const state = reply.cancelRequested ? "cancelling" : "streaming";
+    let entry = this.liveNodes.get("reply/" + reply.request_id);
+    if (!entry || entry.state !== state) {
+      entry = { li: this.makePending(reply), state, text: reply.text };
+      this.liveNodes.set("reply/" + reply.request_id, entry);
+    } else if (entry.text !== reply.text) {
+      entry.li.replaceChild(this.body(reply.text, false), entry.li.lastChild);
+      entry.text = reply.text;
+    }
+    return entry.li;
+  }
+
+  makePending(reply) {
     const li = el("li", { class: "message streaming", "data-role": "assistant", "data-status": "streaming",
                           "data-request-id": reply.request_id });
     const who = el("div", { class: "who", text: "agent" },
@@ -1011,6 +1031,17 @@ class Face {
   }
 
   renderTool(t) {
+    // A card is rebuilt only when what it shows changed.
+    const shown = JSON.stringify([toolState(t), t.args, t.approval, t.deciding, t.decisionOutcome,
+                                  t.resolution, t.decisionError, t.output, t.progress]);
+    const entry = this.liveNodes.get("tool/" + t.tool_call_id);
+    if (entry && entry.shown === shown) return entry.li;
+    const card = this.makeTool(t);
+    this.liveNodes.set("tool/" + t.tool_call_id, { li: card, shown });
+    return card;
+  }
+
+  makeTool(t) {
     const state = toolState(t);
     const card = el("div", { class: "tool", "data-tool-call-id": t.tool_call_id, "data-state": state });
     card.appendChild(el("div", { class: "head" }, el("strong", { text: "⚙ " + (t.tool || "tool") }),

@@ -486,7 +486,8 @@ class ConversationActor:
         appending = self.env.journal.append(self.id, entry_of(message, now))
         if appending is not None:
             self._journaling = appending
-        if message.kind == DELTA and message.request_id is not None:
+        kind = message.kind
+        if kind == DELTA and message.request_id is not None:
             run = self.visible_runs.get(message.request_id)
             if run is not None:
                 text = message.text or ""
@@ -494,7 +495,7 @@ class ConversationActor:
                 run.visible_chars += len(text)
         # A copy: sending may evict a slow subscriber, which unsubscribes it.
         for sub in list(self.subscribers.values()):
-            if sub.live and (message.kind == RELIABLE or sub.wants(message)):
+            if sub.live and (kind == RELIABLE or sub.wants(message)):
                 shown = message.for_mode(sub.detail_mode)
                 if shown is not None:
                     sub.session.send(shown)

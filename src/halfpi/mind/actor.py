@@ -614,19 +614,23 @@ class ConversationActor:
         env = self.env
         if env.checkpoint_s is None:
             return
-        now = self.now()
         # 4 KiB shown, or an eighth of what is saved when that is more: a long
         # fast reply rewrites its row a bounded number of times (at most ~9x
         # its size). Counted on what was shown, the only text a checkpoint
         # saves: text waiting behind a commit makes no checkpoint due (each
         # delta would assemble the same text again for nothing).
-        due_chars = max(env.checkpoint_chars, run.saved_chars >> 3)
         unsaved = run.visible_chars - run.saved_chars
-        if now - run.saved_at >= env.checkpoint_s or unsaved >= due_chars:
-            self._checkpoint(run, now)
-        elif run.save_timer is None and env.call_later is not None:
-            delay = run.saved_at + env.checkpoint_s - now
-            run.save_timer = env.call_later(delay, self._checkpoint_due, run)
+        if unsaved >= env.checkpoint_chars and unsaved >= run.saved_chars >> 3:
+            self._checkpoint(run, self.now())
+        elif run.save_timer is None:
+            # ``checkpoint_s`` after the last save: while its timer is armed,
+            # the timer saves (no clock read per delta of a fast stream).
+            now = self.now()
+            if now - run.saved_at >= env.checkpoint_s:
+                self._checkpoint(run, now)
+            elif env.call_later is not None:
+                delay = run.saved_at + env.checkpoint_s - now
+                run.save_timer = env.call_later(delay, self._checkpoint_due, run)
 
     def _checkpoint_due(self, run: ChatRun) -> None:
         run.save_timer = None

@@ -173,7 +173,7 @@ class Message(msgspec.Struct, gc=False):
         tail = self.tail
         if tail is None:
             body = self.encoded_body()
-            tail = self.tail = b",%b}" % body[1:] if len(body) > 2 else b"}}"
+            tail = self.tail = b"," + body[1:] + b"}" if len(body) > 2 else b"}}"
         return b"%b%d%b" % (self.prefix, event_seq, tail)
 
 

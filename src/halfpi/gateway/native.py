@@ -272,15 +272,6 @@ class WebSocketConnection(asyncio.Protocol):
         if self.ws.state is not State.OPEN or transport is None:
             return
         self._write_pending()  # anything the protocol queued (a pong) goes first
-        if len(frames) == 1:  # a stream's common case: one write, no list to join
-            frame = frames[0]
-            size = len(frame)
-            if size < 126:
-                transport.write(_HEADERS[size] + frame)
-                return
-            if size < 65536:
-                transport.write(b"\x81\x7e%b%b" % (size.to_bytes(2, "big"), frame))
-                return
         out: list[bytes] = []
         for frame in frames:
             size = len(frame)

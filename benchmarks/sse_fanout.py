@@ -473,8 +473,9 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
                 servers[f"halfpi-{kind}"] = MindServer(tmp / f"mind-{kind}", delta_ms=0,
                                                        server=kind).start()
             servers["raw-sse"] = RawSseServer(tmp / "raw").start()
+            readers = args.readers if "fanout" in args.parts else []
             results = [await fanout(servers, n, max(200, int(DELTAS[n] * args.scale)),
-                                    args.rounds) for n in args.readers]
+                                    args.rounds) for n in readers]
             rows = []
             for r in results:
                 for name, runs in r.items():
@@ -487,37 +488,45 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
                                      f"{x['load_util']:.0%}", x["saturated"],
                                      f"{x['others_util']:.0%}"])
                 for kind in args.servers:
+                    label = "ASGI: " if kind == "asgi" else ""
                     summary.append({**figure(
-                        "sse_fanout", f"SSE fan-out to {r['n']} readers, whole chat",
+                        "sse_fanout", f"{label}SSE fan-out to {r['n']} readers, whole chat",
                         "deltas/s", r[f"halfpi-{kind}"], r["raw-sse"], "chat_eps",
                         target=f"≥ {FANOUT_TARGET:g}x raw SSE",
                         judge=lambda _m, ratio: None if ratio is None else ratio >= FANOUT_TARGET,
                         note=f"{r['count']:,} deltas x {r['size']} B per round; {r['procs']} "
                              "load processes; baseline: Starlette StreamingResponse (_raw_sse.py)",
                     ), "adapter": kind})
-            print(table(["round", "deltas/s", "chat s", "events", "coalesced", "server CPU",
-                         "load CPU", "saturated", "rest"], rows,
-                        f"SSE fan-out rounds ({args.rounds} per side, order rotating)"))
+            if rows:
+                print(table(["round", "deltas/s", "chat s", "events", "coalesced",
+                             "server CPU", "load CPU", "saturated", "rest"], rows,
+                            f"SSE fan-out rounds ({args.rounds} per side, order rotating)"))
             mind = servers[f"halfpi-{args.servers[0]}"]
             assert isinstance(mind, MindServer)
-            resumed = await resume(mind, args.rounds, RESUME_EVENTS)
-            summary.append({**figure(
+            resumed = (await resume(mind, args.rounds, RESUME_EVENTS)
+                       if "resume" in args.parts else [])
+            summary.extend([] if not resumed else [{**figure(
                 "sse_fanout", f"SSE resume of {RESUME_EVENTS:,} missed events, counting client",
                 "s", resumed, None, "resume_s", lower_is_better=True,
                 target=f"< {RESUME_TARGET_S:g} s",
                 judge=lambda m, _r: m < RESUME_TARGET_S,
                 note="Last-Event-ID to the last replayed event",
-            ), "adapter": args.servers[0]})
-            summary.append({**figure(
+            ), "adapter": args.servers[0]}, {**figure(
                 "sse_fanout", "SSE resume, httpx-sse parsing every event", "s",
                 resumed, None, "parsed_s", lower_is_better=True,
-            ), "adapter": args.servers[0]})
-            for kind in args.servers:
-                m = servers[f"halfpi-{kind}"]
-                assert isinstance(m, MindServer)
-                idle = await idle_memory(m, args.idle)
+            ), "adapter": args.servers[0]}])
+            await stop_all(*servers.values())
+            for kind in args.servers if "idle" in args.parts else []:
+                # A fresh Mind: one that streamed keeps freed memory to reuse,
+                # which would hide what the streams cost.
+                m = MindServer(tmp / f"idle-{kind}", delta_ms=0, server=kind).start()
+                try:
+                    idle = await idle_memory(m, args.idle)
+                finally:
+                    await stop_all(m)
+                label = "ASGI: " if kind == "asgi" else ""
                 summary.append({**figure(
-                    "sse_fanout", "memory per idle SSE stream", "KiB", [idle], None,
+                    "sse_fanout", f"{label}memory per idle SSE stream", "KiB", [idle], None,
                     "per_stream_kib", lower_is_better=True, target=f"≤ {IDLE_TARGET_KIB:g} KiB",
                     judge=lambda med, _r: med <= IDLE_TARGET_KIB,
                     note=f"RSS {idle['rss_before_kib']:,} -> {idle['rss_after_kib']:,} KiB "
@@ -542,6 +551,8 @@ def main() -> None:
     parser.add_argument("--servers", nargs="+", choices=("native", "asgi"),
                         default=["native", "asgi"])
     parser.add_argument("--idle", type=int, default=IDLE_STREAMS, help="idle streams to open")
+    parser.add_argument("--parts", nargs="+", choices=("fanout", "resume", "idle"),
+                        default=["fanout", "resume", "idle"])
     parser.add_argument("--json", help="write the summary rows to this file")
     args = parser.parse_args()
     args.scale = 1 / 3 if args.quick else 1.0

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from halfpi.core.cursor import Cursor
-from halfpi.core.replay import Exact, Reset, ResetReason, plan_resume
+from halfpi.core.replay import UNPLACED_EPOCH, Exact, Reset, ResetReason, plan_resume
 
 
 def test_I4_exact_inside_window() -> None:
@@ -126,3 +126,9 @@ def test_plans_are_frozen() -> None:
         Exact(3).after_seq = 4  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
         Reset(ResetReason.CURSOR_EXPIRED).reason = ResetReason.UNKNOWN_CURSOR  # type: ignore[misc]
+
+
+def test_a_cursor_nobody_can_place_resets_as_unknown() -> None:
+    # An SSE resume token that does not verify stands for such cursors (§17).
+    plan = plan_resume(Cursor(UNPLACED_EPOCH, 0), epoch="e1", floor=0, head=5)
+    assert plan == Reset(ResetReason.UNKNOWN_CURSOR)

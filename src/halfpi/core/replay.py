@@ -16,6 +16,11 @@ from dataclasses import dataclass
 
 from halfpi.core.cursor import Cursor
 
+# The epoch of a cursor that stands for "somewhere I cannot say": never a
+# real epoch (those are 8 hex digits), so it always resets as unknown. An SSE
+# resume token that does not verify resumes from it (docs/protocol.md §17).
+UNPLACED_EPOCH = "?"
+
 
 class ResetReason(enum.StrEnum):
     EPOCH_CHANGED = "epoch_changed"
@@ -49,6 +54,8 @@ def plan_resume(
     never); while ``floor`` has not moved past it, the Store replays what
     lies below the floor.
     """
+    if cursor.epoch == UNPLACED_EPOCH:
+        return Reset(ResetReason.UNKNOWN_CURSOR)
     if cursor.epoch != epoch:
         return Reset(ResetReason.EPOCH_CHANGED)
     if cursor.seq > head:

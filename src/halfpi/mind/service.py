@@ -49,6 +49,7 @@ from halfpi.mind.recovery import recover_tools
 from halfpi.mind.registry import Registry
 from halfpi.mind.scheduler import Scheduler
 from halfpi.mind.subscriptions import Sink, Subscriptions
+from halfpi.mind.tickets import StreamTickets
 from halfpi.mind.tools import ToolCalls
 from halfpi.store.base import (
     ConversationRow,
@@ -117,6 +118,8 @@ class Mind:
         self.node_id = new_node_id(clock())
         self.auth = CredentialCache()
         self.throttle = HandshakeThrottle(config.handshake_throttle)
+        # Stream tickets and the key of SSE resume tokens (docs/protocol.md §17).
+        self.tickets = StreamTickets(config.home, clock)
         self._reread = SharedReread(
             self.refresh_credentials, clock, config.credential_reread_s, self.scheduler.sleep
         )

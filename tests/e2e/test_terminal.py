@@ -36,22 +36,26 @@ LIVE = "● "  # the connection line while connected
 
 
 class Tmux:
+    """One tmux server of its own per session (``-L``): a server shared with
+    other test runs exits when their last session ends, under our feet."""
+
     def __init__(self, name: str) -> None:
         self.name = f"{name}-{os.getpid()}"
+        self.tmux = ["tmux", "-L", self.name]
 
     def start(self, command: str, width: int = 140, height: int = 36) -> None:
-        subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", str(width),
+        subprocess.run([*self.tmux, "new-session", "-d", "-s", self.name, "-x", str(width),
                         "-y", str(height), command], check=True)
 
     def keys(self, *keys: str) -> None:
-        subprocess.run(["tmux", "send-keys", "-t", self.name, *keys], check=True)
+        subprocess.run([*self.tmux, "send-keys", "-t", self.name, *keys], check=True)
 
     def type(self, text: str) -> None:
         """Literal text (no key names), as typed."""
-        subprocess.run(["tmux", "send-keys", "-t", self.name, "-l", text], check=True)
+        subprocess.run([*self.tmux, "send-keys", "-t", self.name, "-l", text], check=True)
 
     def screen(self) -> str:
-        return subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name],
+        return subprocess.run([*self.tmux, "capture-pane", "-p", "-t", self.name],
                               capture_output=True, text=True, check=True).stdout
 
     async def wait_for(self, predicate: Callable[[str], bool], timeout: float = 20.0) -> str:
@@ -68,7 +72,7 @@ class Tmux:
             await asyncio.sleep(0.05)
 
     def kill(self) -> None:
-        subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
+        subprocess.run([*self.tmux, "kill-server", "-t", self.name], capture_output=True)
 
 
 def face_command(home: Path, url: str) -> str:

@@ -47,7 +47,11 @@ class ConversationCreate(Command, frozen=True):
 
 class ConversationRename(Command, frozen=True):
     conversation_id: Id
-    name: Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+    # At least one visible character (``core/titles.clean_name`` keeps it):
+    # said here so that the OpenAPI document says it too.
+    name: Annotated[
+        str, msgspec.Meta(min_length=1, max_length=200, pattern=r"[^\s\x00-\x1f\x7f-\x9f]")
+    ]
 
 
 class ConversationList(Command, frozen=True):

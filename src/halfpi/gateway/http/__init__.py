@@ -3,8 +3,9 @@ OpenAPI document, as Starlette routes over the Mind API.
 
 ``door.py`` holds what every route shares (the running Mind, bearer
 authentication, the Origin rule, errors as HTTP responses); ``sse.py`` the
-event streams and stream tickets; ``commands.py`` the HTTP commands, the
-REST reads and the OpenAPI document. :func:`routes` lists them all for the
+event streams and stream tickets; ``commands.py`` the HTTP commands;
+``reads.py`` the REST reads; ``openapi.py`` the OpenAPI document and the
+served docs, made from the other modules' route tables. :func:`routes` lists them all for the
 ASGI gateway, which serves them for ``--server asgi``, for ``MindApp``
 mounted in someone's app, and behind the native server for every request
 that is not a WebSocket upgrade.
@@ -14,9 +15,9 @@ from __future__ import annotations
 
 from starlette.routing import BaseRoute
 
-from halfpi.gateway.http import commands, sse
+from halfpi.gateway.http import commands, openapi, reads, sse
 from halfpi.gateway.http.door import Door
 
 
 def routes(door: Door) -> list[BaseRoute]:
-    return [*sse.routes(door), *commands.routes(door)]
+    return [*sse.routes(door), *commands.routes(door), *reads.routes(door), *openapi.routes(door)]

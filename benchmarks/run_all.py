@@ -33,8 +33,8 @@ from _bench import (
 )
 
 HERE = Path(__file__).resolve().parent
-BENCHES = ("fanout", "resume", "append", "memory", "idle", "model_stream")
-WITH_ASGI = ("fanout", "memory")  # the benchmarks that also run the ASGI adapter
+BENCHES = ("fanout", "resume", "append", "memory", "idle", "model_stream", "sse_fanout")
+WITH_ASGI = ("fanout", "memory", "sse_fanout")  # the benchmarks that also run the ASGI adapter
 SERVERS = ("native", "asgi")
 
 

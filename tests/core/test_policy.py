@@ -89,6 +89,7 @@ def test_unknown_tools_always_ask() -> None:
         # Mind's home on the same machine, a copy in the project).
         "/work/project/face.token",
         "/srv/other-mind/hand.token",
+        "/srv/other-mind/stream.key",  # seals SSE reconnect grants
         "/srv/other-mind/halfpi.db-wal",
         # The Hand's own process: its environment holds its token.
         "/proc/self/environ",

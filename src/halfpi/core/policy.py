@@ -55,6 +55,7 @@ CREDENTIAL_NAMES = frozenset(
     {
         "face.token",
         "hand.token",
+        "stream.key",  # seals SSE resume tokens and their grants (docs/protocol.md §17)
         "halfpi.db",
         "halfpi.db-wal",
         "halfpi.db-shm",

@@ -12,7 +12,8 @@ A token is opaque and compact: the cursors in the stream's own conversation
 order (so conversation ids are not repeated), an optional *grant* (who may
 reconnect with it without a header, until when, in which detail mode: see
 ``docs/protocol.md`` §17.4), and a keyed BLAKE2b tag that binds it to the
-principal and to the stream's conversations. A token that does not verify
+principal, the stream's conversations and the grant (the cursors are
+positions, not secrets: see :class:`Sealer`). A token that does not verify
 (another principal's, other conversations, malformed, altered, made with
 another key) does not open: the stream is then answered with a reset,
 in-band, never an HTTP error.
@@ -69,9 +70,44 @@ class Opened:
     grant: Grant | None
 
 
-def _tag(key: bytes, principal_id: str, conversations: tuple[str, ...], body: bytes) -> bytes:
+def _tag(key: bytes, principal_id: str, conversations: tuple[str, ...], grant: str) -> bytes:
     scope = principal_id.encode() + b"\n" + ",".join(conversations).encode() + b"\n"
-    return hashlib.blake2b(scope + body, key=key[:64], digest_size=TAG_BYTES).digest()
+    mac = hashlib.blake2b(scope + grant.encode(), key=key[:64], digest_size=TAG_BYTES)
+    return mac.digest()
+
+
+def _grant_text(grant: Grant | None) -> str:
+    return "" if grant is None else f"{grant.principal_id},{grant.expires_at},{grant.detail_mode}"
+
+
+class Sealer:
+    """Seals the tokens of one stream. The tag binds what must not be
+    forged — the principal, the conversations, the grant — and is made once
+    per grant; the cursors ride beside it unsigned: they are positions, not
+    secrets, and an altered one only moves where the stream resumes within
+    what its principal may read anyway (the Mind plans it as any cursor)."""
+
+    __slots__ = ("_key", "_principal_id", "_tags", "conversations")
+
+    def __init__(self, key: bytes, principal_id: str, conversations: tuple[str, ...]) -> None:
+        self._key = key
+        self._principal_id = principal_id
+        self.conversations = conversations
+        self._tags: dict[str, bytes] = {}
+
+    def seal(self, cursors: Mapping[str, str], grant: Grant | None) -> str:
+        grant_text = _grant_text(grant)
+        tag = self._tags.get(grant_text)
+        if tag is None:
+            self._tags.clear()  # one grant at a time
+            tag = self._tags[grant_text] = _tag(
+                self._key, self._principal_id, self.conversations, grant_text
+            )
+        get = cursors.get
+        body = VERSION + "|" + ",".join([get(c, "") for c in self.conversations])
+        if grant_text:
+            body += "|" + grant_text
+        return base64.urlsafe_b64encode(body.encode() + tag).rstrip(b"=").decode()
 
 
 def seal_token(
@@ -83,12 +119,7 @@ def seal_token(
 ) -> str:
     """The resume token of a stream of ``principal_id`` over
     ``conversations`` (its order), standing at ``cursors``."""
-    parts = [VERSION, ",".join(cursors.get(c, "") for c in conversations)]
-    if grant is not None:
-        parts.append(f"{grant.principal_id},{grant.expires_at},{grant.detail_mode}")
-    body = "|".join(parts).encode()
-    sealed = body + _tag(key, principal_id, conversations, body)
-    return base64.urlsafe_b64encode(sealed).rstrip(b"=").decode()
+    return Sealer(key, principal_id, conversations).seal(cursors, grant)
 
 
 def open_token(
@@ -120,7 +151,8 @@ def open_token(
             return None
         grant = Grant(fields[0], int(fields[1]), fields[2])
     owner = principal_id if principal_id is not None else (grant and grant.principal_id)
-    if not owner or not hmac.compare_digest(tag, _tag(key, owner, conversations, body)):
+    expected = _tag(key, owner, conversations, parts[2] if grant else "") if owner else b""
+    if not owner or not hmac.compare_digest(tag, expected):
         return None
     texts = parts[1].split(",")
     if len(texts) != len(conversations):
@@ -168,12 +200,29 @@ def type_of(frame: bytes) -> str:
     return frame[_TYPE_AT : frame.index(b'"', _TYPE_AT)].decode()
 
 
+_CID = b'"conversation_id":"'
+_CURSOR = b'"cursor":"'
+_SNAPSHOTS = frozenset({"face.snapshot", "face.reset"})
+
+
 def position_of(frame: bytes, type_: str | None = None) -> tuple[str, str] | None:
     """``(conversation_id, cursor)`` a reader stands at once it has seen
     ``frame``: an event's own cursor, a snapshot's (alone or in a reset);
     None for a frame that moves no conversation."""
-    if (type_ or type_of(frame)) not in POSITIONED:
+    type_ = type_ or type_of(frame)
+    if type_ not in POSITIONED:
         return None
+    if type_ not in _SNAPSHOTS:
+        # Events, deltas and progress begin with conversation_id, seq, cursor
+        # (ids and cursors need no escaping): read them where they are.
+        start = frame.find(_CID)
+        if start > 0:
+            start += len(_CID)
+            end = frame.index(b'"', start)
+            at = frame.find(_CURSOR, end, end + 48)
+            if at > 0:
+                at += len(_CURSOR)
+                return frame[start:end].decode(), frame[at : frame.index(b'"', at)].decode()
     p = _decode_position(frame).payload
     if p.snapshot is not None:
         cid, cursor = p.conversation_id, p.snapshot.cursor

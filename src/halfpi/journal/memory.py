@@ -136,8 +136,13 @@ class MemoryJournal:
         self._age.append(w)
         self.total_bytes += size
         limits = self.limits
-        # Cheap test first: most appends are within every bound.
-        if w.bytes > limits.bytes_per_conversation or len(w.items) - w.start > limits.events:
+        # Cheap test first: most appends are within every bound. Past the
+        # count, only an oldest entry older than the time bound can go (a fast
+        # stream holds more than ``events`` for ``seconds``: no call per append).
+        if w.bytes > limits.bytes_per_conversation or (
+            len(w.items) - w.start > limits.events
+            and w.items[w.start].ts < entry.ts - limits.seconds  # type: ignore[union-attr]
+        ):
             self._trim(w, entry.ts)
         if self.total_bytes > limits.bytes_total:
             self._trim_global(w)

@@ -168,6 +168,7 @@ class ChatRun:
         "text",
         "text_chars",
         "tool_runs",
+        "visible_chars",
         "visible_text",
     )
 
@@ -189,6 +190,7 @@ class ChatRun:
         self.text: list[str] = []  # every delta produced so far
         self.text_chars = 0  # their length
         self.visible_text: list[str] = []  # deltas published so far (snapshot)
+        self.visible_chars = 0  # their length: what a checkpoint can save
         self.task: asyncio.Task[None] | None = None
         # Frozen at admission (I9): every tool call of this chat inherits it.
         self.detail_mode = detail_mode
@@ -484,13 +486,16 @@ class ConversationActor:
         appending = self.env.journal.append(self.id, entry_of(message, now))
         if appending is not None:
             self._journaling = appending
-        if message.kind == DELTA and message.request_id is not None:
+        kind = message.kind
+        if kind == DELTA and message.request_id is not None:
             run = self.visible_runs.get(message.request_id)
             if run is not None:
-                run.visible_text.append(message.text or "")
+                text = message.text or ""
+                run.visible_text.append(text)
+                run.visible_chars += len(text)
         # A copy: sending may evict a slow subscriber, which unsubscribes it.
         for sub in list(self.subscribers.values()):
-            if sub.live and (message.kind == RELIABLE or sub.wants(message)):
+            if sub.live and (kind == RELIABLE or sub.wants(message)):
                 shown = message.for_mode(sub.detail_mode)
                 if shown is not None:
                     sub.session.send(shown)
@@ -609,15 +614,23 @@ class ConversationActor:
         env = self.env
         if env.checkpoint_s is None:
             return
-        now = self.now()
-        # 4 KiB, or an eighth of what is saved when that is more: a long fast
-        # reply rewrites its row a bounded number of times (at most ~9x its size).
-        due_chars = max(env.checkpoint_chars, run.saved_chars >> 3)
-        if now - run.saved_at >= env.checkpoint_s or run.text_chars - run.saved_chars >= due_chars:
-            self._checkpoint(run, now)
-        elif run.save_timer is None and env.call_later is not None:
-            delay = run.saved_at + env.checkpoint_s - now
-            run.save_timer = env.call_later(delay, self._checkpoint_due, run)
+        # 4 KiB shown, or an eighth of what is saved when that is more: a long
+        # fast reply rewrites its row a bounded number of times (at most ~9x
+        # its size). Counted on what was shown, the only text a checkpoint
+        # saves: text waiting behind a commit makes no checkpoint due (each
+        # delta would assemble the same text again for nothing).
+        unsaved = run.visible_chars - run.saved_chars
+        if unsaved >= env.checkpoint_chars and unsaved >= run.saved_chars >> 3:
+            self._checkpoint(run, self.now())
+        elif run.save_timer is None:
+            # ``checkpoint_s`` after the last save: while its timer is armed,
+            # the timer saves (no clock read per delta of a fast stream).
+            now = self.now()
+            if now - run.saved_at >= env.checkpoint_s:
+                self._checkpoint(run, now)
+            elif env.call_later is not None:
+                delay = run.saved_at + env.checkpoint_s - now
+                run.save_timer = env.call_later(delay, self._checkpoint_due, run)
 
     def _checkpoint_due(self, run: ChatRun) -> None:
         run.save_timer = None
@@ -635,15 +648,16 @@ class ConversationActor:
             run.save_timer = None
         if run.ending is not None or CHAT.is_terminal(run.state):
             return  # the end is committing, with the whole text
-        text = "".join(run.visible_text)
-        if len(text) < run.text_chars and self.env.call_later is not None:
+        visible = run.visible_chars
+        if visible < run.text_chars and self.env.call_later is not None:
             assert self.env.checkpoint_s is not None
             run.save_timer = self.env.call_later(
                 self.env.checkpoint_s, self._checkpoint_due, run
             )
-        if len(text) == run.saved_chars:
+        if visible == run.saved_chars:
             return
-        run.saved_chars = len(text)
+        text = "".join(run.visible_text)
+        run.saved_chars = visible
         row = RunRow(
             run.run_id, self.id, run.request_id, run.principal_id, "running", run.started_at
         )

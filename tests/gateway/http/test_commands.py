@@ -3,6 +3,7 @@ on an in-process Mind, through a real socket."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -293,3 +294,27 @@ async def test_I1_a_client_gone_while_it_waits_ends_nothing(tmp_path: Path) -> N
         final = await door.command("face.chat", body, idempotency_key="gone", wait=10)
         assert final.status_code == 200
         assert (final.json()["status"], final.json()["content"]) == ("succeeded", "done")
+
+
+async def test_I8_a_credential_revoked_while_its_command_waits_gets_401(tmp_path: Path) -> None:
+    async with http_door(tmp_path) as (lmind, door):
+        cid = await door.create_conversation()
+        tablet = await face_add(lmind.config.home, "tablet")
+        await lmind.mind.refresh_credentials()
+        watcher = await FaceClient.connect(lmind.url, lmind.token)
+        await watcher.subscribe(cid)
+        waiting = asyncio.create_task(door.command(
+            "face.chat", {"conversation_id": cid, "content": "/sleep 0.5"},
+            idempotency_key="revoked-wait", wait=20, token=tablet.token))
+        # The chat has started: the command is past its authorisation and waits.
+        await watcher.expect(lambda f: f["type"] == "face.event"
+                             and f["payload"]["type"] == "chat.started")
+        await lmind.mind.store.revoke_credential("face", "tablet", lmind.mind.now())
+        await lmind.mind.refresh_credentials()
+        answer = await waiting
+        assert answer.status_code == 401, answer.text
+        assert answer.json()["error"]["code"] == "unauthorized"
+        # It ran to its end all the same (I1).
+        await watcher.expect(lambda f: f["type"] == "face.event"
+                             and f["payload"]["type"] == "chat.completed")
+        await watcher.close()

@@ -43,7 +43,14 @@ from starlette.routing import BaseRoute, Route
 from halfpi.core import wire
 from halfpi.core.events import Accepted, Pong, Result, Snapshot
 from halfpi.core.outbound import Message
-from halfpi.errors import ErrorCode, HalfpiError, InternalError, InvalidRequest, TooLarge
+from halfpi.errors import (
+    ErrorCode,
+    HalfpiError,
+    InternalError,
+    InvalidRequest,
+    TooLarge,
+    Unauthorized,
+)
 from halfpi.gateway.http import spec
 from halfpi.gateway.http.door import STATUS, Door, error_response
 from halfpi.mind import api
@@ -274,6 +281,10 @@ class Commands:
                 finally:
                     gone.cancel()
                 final = caller.final()
+                if mind.credential(credential.principal_id) is None:
+                    # Revoked while it waited (I8): the command runs on (I1),
+                    # its answer is no longer this bearer's to read.
+                    raise Unauthorized("the credential was revoked while the command waited")
             reply = final or caller.accepted()
             if reply is None:  # every command answers; a bug otherwise
                 raise InternalError(f"{type_} sent no reply")

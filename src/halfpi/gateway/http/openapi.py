@@ -17,16 +17,15 @@ documented refusal from a bug.
 HTML page (escaped, no script, no CDN): it works offline, and there is no
 renderer to vendor or keep up to date.
 
-The event streams and stream tickets (``sse.py``) are described by that
-module's own ``describe()`` once it has one; until then by
-:data:`STREAMS`, a declared table of their contract (DESIGN §9).
+The event streams, stream tickets and their CORS preflights are
+described by ``sse.py``'s ``describe()``.
 """
 
 from __future__ import annotations
 
 import html
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -43,63 +42,6 @@ from halfpi.gateway.http.door import STATUS, Door
 REF = "#/components/schemas/{name}"
 OPENAPI_PATH = "/v1/openapi.json"
 DOCS_PATH = "/v1/docs"
-
-_CURSORS = {"type": "string", "maxLength": 4096}
-
-# The SSE routes and stream tickets as DESIGN §9 and docs/protocol.md §17
-# state them (sse.py replaces this with its own describe()).
-STREAMS: tuple[spec.Operation, ...] = (
-    spec.Operation(
-        method="get",
-        path="/v1/events",
-        operation_id="get_v1_events",
-        summary="One event stream for several conversations (Server-Sent Events)",
-        tag="streams",
-        description="Every event has an id: that resumes the whole stream exactly "
-                    "(Last-Event-ID or ?since=); a cursor that cannot resume is answered "
-                    "in-band with event: face.reset and a snapshot, never an HTTP error.",
-        parameters=(
-            spec.Parameter("conversations", "query", {"type": "string"}, required=True,
-                           description="conversation ids, comma-separated"),
-            spec.Parameter("since", "query", _CURSORS,
-                           description="a resume token (an event's id)"),
-            spec.Parameter("ticket", "query", {"type": "string"},
-                           description="a one-time stream ticket instead of a bearer token"),
-            spec.Parameter("Last-Event-ID", "header", _CURSORS,
-                           description="sent by EventSource when it reconnects"),
-        ),
-        responses={200: spec.Body({"type": "string"}, "the event stream",
-                                  "text/event-stream")},
-        errors=frozenset({ErrorCode.INVALID_REQUEST, ErrorCode.CONVERSATION_NOT_FOUND}),
-    ),
-    spec.Operation(
-        method="get",
-        path="/v1/conversations/{conversation_id}/events",
-        operation_id="get_v1_conversation_events",
-        summary="One conversation's event stream (Server-Sent Events)",
-        tag="streams",
-        parameters=(
-            spec.Parameter("conversation_id", "path", {"type": "string"}, required=True),
-            spec.Parameter("since", "query", _CURSORS),
-            spec.Parameter("ticket", "query", {"type": "string"}),
-            spec.Parameter("Last-Event-ID", "header", _CURSORS),
-        ),
-        responses={200: spec.Body({"type": "string"}, "the event stream",
-                                  "text/event-stream")},
-        errors=frozenset({ErrorCode.INVALID_REQUEST, ErrorCode.CONVERSATION_NOT_FOUND}),
-    ),
-    spec.Operation(
-        method="post",
-        path="/v1/stream-tickets",
-        operation_id="post_v1_stream_tickets",
-        summary="A one-time ticket (60 s, single use) for an EventSource",
-        tag="streams",
-        body=spec.Body({"type": "object"}, "what the ticket is for"),
-        responses={200: spec.Body({"type": "object",
-                                   "properties": {"ticket": {"type": "string"}}})},
-        errors=frozenset({ErrorCode.INVALID_REQUEST, ErrorCode.TOO_LARGE}),
-    ),
-)
 
 SELF: tuple[spec.Operation, ...] = (
     spec.Operation(
@@ -121,8 +63,7 @@ def describe() -> list[spec.Operation]:
 
 def operations() -> list[spec.Operation]:
     """Every route of the door, as its module describes it."""
-    streams: Callable[[], Iterable[spec.Operation]] = getattr(sse, "describe", lambda: STREAMS)
-    return [*commands.describe(), *reads.describe(), *streams(), *describe()]
+    return [*commands.describe(), *reads.describe(), *sse.describe(), *describe()]
 
 
 def _is_type(schema: spec.Schema) -> bool:
@@ -179,7 +120,9 @@ def document() -> dict[str, Any]:
         responses: dict[str, Any] = {
             str(status): {
                 "description": body.description or "OK",
-                "content": {body.media_type: {"schema": schema(body.schema)}},
+                # An answer with no media type has no body (a 204).
+                **({"content": {body.media_type: {"schema": schema(body.schema)}}}
+                   if body.media_type else {}),
             }
             for status, body in sorted(op.responses.items())
         }
@@ -285,7 +228,7 @@ def render(doc: dict[str, Any]) -> str:
             out.append("<table><tr><th>status</th><th>answer</th></tr>")
             for status, answer in op["responses"].items():
                 schemas = ", ".join(f"{media}: {json.dumps(c['schema'])}"
-                                    for media, c in answer["content"].items())
+                                    for media, c in answer.get("content", {}).items())
                 out.append(f"<tr><td>{e(status)}</td><td>{e(answer['description'])}"
                            f"<br><code>{e(schemas)}</code></td></tr>")
             out.append("</table>")

@@ -43,7 +43,8 @@ class Parameter:
 
 @dataclass(frozen=True)
 class Body:
-    """A request or response body: a media type and its schema."""
+    """A request or response body: a media type and its schema (an empty
+    media type: no body, as a 204 has)."""
 
     schema: Schema
     description: str = ""
@@ -52,7 +53,7 @@ class Body:
 
 @dataclass(frozen=True)
 class Operation:
-    method: str  # "get" | "post"
+    method: str  # "get" | "post" | "options"
     path: str
     operation_id: str
     summary: str

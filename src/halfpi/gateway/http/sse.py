@@ -33,13 +33,14 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 import msgspec
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from halfpi.core import wire
 from halfpi.core.replay import UNPLACED_EPOCH
 from halfpi.core.sse import Grant, Opened, open_token
-from halfpi.errors import HalfpiError, InvalidRequest, RateLimited, Unauthorized
+from halfpi.errors import ErrorCode, HalfpiError, InvalidRequest, RateLimited, Unauthorized
+from halfpi.gateway.http import spec
 from halfpi.gateway.http.door import Door, error_response
 from halfpi.gateway.http.sse_stream import SseStream
 from halfpi.mind import api
@@ -63,6 +64,15 @@ class TicketRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     detail_mode: Literal["transparent", "summary"] | None = None
 
 
+class Ticket(msgspec.Struct, frozen=True):
+    """The answer to ``POST /v1/stream-tickets``."""
+
+    ticket: str
+    expires_in: int  # seconds
+    conversations: list[str]
+    detail_mode: Literal["transparent", "summary"]
+
+
 _decode_ticket_request = msgspec.json.Decoder(TicketRequest).decode
 
 
@@ -71,6 +81,69 @@ def routes(door: Door) -> list[BaseRoute]:
         Route(EVENTS_PATH, partial(events, door), methods=["GET", "OPTIONS"]),
         Route(CONVERSATION_EVENTS_PATH, partial(events, door), methods=["GET", "OPTIONS"]),
         Route(TICKETS_PATH, partial(tickets, door), methods=["POST", "OPTIONS"]),
+    ]
+
+
+# -- the OpenAPI description ------------------------------------------------------------
+
+_TOKEN = {"type": "string", "maxLength": 4096}
+_STREAM = {200: spec.Body({"type": "string"}, "the event stream (docs/protocol.md §17)",
+                          "text/event-stream")}
+_STREAM_ERRORS = frozenset({ErrorCode.INVALID_REQUEST, ErrorCode.CONVERSATION_NOT_FOUND})
+_RESUME = (
+    spec.Parameter("detail", "query", {"enum": ["summary", "transparent"]},
+                   description="the detail mode (default: the profile's)"),
+    spec.Parameter("since", "query", _TOKEN, description="a resume token: an event's id"),
+    spec.Parameter("ticket", "query", {"type": "string"},
+                   description="a one-time stream ticket instead of a bearer token"),
+    spec.Parameter("Last-Event-ID", "header", _TOKEN,
+                   description="a resume token, as EventSource sends it when it reconnects"),
+)
+_CONVERSATION = spec.Parameter("conversation_id", "path", {"type": "string"}, required=True)
+
+
+def _preflight(path: str, name: str, parameters: tuple[spec.Parameter, ...] = ()) -> spec.Operation:
+    return spec.Operation(
+        method="options", path=path, operation_id=f"options_{name}",
+        summary="A browser's CORS preflight (an allowed Origin only)", tag="streams",
+        parameters=parameters, public=True,
+        responses={204: spec.Body({}, "allowed: Access-Control-Allow-* headers", "")},
+        errors=frozenset({ErrorCode.FORBIDDEN}),
+    )
+
+
+def describe() -> list[spec.Operation]:
+    resumes = ("Every event has an id: that resumes the whole stream exactly (Last-Event-ID "
+               "or ?since=); a token that cannot resume is answered in-band with event: "
+               "face.reset and a snapshot, never an HTTP error.")
+    return [
+        spec.Operation(
+            method="get", path=EVENTS_PATH, operation_id="get_v1_events",
+            summary="One event stream for several conversations (Server-Sent Events)",
+            tag="streams", description=resumes,
+            parameters=(spec.Parameter("conversations", "query", {"type": "string"},
+                                       required=True,
+                                       description="conversation ids, comma-separated"),
+                        *_RESUME),
+            responses=_STREAM, errors=_STREAM_ERRORS,
+        ),
+        spec.Operation(
+            method="get", path=CONVERSATION_EVENTS_PATH,
+            operation_id="get_v1_conversation_events",
+            summary="One conversation's event stream (Server-Sent Events)",
+            tag="streams", description=resumes,
+            parameters=(_CONVERSATION, *_RESUME), responses=_STREAM, errors=_STREAM_ERRORS,
+        ),
+        spec.Operation(
+            method="post", path=TICKETS_PATH, operation_id="post_v1_stream_tickets",
+            summary="A one-time ticket (60 s, single use) for an EventSource", tag="streams",
+            body=spec.Body(TicketRequest, "the stream the ticket is for"), body_required=True,
+            responses={200: spec.Body(Ticket)},
+            errors=frozenset({ErrorCode.INVALID_REQUEST, ErrorCode.TOO_LARGE}),
+        ),
+        _preflight(EVENTS_PATH, "v1_events"),
+        _preflight(CONVERSATION_EVENTS_PATH, "v1_conversation_events", (_CONVERSATION,)),
+        _preflight(TICKETS_PATH, "v1_stream_tickets"),
     ]
 
 
@@ -120,14 +193,9 @@ async def tickets(door: Door, request: Request) -> Response:
         ticket, mode = door.mind().tickets.issue_for(credential, conversations, ask.detail_mode)
     except HalfpiError as exc:
         return error_response(exc)
-    body = {
-        "ticket": ticket,
-        "expires_in": int(TICKET_TTL_S),
-        "conversations": list(conversations),
-        "detail_mode": mode,
-    }
+    body = Ticket(ticket, int(TICKET_TTL_S), list(conversations), mode)  # type: ignore[arg-type]
     headers = {**cors_headers(request), "Cache-Control": "no-store"}
-    return JSONResponse(body, headers=headers)
+    return Response(msgspec.json.encode(body), media_type="application/json", headers=headers)
 
 
 # -- streams ------------------------------------------------------------------------------

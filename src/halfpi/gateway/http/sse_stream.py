@@ -37,11 +37,11 @@ from halfpi.core.outbound import Message, OutboundQueue
 from halfpi.core.sse import (
     POSITIONED,
     Grant,
+    Sealer,
     event_bytes,
     ping_bytes,
     position_of,
     retry_bytes,
-    seal_token,
     type_of,
 )
 from halfpi.errors import CloseCode
@@ -86,6 +86,8 @@ class SseStream:
         self.cursors = dict(cursors)
         self.grant = grant
         self._token: str | None = None
+        assert self.principal_id is not None
+        self._sealer = Sealer(mind.tickets.key, self.principal_id, conversations)
         self.queue = OutboundQueue(mind.config.queue)
         self.subscriptions = mind.subscriptions_for(self)
         self.response = SseResponse(self)
@@ -113,11 +115,7 @@ class SseStream:
     def token(self) -> str:
         token = self._token
         if token is None:
-            assert self.principal_id is not None
-            token = self._token = seal_token(
-                self.mind.tickets.key, self.principal_id, self.conversations, self.cursors,
-                self.grant,
-            )
+            token = self._token = self._sealer.seal(self.cursors, self.grant)
         return token
 
     def _events(self, frames: list[bytes]) -> bytes:

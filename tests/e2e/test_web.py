@@ -506,3 +506,31 @@ async def test_a_mind_that_answers_nothing_is_said_so_not_waited_for_in_silence(
         await page.wait_for_selector('#status[data-state="connected"]')
     finally:
         await proxy.stop()
+
+
+async def test_a_stream_gone_silent_is_said_dead_and_reconnected_not_shown_connected(
+    browser: Browser, mind: MindProcess
+) -> None:
+    proxy = await FaultProxy(mind.port).start()
+    try:
+        page = await (await browser.new_context()).new_page()
+        page.set_default_timeout(WAIT_MS)
+        await page.clock.install()
+        await page.goto(base_of(proxy.port) + "/")
+        await page.fill("#signin-token", mind.token)
+        await page.click("#signin-form button[type=submit]")
+        await page.wait_for_selector('#status[data-state="connected"]')
+        # A half-open connection: the socket stays up, nothing comes through
+        # (not even the heartbeat events), and the browser is told nothing.
+        proxy.blackhole = True
+        await page.clock.run_for(34_000)
+        assert await page.get_attribute("#status", "data-state") == "connected"
+        await page.clock.run_for(2_000)  # two heartbeats and the grace: 35 s
+        await page.locator("#status", has_text="no heartbeat from the Mind for 35 s").wait_for()
+        assert await page.get_attribute("#status", "data-state") == "reconnecting"
+        proxy.blackhole = False
+        proxy.cut_all()
+        await page.clock.run_for(3_000)
+        await page.wait_for_selector('#status[data-state="connected"]')
+    finally:
+        await proxy.stop()

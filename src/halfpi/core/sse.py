@@ -248,10 +248,15 @@ def retry_bytes(retry_ms: int) -> bytes:
 PING = b": ping\n\n"
 
 
-def ping_bytes(token: str | None = None) -> bytes:
+def ping_bytes(token: str | None = None, heartbeat_s: float | None = None) -> bytes:
     """A comment every heartbeat (proxies and readers see the stream alive);
     with ``token``, an ``id:`` alone, which moves a browser's Last-Event-ID
-    without an event (a grant renewed while nothing happened)."""
-    if token is None:
-        return PING
-    return b": ping\nid: %b\n\n" % token.encode()
+    without an event (a grant renewed while nothing happened). With
+    ``heartbeat_s`` (a stream opened with ``?heartbeat=event``) the ping is
+    also an event, ``face.heartbeat``, which a page's script can see (an
+    EventSource hides comments) and so tell a silent stream from a dead one."""
+    ping = PING if token is None else b": ping\nid: %b\n\n" % token.encode()
+    if heartbeat_s is None:
+        return ping
+    frame = b'{"type":"face.heartbeat","payload":{"interval_s":%d}}' % round(heartbeat_s)
+    return ping + b"event: face.heartbeat\ndata: " + frame + b"\n\n"

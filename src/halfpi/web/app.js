@@ -197,6 +197,8 @@ const STREAM_TYPES = [
 const BACKGROUND_CLOSE_MS = 30000; // a hidden tab lets its stream go after this
 const BACKOFF_BASE_MS = 250;
 const BACKOFF_CAP_MS = 2000; // a local Mind: back within 2 s (docs/faces.md)
+const HEARTBEAT_S = 15; // until the stream's first face.heartbeat says otherwise
+const SILENCE_GRACE_S = 5;
 const ANSWER_MS = 15000; // a request or a stream with no answer this long is given up
 
 export function requestId(prefix = "w") {
@@ -561,20 +563,38 @@ class Face {
     if (key !== this.streamKey) return; // another conversation was opened meanwhile
     const query = new URLSearchParams({ conversations: key, ticket });
     if (this.lastEventId) query.set("since", this.lastEventId);
+    // Every ping is also an event (§17.3): a stream that stays silent past
+    // two heartbeats is dead, whatever the socket says.
+    query.set("heartbeat", "event");
     const source = new EventSource("v1/events?" + query.toString());
     this.stream = source;
+    let interval = HEARTBEAT_S;
+    let silence = null;
+    const alive = () => {
+      clearTimeout(silence);
+      const limit = (2 * interval + SILENCE_GRACE_S) * 1000;
+      silence = setTimeout(() => {
+        if (this.stream !== source) return;
+        this.scheduleReconnect(`no heartbeat from the Mind for ${limit / 1000} s`);
+      }, limit);
+    };
     const onEvent = (e) => {
       if (this.stream !== source) return;
       if (e.lastEventId) this.lastEventId = e.lastEventId;
+      alive();
       let frame;
       try {
         frame = JSON.parse(e.data);
       } catch {
         return;
       }
+      if (frame.type === "face.heartbeat") {
+        interval = Number(frame.payload.interval_s) || HEARTBEAT_S;
+        return;
+      }
       this.receive(frame);
     };
-    for (const type of STREAM_TYPES) source.addEventListener(type, onEvent);
+    for (const type of [...STREAM_TYPES, "face.heartbeat"]) source.addEventListener(type, onEvent);
     source.onmessage = onEvent;
     const watchdog = setTimeout(() => {
       if (this.stream !== source) return;
@@ -584,6 +604,7 @@ class Face {
     source.onopen = () => {
       clearTimeout(watchdog);
       if (this.stream !== source) return;
+      alive();
       this.attempt = 0;
       if (this.status.state !== "resynced") this.setStatus("connected", "connected");
       this.flushOutbox();
@@ -591,6 +612,7 @@ class Face {
     };
     source.onerror = () => {
       clearTimeout(watchdog);
+      clearTimeout(silence);
       if (this.stream !== source) return;
       this.closeStream();
       this.scheduleReconnect(navigator.onLine ? "the stream was cut" : "the browser is offline");

@@ -192,6 +192,32 @@ async def test_a_ping_comment_every_heartbeat_on_the_minds_clock(rig: Rig) -> No
     await peer.until(lambda p: sum("ping" in e.comments for e in p.events()) == 2)
 
 
+async def test_heartbeat_event_makes_every_ping_an_event_a_page_can_see(rig: Rig) -> None:
+    face = await rig.face()
+    a = await rig.conversation(face)
+    plain = await stream(rig, [a])
+    seen = await stream(rig, [a], heartbeat="event")
+    await plain.until(accepted)
+    await seen.until(accepted)
+    rig.clock.now += rig.mind.config.heartbeat_s
+    rig.mind.tick_sessions(rig.clock.now)
+    beats = lambda p: [e for e in p.events() if e.event == "face.heartbeat"]  # noqa: E731
+    await seen.until(lambda p: len(beats(p)) == 1)
+    assert beats(seen)[0].frame == {"type": "face.heartbeat", "payload": {
+        "interval_s": round(rig.mind.config.heartbeat_s)}}
+    assert beats(seen)[0].id is None  # never a resume position of its own
+    await plain.until(lambda p: any("ping" in e.comments for e in p.events()))
+    assert beats(plain) == []
+
+
+async def test_a_heartbeat_that_is_neither_comment_nor_event_is_400(rig: Rig) -> None:
+    face = await rig.face()
+    a = await rig.conversation(face)
+    peer = await stream(rig, [a], heartbeat="loud")
+    assert peer.status == 400
+    assert peer.json()["error"]["field"] == "heartbeat"
+
+
 async def test_I7_a_slow_reader_is_evicted_alone_with_its_cursors_in_the_last_id(
     tmp_path: Path,
 ) -> None:

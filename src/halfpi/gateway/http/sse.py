@@ -94,6 +94,8 @@ _RESUME = (
     spec.Parameter("detail", "query", {"enum": ["summary", "transparent"]},
                    description="the detail mode (default: the profile's)"),
     spec.Parameter("since", "query", _TOKEN, description="a resume token: an event's id"),
+    spec.Parameter("heartbeat", "query", {"enum": ["comment", "event"]},
+                   description="event: every heartbeat is also an event face.heartbeat"),
     spec.Parameter("ticket", "query", {"type": "string"},
                    description="a one-time stream ticket instead of a bearer token"),
     spec.Parameter("Last-Event-ID", "header", _TOKEN,
@@ -215,6 +217,9 @@ async def _open(door: Door, request: Request) -> Response:
     detail = request.query_params.get("detail")
     if detail is not None and detail not in ("summary", "transparent"):
         raise InvalidRequest("detail is summary or transparent", field="detail")
+    heartbeat = request.query_params.get("heartbeat", "comment")
+    if heartbeat not in ("comment", "event"):
+        raise InvalidRequest("heartbeat is comment or event", field="heartbeat")
     credential, mode, opened, grant = await _authorise(door, request, conversations, detail)
     api.authorize(credential.scopes, "face.subscribe")
     mind = door.mind()
@@ -223,7 +228,8 @@ async def _open(door: Door, request: Request) -> Response:
     if opened is None and _token(request) is not None:
         # A token that does not open here: every conversation resets (I4).
         since = {cid: f"{UNPLACED_EPOCH}.0" for cid in conversations}
-    stream = SseStream(mind, credential, conversations, cursors, grant)
+    stream = SseStream(mind, credential, conversations, cursors, grant,
+                       heartbeat_event=heartbeat == "event")
     if not stream.open():
         limit = mind.config.max_connections_per_principal
         raise RateLimited(f"this credential already has {limit} live connections")

@@ -72,8 +72,10 @@ class SseStream:
         conversations: tuple[str, ...],
         cursors: dict[str, str],
         grant: Grant | None,
+        heartbeat_event: bool = False,
     ) -> None:
         self.mind = mind
+        self.heartbeat_event = heartbeat_event  # ?heartbeat=event
         self.loop = asyncio.get_running_loop()
         self.principal_id: str | None = credential.principal_id
         self.label = credential.label
@@ -211,7 +213,8 @@ class SseStream:
             return None
         if now >= self.last_ping + config.heartbeat_s:
             self.last_ping = now
-            self.response.write(ping_bytes(self._renewed()))
+            interval = config.heartbeat_s if self.heartbeat_event else None
+            self.response.write(ping_bytes(self._renewed(), interval))
         deadline = self.last_ping + config.heartbeat_s
         if self.paused:
             deadline = min(deadline, self.paused_at + config.dead_after_s)

@@ -534,3 +534,25 @@ async def test_a_stream_gone_silent_is_said_dead_and_reconnected_not_shown_conne
         await page.wait_for_selector('#status[data-state="connected"]')
     finally:
         await proxy.stop()
+
+
+@pytest.mark.servers("native")
+async def test_an_observer_sees_the_conversation_read_only_and_cannot_decide(
+    browser: Browser, mind: MindProcess
+) -> None:
+    base = base_of(mind.port)
+    owner = await open_face(await browser.new_context(), base, mind.token)
+    cid = await open_conversation(owner)
+    await send(owner, '/tool exec_command {"argv": ["echo", "watched"]}')
+    await owner.wait_for_selector('#log .tool[data-state="awaiting approval"] button.allow')
+    watcher = await face_add(mind.home, "watcher", "--profile", "observer")
+    page = await open_face(await browser.new_context(), base, watcher.token)
+    assert await open_conversation(page) == cid
+    assert await page.inner_text("#who") == "watcher · observer"
+    assert await page.is_disabled("#input") and await page.is_disabled("#send")
+    assert await page.is_hidden("#new") and await page.is_hidden("#rename")
+    card = page.locator('#log .tool[data-state="awaiting approval"]')
+    await card.locator(".why", has_text="this credential may not decide").wait_for()
+    assert await card.locator("button").count() == 0
+    await owner.click('#log .tool[data-state="awaiting approval"] button.allow')
+    await page.wait_for_selector('#log li[data-role="assistant"][data-status="succeeded"]')

@@ -30,7 +30,7 @@ from msgspec import UNSET
 
 from halfpi.config import PROTOCOL_VERSION
 from halfpi.core import wire
-from halfpi.core.events import Error, Evicted, Limits, Ping, Welcome, to_message
+from halfpi.core.events import Error, Evicted, Ping, to_message
 from halfpi.core.outbound import Message, OutboundQueue
 from halfpi.core.states import CONNECTION
 from halfpi.errors import (
@@ -52,14 +52,6 @@ FLUSH_BUDGET = 256 * 1024  # bytes handed to the transport per flush round
 MAX_INBOX = 256
 MAX_INBOX_BEFORE_HELLO = 4  # with at most 1 MiB each: bounded before anyone is known
 OVERSIZED = b"\x00oversized:"  # stands in the inbox for a frame too large to keep
-FEATURES = (
-    "resume",
-    "snapshot",
-    "coalesced_deltas",
-    "evicted_cursors",
-    "conversation_changes",  # face.conversation.changed, face.conversation.rename
-    "approval_summaries",  # face.approval.pending/settled, face.approval.list
-)
 
 
 class Transport(Protocol):
@@ -318,26 +310,7 @@ class FaceSession:
         self.profile = credential.profile
         self.scopes = credential.scopes
         self.state = CONNECTION.check(self.state, "open")
-        config = self.mind.config
-        welcome = Welcome(
-            principal_id=credential.principal_id,
-            label=credential.label,
-            profile=credential.profile,
-            scopes=sorted(credential.scopes),
-            protocol=PROTOCOL_VERSION,
-            node_id=self.mind.node_id,
-            heartbeat_s=config.heartbeat_s,
-            limits=Limits(
-                max_frame_bytes=config.max_frame_bytes,
-                max_chat_bytes=config.max_chat_bytes,
-                reliable_queue_messages=config.queue.reliable_messages,
-                reliable_queue_bytes=config.queue.reliable_bytes,
-                transient_queue_messages=config.queue.transient_messages,
-                transient_queue_bytes=config.queue.transient_bytes,
-            ),
-            replay_safe=list(wire.REPLAY_SAFE),
-            features=list(FEATURES),
-        )
+        welcome = api.welcome(self.mind, credential)
         self.send(to_message(welcome))
 
     # -- liveness and closing ------------------------------------------------------

@@ -17,13 +17,16 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from halfpi.config import PROTOCOL_VERSION
 from halfpi.core import wire
+from halfpi.core.events import Limits, Welcome
 from halfpi.core.scopes import COMMAND_SCOPE
 from halfpi.errors import Forbidden, Unavailable
 from halfpi.mind import cancels, commands
 from halfpi.mind.caller import Caller
 
 if TYPE_CHECKING:
+    from halfpi.mind.auth import Credential
     from halfpi.mind.service import Mind
 
 Handler = Callable[["Mind", Caller, Any], Awaitable[None]]
@@ -48,6 +51,41 @@ HANDLERS: dict[str, Handler] = {
     "face.task.log": commands.task_get,
     "face.hand.list": commands.hand_list,
 }
+
+
+FEATURES = (
+    "resume",
+    "snapshot",
+    "coalesced_deltas",
+    "evicted_cursors",
+    "conversation_changes",  # face.conversation.changed, face.conversation.rename
+    "approval_summaries",  # face.approval.pending/settled, face.approval.list
+)
+
+
+def welcome(mind: Mind, credential: Credential) -> Welcome:
+    """Who the credential is to this Mind and how the Mind speaks to it
+    (``face.welcome`` on a WebSocket, ``GET /v1/welcome`` over HTTP)."""
+    config = mind.config
+    return Welcome(
+        principal_id=credential.principal_id,
+        label=credential.label,
+        profile=credential.profile,
+        scopes=sorted(credential.scopes),
+        protocol=PROTOCOL_VERSION,
+        node_id=mind.node_id,
+        heartbeat_s=config.heartbeat_s,
+        limits=Limits(
+            max_frame_bytes=config.max_frame_bytes,
+            max_chat_bytes=config.max_chat_bytes,
+            reliable_queue_messages=config.queue.reliable_messages,
+            reliable_queue_bytes=config.queue.reliable_bytes,
+            transient_queue_messages=config.queue.transient_messages,
+            transient_queue_bytes=config.queue.transient_bytes,
+        ),
+        replay_safe=list(wire.REPLAY_SAFE),
+        features=list(FEATURES),
+    )
 
 
 def authorize(scopes: frozenset[str], type_: str) -> None:

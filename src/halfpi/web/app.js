@@ -183,8 +183,9 @@ export function toDom(nodes, doc = document) {
 // Small helpers.
 
 export const REPLAY_SAFE = new Set([
-  // docs/protocol.md §4: every mutation goes through the request registry;
-  // this is face.welcome.replay_safe for the commands this page sends.
+  // docs/protocol.md §4: every mutation goes through the request registry.
+  // Until GET v1/welcome has answered (its replay_safe replaces this), the
+  // commands this page sends that a Mind of this version declares safe.
   "face.chat", "face.chat.cancel", "face.conversation.create",
   "face.conversation.rename", "face.approval.resolve", "face.run.cancel",
 ]);
@@ -266,6 +267,8 @@ class Face {
     this.outbox = this.loadOutbox();
     this.flushing = false;
     this.renderQueued = false;
+    this.replaySafe = REPLAY_SAFE;
+    this.scopes = null; // what this credential may do, from GET v1/welcome
   }
 
   // -- storage ------------------------------------------------------------
@@ -385,8 +388,7 @@ class Face {
     if (!token) return;
     this.token = token;
     try {
-      await this.http("GET", "v1/conversations?limit=1", undefined, undefined,
-                      { signOutOn401: false });
+      await this.http("GET", "v1/welcome", undefined, undefined, { signOutOn401: false });
     } catch (exc) {
       this.token = null;
       this.showSignIn(exc instanceof HttpError && exc.status === 401
@@ -430,6 +432,7 @@ class Face {
     document.body.dataset.page = "app";
     this.setStatus("connecting", "connecting…");
     try {
+      await this.readWelcome();
       await this.readLists();
     } catch (exc) {
       if (exc instanceof HttpError && exc.status === 401) return;
@@ -440,10 +443,33 @@ class Face {
     let open = wanted && this.conversations.has(wanted) ? wanted : null;
     if (!open && this.conversations.size) open = this.sortedConversations()[0].id;
     if (!open) {
-      await this.createConversation();
+      if (this.may("face:sessions:write")) await this.createConversation();
+      else this.notice("No conversation to watch yet: reload when one has been started.");
       return;
     }
     this.openConversation(open);
+  }
+
+  async readWelcome() {
+    // Who this token is and what the Mind lets it do (docs/protocol.md §18):
+    // the page offers only what the credential may do, and replays only
+    // what the Mind declares replay-safe.
+    const { json } = await this.http("GET", "v1/welcome");
+    this.replaySafe = new Set(json.replay_safe);
+    this.scopes = new Set(json.scopes);
+    $("who").textContent = `${json.label} · ${json.profile}`;
+    const canChat = this.may("face:chat");
+    $("input").disabled = !canChat;
+    $("send").disabled = !canChat;
+    $("input").placeholder = canChat
+      ? "Type a message; Enter sends, Shift+Enter for a new line"
+      : `Read-only: this credential (${json.profile}) may not send messages`;
+    $("new").hidden = !this.may("face:sessions:write");
+    $("rename").hidden = !this.may("face:sessions:write");
+  }
+
+  may(scope) {
+    return this.scopes === null || this.scopes.has(scope);
   }
 
   async readLists() {
@@ -506,7 +532,7 @@ class Face {
 
   showRename(on) {
     $("rename-form").hidden = !on;
-    $("rename").hidden = on;
+    $("rename").hidden = on || !this.may("face:sessions:write");
     if (on) {
       const c = this.conversations.get(this.open);
       $("rename-input").value = (c && c.name) || "";
@@ -789,7 +815,7 @@ class Face {
           item.state = "queued";
           break;
         }
-        if (item.tried && !REPLAY_SAFE.has(item.type)) {
+        if (item.tried && !this.replaySafe.has(item.type)) {
           // Never re-sent: read what the Mind has (I6).
           if (!(await this.reconcile(item))) break;
           continue;
@@ -1070,7 +1096,10 @@ class Face {
       " · ", el("span", { class: "tool-state", text: state })));
     if (t.args !== undefined) card.appendChild(el("div", { class: "args", text: JSON.stringify(t.args) }));
     const a = t.approval;
-    if (a && a.status === "pending") {
+    if (a && a.status === "pending" && !this.may("face:approve")) {
+      card.appendChild(el("div", { class: "why",
+                                   text: "awaiting approval — this credential may not decide" }));
+    } else if (a && a.status === "pending") {
       if (a.reason) card.appendChild(el("div", { class: "why", text: a.reason }));
       if (t.decisionError) card.appendChild(el("div", { class: "reason", text: t.decisionError }));
       const busy = Boolean(t.deciding);

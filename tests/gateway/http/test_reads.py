@@ -166,3 +166,30 @@ async def test_hands_are_listed(tmp_path: Path) -> None:
         await hand_ready(lmind)
         hands = (await door.get("/v1/hands")).json()["hands"]
         assert "local" in [h["hand_id"] for h in hands]
+
+
+async def test_welcome_says_over_http_what_the_websocket_welcome_says(tmp_path: Path) -> None:
+    async with http_door(tmp_path) as (lmind, door):
+        answer = await door.get("/v1/welcome")
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["cache-control"] == "no-store"
+        face = await FaceClient.connect(lmind.url, lmind.token)
+        assert face.welcome is not None
+        over_ws = {k: v for k, v in face.welcome["payload"].items() if k != "event_seq"}
+        await face.close()
+        assert answer.json() == over_ws
+        assert "face.chat" in answer.json()["replay_safe"]
+
+
+async def test_welcome_tells_an_observer_its_scopes_and_refuses_a_stranger(
+    tmp_path: Path,
+) -> None:
+    async with http_door(tmp_path) as (lmind, door):
+        watcher = await face_add(lmind.config.home, "watcher", "--profile", "observer")
+        await lmind.mind.refresh_credentials()
+        seen = (await door.get("/v1/welcome", token=watcher.token)).json()
+        assert (seen["label"], seen["profile"]) == ("watcher", "observer")
+        assert "face:chat" not in seen["scopes"]
+        assert (await door.get("/v1/welcome", token="hpf_nobody")).status_code == 401
+        odd = await door.get("/v1/welcome", extra="1")
+        assert odd.status_code == 400 and odd.json()["error"]["field"] == "extra"

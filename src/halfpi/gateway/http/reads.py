@@ -32,6 +32,7 @@ from halfpi.core.events import (
     MessagePage,
     Outbound,
     Snapshot,
+    Welcome,
 )
 from halfpi.core.outbound import Message
 from halfpi.errors import ErrorCode, HalfpiError, InternalError, InvalidRequest
@@ -195,8 +196,32 @@ class ReadRoute:
                         headers=NO_STORE)
 
 
+WELCOME_PATH = "/v1/welcome"
+
+
+def welcome_route(door: Door) -> Route:
+    """``GET /v1/welcome``: what a WebSocket's ``face.welcome`` tells its
+    Face — who this bearer is (profile, scopes), which commands are
+    replay-safe, the limits and the heartbeat — for a client that speaks
+    only HTTP (the web face reads it at sign-in)."""
+
+    async def get(request: Request) -> Response:
+        try:
+            if request.query_params:
+                name = next(iter(request.query_params))[:64]
+                raise InvalidRequest(f"unknown query parameter {name!r}", field=name)
+            credential = await door.credential(request)
+            body = msgspec.json.encode(api.welcome(door.mind(), credential))
+        except HalfpiError as exc:
+            return refusal(exc)
+        return Response(body, media_type="application/json", headers=NO_STORE)
+
+    return Route(WELCOME_PATH, get, methods=["GET"])
+
+
 def routes(door: Door) -> list[BaseRoute]:
-    return [Route(r.path, ReadRoute(door, r).get, methods=["GET"]) for r in READS]
+    return [*(Route(r.path, ReadRoute(door, r).get, methods=["GET"]) for r in READS),
+            welcome_route(door)]
 
 
 # -- the OpenAPI description (openapi.py) ---------------------------------------------------
@@ -258,4 +283,13 @@ def describe() -> list[spec.Operation]:
             responses={200: spec.Body(ANSWERS[read.type])},
             errors=frozenset(errors),
         ))
+    operations.append(spec.Operation(
+        method="get", path=WELCOME_PATH, operation_id="get_v1_welcome",
+        summary="Who this bearer is and how the Mind speaks to it (face.welcome)",
+        tag="reads",
+        description="Profile, scopes, replay-safe commands, limits, heartbeat: what a "
+                    "WebSocket's face.welcome says (docs/protocol.md §3).",
+        responses={200: spec.Body(Welcome)},
+        errors=frozenset({ErrorCode.INVALID_REQUEST}),
+    ))
     return operations

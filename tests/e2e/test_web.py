@@ -251,34 +251,45 @@ async def test_a_mind_killed_mid_reply_shows_the_reset_and_the_interrupted_parti
 async def test_two_tabs_race_an_approval_one_wins_the_other_shows_it_already_resolved(
     browser: Browser, mind: MindProcess, shots: Path
 ) -> None:
+    """The race at its closest: both tabs decide before either has heard of
+    the other's decision. The phone's tab reaches the Mind through the fault
+    proxy, which holds everything the Mind sends it while the laptop wins;
+    then the phone decides, blind, and is told the truth."""
     base = base_of(mind.port)
-    phone = await face_add(mind.home, "phone", "--approve")
-    laptop = await open_face(await browser.new_context(), base, mind.token)
-    cid = await open_conversation(laptop)
-    other = await open_face(await browser.new_context(), base, phone.token)
-    assert await open_conversation(other) == cid  # the newest conversation: the same
-    await send(laptop, '/tool exec_command {"argv": ["echo", "approved"]}')
-    allow = '#log .tool[data-state="awaiting approval"] button.allow'
-    await laptop.wait_for_selector(allow)
-    await other.wait_for_selector(allow)
-    await shots_of(other, shots, "approval")
+    proxy = await FaultProxy(mind.port).start()
+    try:
+        phone = await face_add(mind.home, "phone", "--approve")
+        laptop = await open_face(await browser.new_context(), base, mind.token)
+        cid = await open_conversation(laptop)
+        other = await open_face(await browser.new_context(), base_of(proxy.port), phone.token)
+        assert await open_conversation(other) == cid  # the newest conversation: the same
+        await send(laptop, '/tool exec_command {"argv": ["echo", "approved"]}')
+        allow = '#log .tool[data-state="awaiting approval"] button.allow'
+        await laptop.wait_for_selector(allow)
+        await other.wait_for_selector(allow)
+        await shots_of(other, shots, "approval")
 
-    await asyncio.gather(laptop.click(allow), other.click(allow))
-    outcomes = []
-    for page in (laptop, other):
-        outcome = page.locator("#log .tool .outcome")
-        await outcome.wait_for()
-        outcomes.append((await outcome.get_attribute("data-outcome"), await outcome.inner_text()))
-    assert sorted(o for o, _ in outcomes) == ["already_resolved", "applied"]
-    winner = "local" if outcomes[0][0] == "applied" else "phone"
-    loser_text = next(text for o, text in outcomes if o == "already_resolved")
-    assert f"already resolved by {winner}" in loser_text
-    # Both end on the same truth: the call ran, allowed by the winner.
-    for page in (laptop, other):
-        await page.wait_for_selector(f'#log .tool[data-state="succeeded · allowed by {winner}"]')
-        await page.wait_for_selector('#log li[data-role="assistant"][data-status="succeeded"]')
-    await shots_of(other if outcomes[1][0] == "already_resolved" else laptop, shots,
-                   "already-resolved")
+        proxy.pause_to_client()  # the phone hears nothing from now on
+        await laptop.click(allow)
+        await laptop.locator('#log .tool .outcome[data-outcome="applied"]').wait_for()
+        await other.click(allow)  # its tab still shows the approval waiting
+        proxy.resume_to_client()
+        outcomes = []
+        for page in (laptop, other):
+            outcome = page.locator("#log .tool .outcome")
+            await outcome.wait_for()
+            outcomes.append((await outcome.get_attribute("data-outcome"),
+                             await outcome.inner_text()))
+        assert [o for o, _ in outcomes] == ["applied", "already_resolved"]
+        assert "your decision stands: allowed once" in outcomes[0][1]
+        assert "already resolved by local: allowed once" in outcomes[1][1]
+        # Both end on the same truth: the call ran, allowed by the winner.
+        for page in (laptop, other):
+            await page.wait_for_selector('#log .tool[data-state="succeeded · allowed by local"]')
+            await page.wait_for_selector('#log li[data-role="assistant"][data-status="succeeded"]')
+        await shots_of(other, shots, "already-resolved")
+    finally:
+        await proxy.stop()
 
 
 async def shots_of(page: Page, folder: Path, name: str) -> None:

@@ -111,6 +111,10 @@ class FaultProxy:
                 data = await reader.read(65536)
                 if not data:
                     break
+                if to_client:
+                    # A read already waiting when the flow was paused holds
+                    # its chunk too: nothing reaches the client while paused.
+                    await self.flowing.wait()
                 if self.blackhole:
                     continue
                 if to_client and self.cut_when is not None and self.cut_when(data):

@@ -44,7 +44,8 @@ if TYPE_CHECKING:
 LINK_DIR = "links"
 DEFAULT_TTL_S = 300.0
 CODE_BYTES = 16  # 128 bits: guessing one in its five minutes is hopeless
-_CODE = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
+LINK_CODE_PATTERN = "^[A-Za-z0-9_-]{16,64}$"
+_CODE = re.compile(LINK_CODE_PATTERN)
 
 
 def code_hash(code: str) -> str:

@@ -13,16 +13,17 @@ second wall should that ever fail.
 from __future__ import annotations
 
 from importlib import resources
+from typing import Annotated
 
 import msgspec
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from halfpi.errors import ErrorCode, HalfpiError, InvalidRequest
 from halfpi.gateway.http import spec
 from halfpi.gateway.http.door import Door, error_response
-from halfpi.mind.links import redeem_link
+from halfpi.mind.links import LINK_CODE_PATTERN, redeem_link
 
 CSP = "; ".join(
     (
@@ -55,7 +56,16 @@ MAX_LINK_BODY = 1024
 
 
 class LinkBody(msgspec.Struct, forbid_unknown_fields=True):
-    code: str
+    # The rule claim_link applies, stated for the OpenAPI document too.
+    code: Annotated[str, msgspec.Meta(pattern=LINK_CODE_PATTERN)]
+
+
+class Linked(msgspec.Struct, frozen=True):
+    """The answer to a redeemed link: a new credential, its token shown once."""
+
+    token: str
+    label: str
+    principal_id: str
 
 
 def _asset(name: str) -> bytes:
@@ -86,14 +96,9 @@ def routes(door: Door) -> list[BaseRoute]:
             response = error_response(exc)
             response.headers.update({"Cache-Control": "no-store"})
             return response
-        return JSONResponse(
-            {
-                "token": redeemed.token,
-                "label": redeemed.label,
-                "principal_id": redeemed.principal_id,
-            },
-            headers={**HEADERS, "Cache-Control": "no-store"},
-        )
+        linked = Linked(redeemed.token, redeemed.label, redeemed.principal_id)
+        return Response(msgspec.json.encode(linked), media_type="application/json",
+                        headers={**HEADERS, "Cache-Control": "no-store"})
 
     return [
         *(Route(path, asset, methods=["GET", "HEAD"]) for path in ASSETS),
@@ -117,11 +122,9 @@ def describe() -> list[spec.Operation]:
         tag="web", public=True,
         description="The code from the link's #fragment, used once within its time; "
         "the answer is a new credential's token, shown once.",
-        body=spec.Body(msgspec.json.schema(LinkBody), "the link's code"),
+        body=spec.Body(LinkBody, "the link's code"),
         body_required=True,
-        responses={200: spec.Body({"type": "object", "properties": {
-            "token": {"type": "string"}, "label": {"type": "string"},
-            "principal_id": {"type": "string"}}}, "the new credential")},
+        responses={200: spec.Body(Linked, "the new credential")},
         errors=frozenset({ErrorCode.INVALID_REQUEST, ErrorCode.UNAUTHORIZED,
                           ErrorCode.FORBIDDEN}),
     )

@@ -211,6 +211,8 @@ async def serve(config: Config) -> None:
         ready = {
             "event": "listening",
             "url": f"{'wss' if config.tls else 'ws'}://{config.host}:{server.port}/v1/face",
+            # The web face and the HTTP door, on the same port.
+            "web": f"{'https' if config.tls else 'http'}://{config.host}:{server.port}/",
             "port": server.port,
             "node_id": mind.node_id,
             "home": str(config.home),

@@ -270,3 +270,15 @@ async def test_a_hand_given_home_dials_the_mind_that_home_names(tmp_path: Path) 
         hand.kill()
         hand.wait()
         mind.kill()
+
+
+def test_the_listening_line_names_the_web_face_and_it_is_served_there(
+    mind_proc: MindProcess,
+) -> None:
+    import httpx
+
+    web = mind_proc.ready["web"]
+    assert web == f"http://127.0.0.1:{mind_proc.port}/"
+    page = httpx.get(web, timeout=10)
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/html")

@@ -43,6 +43,7 @@ class ErrorCode(enum.StrEnum):
     APPROVAL_EXPIRED = "approval_expired"
     RUN_NOT_FOUND = "run_not_found"
     TASK_NOT_FOUND = "task_not_found"
+    DELIVERY_CONFLICT = "delivery_conflict"
     HAND_NOT_FOUND = "hand_not_found"
     BUSY = "busy"
     RATE_LIMITED = "rate_limited"
@@ -103,6 +104,12 @@ class NotFound(HalfpiError):
 
 class RequestConflict(HalfpiError):
     code = ErrorCode.REQUEST_CONFLICT
+
+
+class DeliveryConflict(HalfpiError):
+    """A background task's delivery id came again with another payload (DESIGN §8)."""
+
+    code = ErrorCode.DELIVERY_CONFLICT
 
 
 class RequestInProgress(HalfpiError):

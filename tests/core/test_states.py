@@ -19,6 +19,7 @@ from halfpi.core.states import (
     REQUEST,
     REQUEST_TERMINAL,
     RUN,
+    TASK,
     Machine,
     render_docs,
 )
@@ -48,6 +49,13 @@ EXPECTED: dict[str, tuple[str, dict[str, set[str]]]] = {
             "running": set(RUN_END),
         },
     ),
+    "task": (
+        "queued",
+        {
+            "queued": {"running", *RUN_END},
+            "running": set(RUN_END),
+        },
+    ),
     "approval": ("pending", {"pending": {"allowed", "denied", "expired", "cancelled"}}),
 }
 
@@ -57,8 +65,9 @@ def _allowed(machine: Machine) -> set[tuple[str, str]]:
 
 
 def test_every_machine_is_listed_once() -> None:
-    assert [m.name for m in MACHINES] == ["chat", "request", "connection", "run", "approval"]
-    assert (CHAT, REQUEST, CONNECTION, RUN, APPROVAL) == MACHINES
+    assert [m.name for m in MACHINES] == ["chat", "request", "connection", "run", "task",
+                                          "approval"]
+    assert (CHAT, REQUEST, CONNECTION, RUN, TASK, APPROVAL) == MACHINES
 
 
 @pytest.mark.parametrize("machine", MACHINES, ids=lambda m: m.name)

@@ -116,6 +116,21 @@ RUN = Machine(
     ),
 )
 
+TASK_TERMINAL = RUN_TERMINAL
+
+# A background task on a Hand (DESIGN §8). The Hand is its authority; a
+# Hand that restarts marks its unfinished tasks ``lost`` (never re-run).
+TASK = Machine(
+    "task",
+    "queued",
+    _table(
+        {
+            "queued": {"running", *TASK_TERMINAL},
+            "running": set(TASK_TERMINAL),
+        }
+    ),
+)
+
 APPROVAL_TERMINAL = frozenset({"allowed", "denied", "expired", "cancelled"})
 
 # An approval (DESIGN §7): the first valid decision wins (I10).
@@ -130,7 +145,7 @@ CHAT_EVENT_FOR_STATUS: Mapping[str, str] = {
     "interrupted": "chat.interrupted",
 }
 
-MACHINES = (CHAT, REQUEST, CONNECTION, RUN, APPROVAL)
+MACHINES = (CHAT, REQUEST, CONNECTION, RUN, TASK, APPROVAL)
 
 
 def render_docs() -> str:

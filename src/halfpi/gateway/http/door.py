@@ -37,6 +37,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.TASK_NOT_FOUND: 404,
     ErrorCode.HAND_NOT_FOUND: 404,
     ErrorCode.REQUEST_CONFLICT: 409,
+    ErrorCode.DELIVERY_CONFLICT: 409,
     ErrorCode.REQUEST_IN_PROGRESS: 409,
     ErrorCode.APPROVAL_EXPIRED: 409,
     ErrorCode.BUSY: 409,

@@ -11,55 +11,20 @@ import contextlib
 import json
 import os
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from halfpi.client.transport import ConnectionLost, Transport
+from halfpi.client.transport import Transport
 from halfpi.core.policy import Rule
 from halfpi.hand.executor import TOOLS, Outcome, Progress
 from halfpi.hand.node import HandNode, ToolFn
 from halfpi.hand.policy import HandPolicy
+from tests.support.scripted_mind import ScriptedMind
 
 Frame = dict[str, Any]
-
-
-@dataclass
-class ScriptedMind:
-    """The Mind's end of one Hand connection."""
-
-    to_hand: asyncio.Queue[Frame | None] = field(default_factory=asyncio.Queue)
-    from_hand: list[Frame] = field(default_factory=list)
-    arrived: asyncio.Event = field(default_factory=asyncio.Event)
-
-    async def send(self, text: str) -> None:  # the Hand sends
-        self.from_hand.append(json.loads(text))
-        self.arrived.set()
-
-    async def recv(self) -> str:  # the Hand receives
-        frame = await self.to_hand.get()
-        if frame is None:
-            raise ConnectionLost(1000, "test over")
-        return json.dumps(frame)
-
-    async def close(self) -> None:
-        self.to_hand.put_nowait(None)
-
-    def tell(self, type_: str, **payload: Any) -> None:
-        self.to_hand.put_nowait({"type": type_, "payload": payload})
-
-    async def expect(self, type_: str, timeout: float = 10.0, **match: Any) -> Frame:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            for frame in self.from_hand:
-                body = frame["payload"]
-                if frame["type"] == type_ and all(body.get(k) == v for k, v in match.items()):
-                    return body
-            self.arrived.clear()
-            await asyncio.wait_for(self.arrived.wait(), deadline - loop.time())
 
 
 @dataclass

@@ -162,8 +162,12 @@ async def exec_command(
     *,
     deny_paths: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
+    output: Callable[[str, bytes], None] | None = None,
 ) -> Outcome:
     """Run a command; its whole process tree ends with the run (``tree.py``).
+
+    ``output``: given every chunk of stdout and stderr as read, whole and
+    before the progress bounds (a background task's log keeps it).
 
     ``deny_paths``: files and directories that the command and everything it
     starts can neither read nor write (a private mount namespace and
@@ -199,6 +203,8 @@ async def exec_command(
     async def pump(kind: str, reader: asyncio.StreamReader) -> None:
         while chunk := await reader.read(CHUNK):
             streams[kind].add(chunk)
+            if output is not None:
+                output(kind, chunk)
             gate(kind, chunk)
 
     pumps: asyncio.Future[Any] = asyncio.gather(

@@ -13,6 +13,14 @@ produced while disconnected is dropped and the next progress says ``gap``.
 A Hand process that restarts has a new ``instance_id``: the Mind marks every
 run of the previous instance ``lost`` (I11).
 
+Background tasks (DESIGN §8, docs/hands.md) are the Hand's own: it keeps
+them in its task book (:mod:`halfpi.hand.tasks`), answers a delivery
+(``hand.task.deliver``) with a receipt — the original one for a
+redelivery — runs the task whatever happens to the connection, and tells
+the Mind every change of state (``hand.task.update``), all of them again
+after every reconnect to a Mind that speaks of tasks (its welcome lists
+the ``tasks`` feature).
+
 Every tool call passes the Hand's tool policy (DESIGN §8,
 :mod:`halfpi.hand.policy`): the Mind asks for a verdict first
 (``hand.check``), and the run is judged again when it starts — ``deny``
@@ -22,6 +30,7 @@ never runs, ``ask`` runs only if the Mind says a human approved it.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import inspect
 import json
@@ -29,6 +38,7 @@ import logging
 import os
 import platform
 import socket
+import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -47,14 +57,18 @@ from halfpi.client.transport import (
 )
 from halfpi.core.hand_wire import HAND_PROTOCOL, REASON_CHARS
 from halfpi.core.policy import Rule
+from halfpi.errors import HalfpiError
 from halfpi.hand.conceal import conceal
 from halfpi.hand.executor import TOOLS, Outcome, ToolError
 from halfpi.hand.leftovers import Leftovers
 from halfpi.hand.policy import HandPolicy, scrub_environment, without_secrets
+from halfpi.hand.tasks import TaskBook, TaskRecord
 
 log = logging.getLogger("halfpi.hand")
 
 HELLO_TIMEOUT_S = 30.0  # for hand.welcome
+TASK_LOG_PAGE = 64 * 1024  # at most this much of a task's log per hand.task.log_page
+TASKS_AFTER_CONNECT = 500  # the newest tasks re-announced after a reconnect
 
 ToolFn = Callable[..., Awaitable[Outcome]]
 # Called as ``tool(args, progress, cancelled, spawned, **policy_keywords)``:
@@ -102,6 +116,12 @@ class HandNode:
         self.runs: dict[str, HandRun] = {}
         self._checks: set[asyncio.Task[None]] = set()
         self.leftovers = Leftovers(state_dir / f"{hand_id}.runs.json" if state_dir else None)
+        # Background tasks need somewhere durable: no state folder, no tasks.
+        self.book = TaskBook(state_dir / f"{hand_id}.tasks") if state_dir else None
+        self.task_runs: dict[str, asyncio.Event] = {}  # running tasks: their cancel
+        self._task_work: set[asyncio.Task[None]] = set()
+        self.clock: Callable[[], float] = time.time
+        self.speaks_tasks = False
         self.generation = 0
         self.connected = asyncio.Event()
         self._transport: Transport | None = None
@@ -115,6 +135,9 @@ class HandNode:
         """Serve until stopped (True) or refused by the Mind (False)."""
         conceal(self.token)  # out of /proc/<pid>/environ and cmdline, where commands could read it
         await self.leftovers.kill_all()  # commands of a previous instance of this Hand
+        if self.book is not None:
+            for task_id in self.book.open(self.clock()):
+                log.warning("task %s was unfinished when this Hand stopped: lost", task_id)
         for root in self.policy.protected_roots():
             log.warning("root %s is a protected path: tools are refused there", root)
         # The shared loop (the Face SDK's too): the URL in turn, backoff reset
@@ -146,6 +169,8 @@ class HandNode:
 
     async def stop(self) -> None:
         self._stopping = True
+        for cancelled in self.task_runs.values():
+            cancelled.set()
         if self._reconnect is not None:
             self._reconnect.close()
         for run in self.runs.values():
@@ -195,6 +220,11 @@ class HandNode:
         for run in list(self.runs.values()):
             if run.result is not None:
                 await self._deliver(run)
+        self.speaks_tasks = "tasks" in payload.get("features", [])
+        if self.speaks_tasks and self.book is not None:
+            # What the Mind knows may be stale: every task as it stands now.
+            for record in self.book.tasks()[-TASKS_AFTER_CONNECT:]:
+                await self._send("hand.task.update", task_wire(record))
         while True:
             try:
                 text = await asyncio.wait_for(transport.recv(), 15.0)
@@ -213,6 +243,12 @@ class HandNode:
                 run = self.runs.get(body.get("run_id", ""))
                 if run is not None:
                     run.cancelled.set()
+            elif kind == "hand.task.deliver":
+                await self._task_deliver(body)
+            elif kind == "hand.task.cancel":
+                await self._task_cancel(str(body.get("task_id", "")))
+            elif kind == "hand.task.log":
+                await self._task_log(body)
             elif kind == "hand.ack":
                 # The Mind has the result durably: only now may it be forgotten.
                 for run_id in body.get("run_ids", []):
@@ -267,10 +303,7 @@ class HandNode:
         self, tool: ToolFn, name: str, args: dict[str, Any], approved: bool
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The arguments and keywords a tool runs with under the policy."""
-        try:
-            accepts = set(inspect.signature(tool).parameters)
-        except (TypeError, ValueError):  # a callable Python cannot introspect
-            accepts = set()
+        accepts = _parameters(tool)
         keywords: dict[str, Any] = {}
         if "deny_paths" in accepts:
             keywords["deny_paths"] = self.policy.deny_paths()
@@ -358,6 +391,142 @@ class HandNode:
         body = {"run_id": run.run_id, "generation": run.generation, **run.result}
         body = {k: v for k, v in body.items() if v is not None or k == "exit_code"}
         await self._send("hand.result", body)  # kept until hand.ack, re-sent after a drop
+
+
+    # -- background tasks ------------------------------------------------------------
+
+    async def _task_deliver(self, body: dict[str, Any]) -> None:
+        delivery_id = str(body.get("delivery_id", ""))[:128]
+        book = self.book
+        try:
+            if book is None:
+                raise ToolError("unavailable", "this Hand keeps no state: it takes no tasks")
+            tool = str(body.get("tool", ""))
+            args = dict(body.get("args") or {})
+            timeout_s = body.get("timeout_s")
+            receipt = book.deliver(delivery_id, tool, args, timeout_s, self.clock())
+        except HalfpiError as exc:
+            await self._send("hand.task.refused", {"delivery_id": delivery_id,
+                                                   "code": exc.code.value,
+                                                   "message": exc.message[:REASON_CHARS]})
+            return
+        except ToolError as exc:
+            await self._send("hand.task.refused", {"delivery_id": delivery_id,
+                                                   "code": exc.category,
+                                                   "message": str(exc)[:REASON_CHARS]})
+            return
+        await self._send("hand.task.receipt", {
+            "delivery_id": receipt.delivery_id, "task_id": receipt.task_id,
+            "state": receipt.state, "deduplicated": receipt.deduplicated,
+            "received_at": receipt.received_at,
+        })
+        if not receipt.deduplicated:
+            work = asyncio.create_task(self._task_execute(
+                receipt.task_id, tool, args, timeout_s, body.get("approved") is True))
+            self._task_work.add(work)
+            work.add_done_callback(self._task_work.discard)
+
+    async def _task_execute(
+        self, task_id: str, name: str, args: dict[str, Any], timeout_s: Any, approved: bool
+    ) -> None:
+        book = self.book
+        assert book is not None
+        cancelled = self.task_runs[task_id] = asyncio.Event()
+        try:
+            if not book.move(task_id, "running", self.clock()):
+                return  # cancelled while queued
+            await self._task_update(task_id)
+            tool = self.tools.get(name)
+            if timeout_s is not None and "timeout_s" not in args:
+                args["timeout_s"] = timeout_s
+
+            def progress(kind: str, text: str, gap: bool) -> None:
+                pass  # the log keeps every byte (below); progress is for foreground runs
+
+            def output(kind: str, data: bytes) -> None:
+                book.append_log(task_id, data)
+
+            try:
+                if tool is None:
+                    raise ToolError("unknown_tool", f"this Hand has no tool {name!r}")
+                await asyncio.to_thread(self.policy.enforce, name, args, approved=approved)
+                args, keywords = self._policy_keywords(tool, name, args, approved)
+                if "output" in _parameters(tool):
+                    keywords["output"] = output
+                outcome = await tool(args, progress, cancelled,
+                                     partial(self.leftovers.spawned, task_id), **keywords)
+                if "output" not in keywords:
+                    output("stdout", outcome.stdout)
+                    output("stderr", outcome.stderr)
+                state, exit_code, error = outcome.status, outcome.exit_code, outcome.error
+            except ToolError as exc:
+                state, exit_code, error = "failed", None, f"{exc.category}: {exc}"
+            except Exception as exc:  # a tool bug must still end the task
+                log.exception("task %s: tool %s crashed", task_id, name)
+                state, exit_code, error = "failed", None, f"tool_crashed: {exc}"
+            self.leftovers.ended(task_id)
+            book.move(task_id, state, self.clock(), exit_code=exit_code,
+                      error=None if error is None else error[:REASON_CHARS])
+            await self._task_update(task_id)
+        finally:
+            self.task_runs.pop(task_id, None)
+
+    async def _task_cancel(self, task_id: str) -> None:
+        book = self.book
+        record = None if book is None else book.get(task_id)
+        if book is None or record is None:
+            await self._send("hand.task.refused", {"task_id": task_id[:128],
+                                                   "code": "task_not_found",
+                                                   "message": "no such task"})
+            return
+        running = self.task_runs.get(task_id)
+        if running is not None:
+            running.set()  # it ends as cancelled, unless it ends first
+        elif book.move(task_id, "cancelled", self.clock()):
+            await self._task_update(task_id)
+        else:
+            await self._task_update(task_id)  # already ended: say how
+
+    async def _task_log(self, body: dict[str, Any]) -> None:
+        task_id = str(body.get("task_id", ""))[:128]
+        book = self.book
+        record = None if book is None else book.get(task_id)
+        if book is None or record is None:
+            await self._send("hand.task.refused", {"task_id": task_id, "code": "task_not_found",
+                                                   "message": "no such task"})
+            return
+        offset = max(0, int(body.get("offset") or 0))
+        limit = min(TASK_LOG_PAGE, max(1, int(body.get("limit") or TASK_LOG_PAGE)))
+        page = book.read_log(task_id, offset, limit)
+        await self._send("hand.task.log_page", {
+            "task_id": task_id, "offset": offset, "next_offset": page.next_offset,
+            "data_b64": base64.b64encode(page.data).decode(), "truncated": page.truncated,
+            "state": record.state,
+        })
+
+    async def _task_update(self, task_id: str) -> None:
+        record = None if self.book is None else self.book.get(task_id)
+        if record is not None and self.speaks_tasks:
+            await self._send("hand.task.update", task_wire(record))
+
+
+def task_wire(record: TaskRecord) -> dict[str, Any]:
+    """A task as the Hand tells the Mind of it (``hand.task.update``)."""
+    return {
+        "task_id": record.task_id, "delivery_id": record.delivery_id, "tool": record.tool,
+        "state": record.state, "created_at": record.created_at,
+        "started_at": record.started_at, "ended_at": record.ended_at,
+        "exit_code": record.exit_code, "error": record.error,
+        "log_bytes": record.log_bytes, "log_truncated": record.log_truncated,
+    }
+
+
+def _parameters(tool: ToolFn) -> set[str]:
+    """The keywords a tool declares (none for a callable Python cannot introspect)."""
+    try:
+        return set(inspect.signature(tool).parameters)
+    except (TypeError, ValueError):
+        return set()
 
 
 async def run_hand(

@@ -45,3 +45,18 @@ def mind_proc(tmp_path: Path, server_kind: str) -> Iterator[MindProcess]:
         yield proc
     finally:
         proc.kill()
+
+
+@pytest.fixture
+def paced_mind(tmp_path: Path, server_kind: str) -> Iterator[MindProcess]:
+    """A ``halfpi mind`` whose scripted agent streams a word every 5 ms (a
+    reply long enough to be cut in the middle), logging at debug level (so
+    a test can show what is never logged)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    mind = MindProcess(home, delta_ms=5.0, server=server_kind,
+                       extra_args=("--log-level", "debug")).start()
+    try:
+        yield mind
+    finally:
+        mind.kill()

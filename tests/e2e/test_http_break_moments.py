@@ -14,9 +14,7 @@ resumed exactly from its last id (I4), a history the REST reads agree with.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
-from typing import Any
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -24,23 +22,12 @@ import pytest
 from tests.support.http_door import Door, base_url, door_client
 from tests.support.mind import MindProcess
 from tests.support.proxy import FaultProxy, cut_on
-from tests.support.sse import Reading, read_sse
+from tests.support.sse import Reading, chat_completed, read_sse
 from tests.support.stream import assert_contiguous, delta_text, positioned
 
 pytestmark = pytest.mark.e2e
 
 WORDS = 200
-
-
-@pytest.fixture
-def paced_mind(tmp_path: Path, server_kind: str) -> Iterator[MindProcess]:
-    home = tmp_path / "home"
-    home.mkdir()
-    mind = MindProcess(home, delta_ms=5.0, server=server_kind).start()
-    try:
-        yield mind
-    finally:
-        mind.kill()
 
 
 @pytest.fixture
@@ -73,14 +60,6 @@ async def chat(door: Door, cid: str, content: str, key: str, wait: float = 30) -
 async def user_messages(door: Door, cid: str) -> list[str]:
     page = (await door.get(f"/v1/conversations/{cid}/messages", limit=100)).json()
     return [m["content"] for m in page["messages"] if m["role"] == "user"]
-
-
-def ended(request_id: str) -> Any:
-    def check(reading: Reading) -> bool:
-        f = reading.events[-1].frame
-        return (f["type"] == "face.event" and f["payload"]["type"] == "chat.completed"
-                and f["payload"]["data"].get("request_id") == request_id)
-    return check
 
 
 async def test_I5_cut_before_the_request_reaches_the_mind_then_one_admission(
@@ -146,7 +125,7 @@ async def test_I1_I4_a_cut_mid_reply_ends_nothing_and_both_halves_resume_exactly
     # The stream resumes from the last id it read: no duplicate, no gap (I4).
     second = await read_sse(f"{base}/v1/conversations/{cid}/events",
                             headers={**headers, "Last-Event-ID": first.last_id},
-                            stop=ended("moment-3"), timeout=30)
+                            stop=chat_completed("moment-3"), timeout=30)
     assert second.status == 200
     assert second.frames()[0]["payload"]["replay"] == "exact"
     seen_frames = positioned(first.frames(), cid) + positioned(second.frames(), cid)

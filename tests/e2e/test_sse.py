@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -16,22 +13,10 @@ import pytest
 from tests.support.client import FaceClient
 from tests.support.mind import MindProcess
 from tests.support.proxy import FaultProxy
-from tests.support.sse import Reading, read_sse
+from tests.support.sse import Reading, chat_completed, read_sse
 from tests.support.stream import assert_contiguous, delta_text, positioned
 
 WORDS = 300
-
-
-@pytest.fixture
-def paced_mind(tmp_path: Path, server_kind: str) -> Iterator[MindProcess]:
-    home = tmp_path / "home"
-    home.mkdir()
-    mind = MindProcess(home, delta_ms=5.0, server=server_kind,
-                       extra_args=("--log-level", "debug")).start()
-    try:
-        yield mind
-    finally:
-        mind.kill()
 
 
 def http_url(ws_url: str) -> str:
@@ -40,14 +25,6 @@ def http_url(ws_url: str) -> str:
 
 def bearer(token: str, **more: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}", **more}
-
-
-def completed(request_id: str) -> Any:
-    def check(reading: Reading) -> bool:
-        f = reading.events[-1].frame  # only the newest: a stream is long
-        return (f["type"] == "face.event" and f["payload"]["type"] == "chat.completed"
-                and f["payload"]["data"].get("request_id") == request_id)
-    return check
 
 
 @pytest.mark.e2e
@@ -83,7 +60,7 @@ async def test_a_cut_mid_reply_resumes_through_last_event_id_with_no_duplicate_o
         second = await read_sse(
             f"{base}/v1/events", headers=bearer(paced_mind.token, **{"Last-Event-ID":
                                                                      first.last_id}),
-            params=params, stop=completed(request_id), timeout=30)
+            params=params, stop=chat_completed(request_id), timeout=30)
         assert second.status == 200
         assert second.frames()[0]["payload"]["replay"] == "exact"
         seen = positioned(first.frames(), cid) + positioned(second.frames(), cid)

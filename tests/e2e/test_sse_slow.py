@@ -14,7 +14,7 @@ import pytest
 from tests.e2e.test_slow_consumer import DELTA_BYTES, WORD, reply_of, stall_bytes
 from tests.support.client import FaceClient
 from tests.support.mind import MindProcess
-from tests.support.sse import Reading, StalledReader, read_sse
+from tests.support.sse import StalledReader, chat_completed, read_sse
 from tests.support.stream import assert_contiguous, delta_text, positioned
 
 MiB = 1024 * 1024
@@ -29,14 +29,6 @@ def fast_mind(tmp_path: Path, server_kind: str) -> Iterator[MindProcess]:
         yield mind
     finally:
         mind.kill()
-
-
-def ended(request_id: str):  # type: ignore[no-untyped-def]
-    def check(reading: Reading) -> bool:
-        f = reading.events[-1].frame  # only the newest: a stream is long
-        return (f["type"] == "face.event" and f["payload"]["type"] == "chat.completed"
-                and f["payload"]["data"].get("request_id") == request_id)
-    return check
 
 
 @pytest.mark.e2e
@@ -59,7 +51,7 @@ async def test_I7_a_slow_sse_reader_is_evicted_alone_while_nine_others_stream(
         ready = [asyncio.Event() for _ in range(9)]
         nine = [asyncio.create_task(read_sse(
             f"{base}/v1/events", headers=auth, params={"conversations": cid},
-            on_event=lambda r, e=e: e.set(), stop=ended(request_id), timeout=120))
+            on_event=lambda r, e=e: e.set(), stop=chat_completed(request_id), timeout=120))
             for e in ready]
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in ready)), 30)
         loop = asyncio.get_running_loop()
@@ -103,7 +95,8 @@ async def test_I7_a_slow_sse_reader_is_evicted_alone_while_nine_others_stream(
 
     # EventSource would reconnect with the last id: exactly what it missed.
     rest = await read_sse(f"{base}/v1/events", headers={**auth, "Last-Event-ID": last.id or ""},
-                          params={"conversations": cid}, stop=ended("stalled"), timeout=30)
+                          params={"conversations": cid}, stop=chat_completed("stalled"),
+                          timeout=30)
     assert rest.frames()[0]["payload"]["replay"] == "exact"
     seen = got + positioned(rest.frames(), cid)
     assert_contiguous(seen, seen[0]["payload"]["seq"], seen[-1]["payload"]["seq"])

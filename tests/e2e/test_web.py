@@ -72,10 +72,14 @@ def base_of(port: int) -> str:
     return f"http://127.0.0.1:{port}"
 
 
-async def open_face(context: BrowserContext, base: str, token: str) -> Page:
-    """A tab signed in with ``token`` (pasted once), connected."""
+async def open_face(context: BrowserContext, base: str, token: str, *,
+                    on_clock: bool = False) -> Page:
+    """A tab signed in with ``token`` (pasted once), connected; ``on_clock``:
+    its timers on Playwright's clock, moved by the test."""
     page = await context.new_page()
     page.set_default_timeout(WAIT_MS)
+    if on_clock:
+        await page.clock.install()
     await page.goto(base + "/")
     await page.fill("#signin-token", token)
     await page.click("#signin-form button[type=submit]")
@@ -498,13 +502,8 @@ async def test_a_mind_that_answers_nothing_is_said_so_not_waited_for_in_silence(
 ) -> None:
     proxy = await FaultProxy(mind.port).start()
     try:
-        page = await (await browser.new_context()).new_page()
-        page.set_default_timeout(WAIT_MS)
-        await page.clock.install()
-        await page.goto(base_of(proxy.port) + "/")
-        await page.fill("#signin-token", mind.token)
-        await page.click("#signin-form button[type=submit]")
-        await page.wait_for_selector('#status[data-state="connected"]')
+        page = await open_face(await browser.new_context(), base_of(proxy.port), mind.token,
+                               on_clock=True)
         proxy.blackhole = True  # connections are taken, nothing comes back
         proxy.cut_all()
         await page.locator("#status", has_text="trying now").wait_for()
@@ -524,13 +523,8 @@ async def test_a_stream_gone_silent_is_said_dead_and_reconnected_not_shown_conne
 ) -> None:
     proxy = await FaultProxy(mind.port).start()
     try:
-        page = await (await browser.new_context()).new_page()
-        page.set_default_timeout(WAIT_MS)
-        await page.clock.install()
-        await page.goto(base_of(proxy.port) + "/")
-        await page.fill("#signin-token", mind.token)
-        await page.click("#signin-form button[type=submit]")
-        await page.wait_for_selector('#status[data-state="connected"]')
+        page = await open_face(await browser.new_context(), base_of(proxy.port), mind.token,
+                               on_clock=True)
         # A half-open connection: the socket stays up, nothing comes through
         # (not even the heartbeat events), and the browser is told nothing.
         proxy.blackhole = True

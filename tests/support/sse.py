@@ -166,6 +166,18 @@ class Reading:
         return [e.frame for e in self.events]
 
 
+def chat_completed(request_id: str) -> Callable[[Reading], bool]:
+    """A ``stop`` for :func:`read_sse`: the chat ``request_id`` completed
+    (only the newest event is looked at: a stream is long)."""
+
+    def check(reading: Reading) -> bool:
+        f = reading.events[-1].frame
+        return (f["type"] == "face.event" and f["payload"]["type"] == "chat.completed"
+                and f["payload"]["data"].get("request_id") == request_id)
+
+    return check
+
+
 async def read_sse(url: str, *, headers: dict[str, str] | None = None,
                    params: dict[str, str] | None = None,
                    stop: Callable[[Reading], bool] | None = None,

@@ -118,18 +118,10 @@ RUN = Machine(
 
 TASK_TERMINAL = RUN_TERMINAL
 
-# A background task on a Hand (DESIGN §8). The Hand is its authority; a
-# Hand that restarts marks its unfinished tasks ``lost`` (never re-run).
-TASK = Machine(
-    "task",
-    "queued",
-    _table(
-        {
-            "queued": {"running", *TASK_TERMINAL},
-            "running": set(TASK_TERMINAL),
-        }
-    ),
-)
+# A background task on a Hand (DESIGN §8): a run's states and moves. The
+# Hand is its authority; a Hand that restarts marks its unfinished tasks
+# ``lost`` (never re-run).
+TASK = Machine("task", RUN.initial, RUN.transitions)
 
 APPROVAL_TERMINAL = frozenset({"allowed", "denied", "expired", "cancelled"})
 

@@ -562,14 +562,21 @@ class Face {
 
   // -- the stream ---------------------------------------------------------------
 
-  async connect() {
+  readyToConnect() {
+    // Pending retries off; false when there is nothing to connect now
+    // (signed out, or offline — which the page then says).
     clearTimeout(this.retryTimer);
     clearInterval(this.countdownTimer);
-    if (!this.token) return;
+    if (!this.token) return false;
     if (!navigator.onLine) {
       this.wentOffline();
-      return;
+      return false;
     }
+    return true;
+  }
+
+  async connect() {
+    if (!this.readyToConnect()) return;
     if (!this.open) {
       this.enter(); // the lists were never read: start from there
       return;
@@ -654,13 +661,7 @@ class Face {
 
   scheduleReconnect(reason) {
     this.closeStream();
-    clearTimeout(this.retryTimer);
-    clearInterval(this.countdownTimer);
-    if (!this.token) return;
-    if (!navigator.onLine) {
-      this.wentOffline();
-      return;
-    }
+    if (!this.readyToConnect()) return;
     this.attempt += 1;
     const cap = Math.min(BACKOFF_CAP_MS, BACKOFF_BASE_MS * 2 ** (this.attempt - 1));
     const delay = Math.max(100, Math.random() * cap);

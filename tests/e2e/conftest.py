@@ -60,3 +60,16 @@ def paced_mind(tmp_path: Path, server_kind: str) -> Iterator[MindProcess]:
         yield mind
     finally:
         mind.kill()
+
+
+@pytest.fixture
+def fast_mind(tmp_path: Path, server_kind: str) -> Iterator[MindProcess]:
+    """A ``halfpi mind`` streaming a word every 2 ms: a pace a reader in
+    this process keeps up with, and one that reads nothing falls behind."""
+    home = tmp_path / "home"
+    home.mkdir()
+    mind = MindProcess(home, delta_ms=2.0, server=server_kind).start()
+    try:
+        yield mind
+    finally:
+        mind.kill()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,19 +121,6 @@ def check_reader(reader: Reader, text: str) -> None:
     assert_contiguous(mine[mine.index(begin):], begin["payload"]["seq"], end["payload"]["seq"])
     assert delta_text(mine, reader.request_id) == text
     assert end["payload"]["data"]["content"] == text
-
-
-@pytest.fixture
-def fast_mind(tmp_path: Path, server_kind: str) -> Iterator[MindProcess]:
-    home = tmp_path / "home"
-    home.mkdir()
-    # A quick pace that a Face reading in this process keeps up with; a Face
-    # that reads nothing falls behind at once.
-    mind = MindProcess(home, delta_ms=2.0, server=server_kind).start()
-    try:
-        yield mind
-    finally:
-        mind.kill()
 
 
 @pytest.mark.e2e

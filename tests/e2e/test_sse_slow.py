@@ -6,8 +6,6 @@ the nine get everything in time, and the tenth resumes exactly."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -18,17 +16,6 @@ from tests.support.sse import StalledReader, chat_completed, read_sse
 from tests.support.stream import assert_contiguous, delta_text, positioned
 
 MiB = 1024 * 1024
-
-
-@pytest.fixture
-def fast_mind(tmp_path: Path, server_kind: str) -> Iterator[MindProcess]:
-    home = tmp_path / "home"
-    home.mkdir()
-    mind = MindProcess(home, delta_ms=2.0, server=server_kind).start()
-    try:
-        yield mind
-    finally:
-        mind.kill()
 
 
 @pytest.mark.e2e

@@ -29,10 +29,12 @@ key re-attaches.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import re
 import secrets
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -252,6 +254,30 @@ async def disconnect(request: Request) -> None:
         pass
 
 
+async def guarded(what: str, work: Callable[[], Awaitable[Response]]) -> Response:
+    """A route's work: a HalfpiError is its refusal (a stable code), anything
+    else a bug — logged, and answered 500 ``internal_error``."""
+    try:
+        return await work()
+    except HalfpiError as exc:
+        return refusal(exc)
+    except Exception:
+        log.exception("HTTP %s failed", what)
+        return refusal(InternalError("internal error"))
+
+
+@contextlib.contextmanager
+def one_shot(mind: Mind, credential: Credential) -> Iterator[HttpCaller]:
+    """A caller for one request, gone from the Mind when the request is
+    (what it started runs on, I1)."""
+    caller = HttpCaller(mind, credential)
+    try:
+        yield caller
+    finally:
+        caller.closed = True
+        api.disconnected(mind, caller)
+
+
 class Commands:
     """``POST /v1/commands/{type}``."""
 
@@ -260,18 +286,18 @@ class Commands:
 
     async def post(self, request: Request) -> Response:
         type_ = request.path_params["type"]
-        caller: HttpCaller | None = None
-        mind: Mind | None = None
-        try:
-            mind = self.door.mind()
-            credential = await self.door.credential(request)
-            if type_ not in HTTP_COMMANDS:
-                return refusal(self.not_a_command(type_), 404)
-            api.authorize(credential.scopes, type_)  # I8: as the credential is now
-            wait = wait_of(request)
-            key = key_of(request, type_)
-            payload = payload_of(type_, await read_body(request, mind.config.max_frame_bytes), key)
-            caller = HttpCaller(mind, credential)
+        return await guarded(f"command {type_[:64]}", lambda: self.run(request, type_))
+
+    async def run(self, request: Request, type_: str) -> Response:
+        mind = self.door.mind()
+        credential = await self.door.credential(request)
+        if type_ not in HTTP_COMMANDS:
+            return refusal(self.not_a_command(type_), 404)
+        api.authorize(credential.scopes, type_)  # I8: as the credential is now
+        wait = wait_of(request)
+        key = key_of(request, type_)
+        payload = payload_of(type_, await read_body(request, mind.config.max_frame_bytes), key)
+        with one_shot(mind, credential) as caller:
             await api.handle(mind, caller, type_, payload)
             final = caller.final()
             if final is None and wait > 0:
@@ -289,16 +315,6 @@ class Commands:
             if reply is None:  # every command answers; a bug otherwise
                 raise InternalError(f"{type_} sent no reply")
             return answer(reply)
-        except HalfpiError as exc:
-            return refusal(exc)
-        except Exception:
-            log.exception("HTTP command %s failed", type_[:64])
-            return refusal(InternalError("internal error"))
-        finally:
-            if caller is not None:
-                caller.closed = True
-                if mind is not None:
-                    api.disconnected(mind, caller)
 
     @staticmethod
     def not_a_command(type_: str) -> InvalidRequest:

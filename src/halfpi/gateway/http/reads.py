@@ -39,17 +39,17 @@ from halfpi.errors import ErrorCode, HalfpiError, InternalError, InvalidRequest
 from halfpi.gateway.http import spec
 from halfpi.gateway.http.commands import (
     NO_STORE,
-    HttpCaller,
     answer,
     decode,
     fresh_request_id,
-    refusal,
+    guarded,
+    one_shot,
 )
 from halfpi.gateway.http.door import Door
 from halfpi.mind import api
 
 if TYPE_CHECKING:
-    from halfpi.mind.service import Mind
+    pass
 
 log = logging.getLogger("halfpi.gateway.http")
 
@@ -150,18 +150,18 @@ class ReadRoute:
         return payload_field
 
     async def get(self, request: Request) -> Response:
+        return await guarded(f"read {self.read.type}", lambda: self.run(request))
+
+    async def run(self, request: Request) -> Response:
         type_ = self.read.type
-        caller: HttpCaller | None = None
-        mind: Mind | None = None
+        mind = self.door.mind()
+        credential = await self.door.credential(request)
+        api.authorize(credential.scopes, type_)  # I8: as the credential is now
         try:
-            mind = self.door.mind()
-            credential = await self.door.credential(request)
-            api.authorize(credential.scopes, type_)  # I8: as the credential is now
-            try:
-                payload = decode(type_, self.payload(request))
-            except InvalidRequest as exc:
-                raise InvalidRequest(exc.message, field=self.field_name(exc.field)) from None
-            caller = HttpCaller(mind, credential)
+            payload = decode(type_, self.payload(request))
+        except InvalidRequest as exc:
+            raise InvalidRequest(exc.message, field=self.field_name(exc.field)) from None
+        with one_shot(mind, credential) as caller:
             try:
                 await api.handle(mind, caller, type_, payload)
             except HalfpiError as exc:
@@ -171,16 +171,6 @@ class ReadRoute:
             if reply is None:
                 raise InternalError(f"{type_} sent no reply")
             return self.answer(reply)
-        except HalfpiError as exc:
-            return refusal(exc)
-        except Exception:
-            log.exception("HTTP read %s failed", type_)
-            return refusal(InternalError("internal error"))
-        finally:
-            if caller is not None:
-                caller.closed = True
-                if mind is not None:
-                    api.disconnected(mind, caller)
 
     @staticmethod
     def answer(reply: Message) -> Response:
@@ -205,16 +195,16 @@ def welcome_route(door: Door) -> Route:
     replay-safe, the limits and the heartbeat — for a client that speaks
     only HTTP (the web face reads it at sign-in)."""
 
-    async def get(request: Request) -> Response:
-        try:
-            if request.query_params:
-                name = next(iter(request.query_params))[:64]
-                raise InvalidRequest(f"unknown query parameter {name!r}", field=name)
-            credential = await door.credential(request)
-            body = msgspec.json.encode(api.welcome(door.mind(), credential))
-        except HalfpiError as exc:
-            return refusal(exc)
+    async def welcome(request: Request) -> Response:
+        if request.query_params:
+            name = next(iter(request.query_params))[:64]
+            raise InvalidRequest(f"unknown query parameter {name!r}", field=name)
+        credential = await door.credential(request)
+        body = msgspec.json.encode(api.welcome(door.mind(), credential))
         return Response(body, media_type="application/json", headers=NO_STORE)
+
+    async def get(request: Request) -> Response:
+        return await guarded("welcome", lambda: welcome(request))
 
     return Route(WELCOME_PATH, get, methods=["GET"])
 

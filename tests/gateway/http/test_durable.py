@@ -33,16 +33,16 @@ def bearer(token: str, **more: str) -> dict[str, str]:
     return {"authorization": f"Bearer {token}", **more}
 
 
-def start(rig: Rig, cid: str, method: str = "GET", headers: dict[str, str] | None = None,
+def start(rig: Rig, cid: str, *, method: str = "GET", headers: dict[str, str] | None = None,
           **query: str) -> HttpPeer:
     peer = HttpPeer(method, f"/v1/conversations/{cid}/stream", query=query,
                     headers=bearer(rig.face_token) if headers is None else headers)
     return peer.start(AsgiGateway(rig.mind))
 
 
-async def read(rig: Rig, cid: str, method: str = "GET", headers: dict[str, str] | None = None,
+async def read(rig: Rig, cid: str, *, method: str = "GET", headers: dict[str, str] | None = None,
                **query: str) -> HttpPeer:
-    peer = start(rig, cid, method, headers, **query)
+    peer = start(rig, cid, method=method, headers=headers, **query)
     await peer.until(lambda p: p.ended)
     return peer
 

@@ -320,3 +320,14 @@ async def test_a_browser_reads_from_an_allowed_origin_and_sees_the_headers(rig: 
     assert refused.status == 403
     preflight = await read(rig, cid, method="OPTIONS", headers={"origin": origin})
     assert preflight.status == 204
+
+
+async def test_a_long_poll_whose_reader_went_away_frees_its_connection(rig: Rig) -> None:
+    face = await rig.face()
+    cid = await rig.conversation(face)
+    peer = start(rig, cid, offset="now", live="long-poll")
+    await peer.until(lambda p: len(rig.mind.sessions) == 2)
+    peer.disconnect()
+    await peer.until(lambda p: len(rig.mind.sessions) == 1)
+    assert peer.task is not None
+    await peer.task

@@ -170,6 +170,7 @@ class DurableRead:
         self.refusal: HalfpiError | None = None
         self.deadline = None if wait_s is None else mind.now() + wait_s
         self.up_to_date = False
+        self.gone = False  # the reader went away before the answer
         self.closed = False
         self.bound = False
         self.done = asyncio.Event()
@@ -297,6 +298,8 @@ class DurableSseStream(SseStream):
         self.reset_reason: str | None = None
 
     def encode(self, frames: list[bytes]) -> bytes:
+        if self.reset_reason is not None:
+            return b""  # what follows a reset is past a gap: never shown as data
         data: list[bytes] = []
         for frame in frames:
             type_ = type_of(frame)
@@ -390,9 +393,11 @@ async def _read(door: Door, request: Request) -> Response:
                           f"{mind.config.max_connections_per_principal} live connections")
     try:
         await api.handle(mind, read, "face.subscribe", subscribe)
-        await read.done.wait()
+        await _until_done_or_gone(read, request)
     finally:
         read.finish()
+    if read.gone:
+        return Response(status_code=204)  # nobody reads it
     if read.refusal is not None:
         raise read.refusal
     if read.reset is not None:
@@ -415,6 +420,26 @@ async def _read(door: Door, request: Request) -> Response:
         return Response(status_code=200, headers=headers, media_type="application/json")
     return Response(durable.json_array(read.frames), headers=headers,
                     media_type="application/json")
+
+
+async def _until_done_or_gone(read: DurableRead, request: Request) -> None:
+    """Wait for the read to end, or for its reader to go away (a long-poll
+    then frees its connection at once, not at its timeout)."""
+    if read.done.is_set():
+        return
+    done = asyncio.ensure_future(read.done.wait())
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({done, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        done.cancel()
+        gone.cancel()
+    read.gone = not read.done.is_set()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _sse(mind: Mind, credential: Credential, cid: str, since: str | None,

@@ -15,7 +15,7 @@ from halfpi.config import JournalLimits
 from halfpi.core.durable import offset_of_text
 from halfpi.core.scopes import scopes_for
 from halfpi.gateway.asgi import AsgiGateway
-from halfpi.gateway.http.durable import LONG_POLL_S
+from halfpi.gateway.http.durable import CHUNK_BYTES, LONG_POLL_S
 from halfpi.journal.memory import MemoryJournal
 from halfpi.mind.auth import make_credential
 from tests.support.rig import Peer, Rig, fake_time_mind
@@ -331,3 +331,25 @@ async def test_a_long_poll_whose_reader_went_away_frees_its_connection(rig: Rig)
     await peer.until(lambda p: len(rig.mind.sessions) == 1)
     assert peer.task is not None
     await peer.task
+
+
+async def test_a_long_history_comes_in_chunks_each_following_on_exactly(rig: Rig) -> None:
+    face = await rig.face()
+    cid = await rig.conversation(face)
+    request_id = await chat(rig, face, cid, "/repeat 2500 chunked")
+    await rig.expect(face, lambda f: f["type"] == "face.event"
+                     and f["payload"]["type"] == "chat.completed")
+    seen: list[dict[str, Any]] = []
+    offset, answers = "-1", 0
+    while True:
+        peer = await read(rig, cid, offset=offset)
+        answers += 1
+        seen += peer.json()
+        offset = peer.headers["stream-next-offset"]
+        if "stream-up-to-date" in peer.headers:
+            break
+        assert len(peer.text) <= 2 * CHUNK_BYTES  # a chunk, not the whole history
+    assert answers >= 2
+    assert_contiguous(seen, 1, seen[-1]["payload"]["seq"])
+    assert delta_text(seen, request_id) == " ".join(["chunked"] * 2500)
+    assert offset == offset_of_text(head_cursor(face, cid))

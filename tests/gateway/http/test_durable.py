@@ -353,3 +353,17 @@ async def test_a_long_history_comes_in_chunks_each_following_on_exactly(rig: Rig
     assert_contiguous(seen, 1, seen[-1]["payload"]["seq"])
     assert delta_text(seen, request_id) == " ".join(["chunked"] * 2500)
     assert offset == offset_of_text(head_cursor(face, cid))
+
+
+async def test_a_snapshot_cursor_read_as_an_offset_answers_offsets_in_their_one_form(
+    rig: Rig,
+) -> None:
+    face = await rig.face()
+    cid = await rig.conversation(face)
+    await chat(rig, face, cid, "one")
+    cursor = (await read_snapshot(rig, cid))["cursor"]
+    peer = start(rig, cid, offset=cursor, live="sse")
+    await peer.until(lambda p: "control" in p.text)
+    control = json.loads(next(e for e in peer.events() if e.event == "control").data)
+    assert control["streamNextOffset"] == offset_of_text(cursor)
+    peer.disconnect()

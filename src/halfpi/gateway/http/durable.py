@@ -370,8 +370,10 @@ async def _read(door: Door, request: Request) -> Response:
     if detail is not None and detail not in ("summary", "transparent"):
         raise InvalidRequest("detail is summary or transparent", field="detail")
     since = None if offset == durable.NOW else offset
-    if since is not None and since != durable.START:
-        durable.cursor_of(since)  # malformed: 400 before anything else
+    # The offset asked for, in the one form offsets are given in (a
+    # snapshot's cursor is accepted too); malformed: 400 before anything else.
+    asked = (None if since in (None, durable.START)
+             else durable.offset_of(durable.cursor_of(since)))
     credential = await door.credential(request)
     api.authorize(credential.scopes, "face.subscribe")
     mind = door.mind()
@@ -386,7 +388,7 @@ async def _read(door: Door, request: Request) -> Response:
         detail_mode=detail,  # type: ignore[arg-type]  # checked: summary | transparent | None
     )
     if live == "sse":
-        return await _sse(mind, credential, cid, since, query.get("cursor"), subscribe)
+        return await _sse(mind, credential, cid, asked, query.get("cursor"), subscribe)
     read = DurableRead(mind, credential, cid, LONG_POLL_S if live else None)
     if not read.open():
         raise RateLimited(f"this credential already has "
@@ -402,7 +404,7 @@ async def _read(door: Door, request: Request) -> Response:
         raise read.refusal
     if read.reset is not None:
         return _gone(cid, read.reset)
-    next_offset = read.next_offset(since if since not in (None, durable.START) else None)
+    next_offset = read.next_offset(asked)
     headers = {"Stream-Next-Offset": next_offset, "Cache-Control": "no-store"}
     if read.up_to_date:
         headers["Stream-Up-To-Date"] = "true"
@@ -442,10 +444,9 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _sse(mind: Mind, credential: Credential, cid: str, since: str | None,
+async def _sse(mind: Mind, credential: Credential, cid: str, asked: str | None,
                client_cursor: str | None, subscribe: wire.Subscribe) -> Response:
-    start = None if since is None else (since if since != durable.START else None)
-    stream = DurableSseStream(mind, credential, cid, start, client_cursor)
+    stream = DurableSseStream(mind, credential, cid, asked, client_cursor)
     if not stream.open():
         raise RateLimited(f"this credential already has "
                           f"{mind.config.max_connections_per_principal} live connections")

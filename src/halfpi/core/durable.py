@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 
-from halfpi.core.cursor import Cursor, encode_cursor, parse_cursor
+from halfpi.core.cursor import Cursor, parse_cursor
 from halfpi.errors import InvalidRequest
 
 START = "-1"  # the stream's beginning
@@ -65,11 +65,6 @@ def cursor_of(offset: str, *, field: str = "offset") -> Cursor:
         raise InvalidRequest(f"malformed offset {offset[:64]!r}: use -1, now, a "
                              "Stream-Next-Offset or a snapshot's cursor", field=field)
     return Cursor(epoch, int(seq))
-
-
-def start_cursor(epoch: str) -> str:
-    """Where ``-1`` resumes from: before the first event of the epoch."""
-    return encode_cursor(epoch, 0)
 
 
 def later(a: str | None, b: str | None) -> str | None:

@@ -378,7 +378,7 @@ async def _read(door: Door, request: Request) -> Response:
     api.authorize(credential.scopes, "face.subscribe")
     mind = door.mind()
     if since == durable.START:
-        since_cursor: str | None = durable.start_cursor((await mind.actor(cid)).epoch)
+        since_cursor: str | None = await api.start_cursor(mind, cid)
     else:
         since_cursor = None if since is None else durable.cursor_of(since).encode()
     subscribe = wire.Subscribe(

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from halfpi.config import PROTOCOL_VERSION
 from halfpi.core import wire
+from halfpi.core.cursor import encode_cursor
 from halfpi.core.events import Limits, Welcome
 from halfpi.core.scopes import COMMAND_SCOPE
 from halfpi.errors import Forbidden, Unavailable
@@ -102,6 +103,13 @@ async def handle(mind: Mind, caller: Caller, type_: str, payload: Any) -> None:
     if mind.draining and type_ in wire.MUTATIONS:
         raise Unavailable("the Mind is shutting down; retry elsewhere or later")
     await HANDLERS[type_](mind, caller, payload)
+
+
+async def start_cursor(mind: Mind, conversation_id: str) -> str:
+    """The cursor before a conversation's first event, in its epoch now:
+    where a reader that asks for the whole log subscribes from (the Durable
+    Streams offset ``-1``). ``conversation_not_found`` for an unknown id."""
+    return encode_cursor((await mind.actor(conversation_id)).epoch, 0)
 
 
 def disconnected(mind: Mind, caller: Caller) -> None:

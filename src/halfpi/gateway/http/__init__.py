@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from starlette.routing import BaseRoute
 
-from halfpi.gateway.http import commands, openapi, reads, sse, web
+from halfpi.gateway.http import commands, durable, openapi, reads, sse, web
 from halfpi.gateway.http.door import Door
 
 
 def routes(door: Door) -> list[BaseRoute]:
     return [*sse.routes(door), *commands.routes(door), *reads.routes(door), *openapi.routes(door),
-            *web.routes(door)]
+            *web.routes(door), *durable.routes(door)]

@@ -120,8 +120,10 @@ class SseStream:
             token = self._token = self._sealer.seal(self.cursors, self.grant)
         return token
 
-    def _events(self, frames: list[bytes]) -> bytes:
-        """``frames`` as events, each with the token of the stream after it."""
+    def encode(self, frames: list[bytes]) -> bytes:
+        """``frames`` as events, each with the token of the stream after it.
+        Every write of frames goes through here: the hook another framing of
+        the same stream overrides (``durable.py``: Durable Streams events)."""
         cursors = self.cursors
         out = []
         for frame in frames:
@@ -145,7 +147,7 @@ class SseStream:
         if not (
             self.paused or self._flush_scheduled or self.subscriptions.replaying or len(self.queue)
         ):
-            self.response.write(self._events([self.queue.emit_now(m)]))
+            self.response.write(self.encode([self.queue.emit_now(m)]))
             return
         if not self.queue.push(m, pressured=self.paused):
             self.evict()
@@ -167,7 +169,7 @@ class SseStream:
         if not len(queue) and replay.replaying:
             frames.extend(replay.pull_frames(queue, FLUSH_BUDGET))
         if frames:
-            self.response.write(self._events(frames))
+            self.response.write(self.encode(frames))
         if (len(queue) or replay.ready) and not self.paused and not self.closed:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
@@ -193,7 +195,7 @@ class SseStream:
         self.cursors.update(cursors)
         self._token = None
         frame = self.queue.emit_now(to_message(Evicted(cursors=cursors)))
-        self.response.write(self._events([frame]))
+        self.response.write(self.encode([frame]))
         self.close(CloseCode.SLOW_CONSUMER, "slow consumer: resume from your cursors")
 
     # -- maintenance (the Mind's clock) -------------------------------------------------
@@ -239,7 +241,7 @@ class SseStream:
             return
         frames = self.queue.take(self.mind.config.queue.reliable_bytes) if len(self.queue) else []
         if frames:
-            self.response.write(self._events(frames))
+            self.response.write(self.encode(frames))
         self.closed = True
         self.response.write(b": closed %d %b\n\n" % (code, reason.encode()))
         self.response.finish()

@@ -266,9 +266,7 @@ def check_store_url(url: str) -> str:
     """``url`` if this halfpi can use it as a store (``sqlite:`` or
     ``postgresql:``), else ValueError: one line that never repeats the URL."""
     if is_postgres_url(url):
-        if not urlsplit(url).netloc:
-            raise ValueError("a postgresql: URL names a server: use postgresql://HOST/DATABASE")
-        return url
+        return url  # asyncpg reads the rest (host, port, user, database, options)
     sqlite_file(url)
     return url
 

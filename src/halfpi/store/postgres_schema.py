@@ -241,7 +241,12 @@ class NewerSchema(Exception):
 
 async def schema_version(conn: Any) -> int:
     """The database's schema version; 0 for an empty database."""
-    if await conn.fetchval("SELECT to_regclass('meta')") is None:
+    # Read from pg_tables (an MVCC read that sees a table another node has
+    # just created), not to_regclass (which can answer from a stale cache).
+    if not await conn.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM pg_tables"
+        " WHERE schemaname = current_schema() AND tablename = 'meta')"
+    ):
         return 0
     value = await conn.fetchval("SELECT value FROM meta WHERE key = 'schema_version'")
     return 0 if value is None else int(value)

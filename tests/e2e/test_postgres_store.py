@@ -42,7 +42,8 @@ def pg_mind(tmp_path: Path, pg_url: str) -> Iterator[MindProcess]:  # noqa: F811
 
 
 async def test_a_mind_on_postgresql_chats_and_its_history_outlives_the_process(
-    pg_mind: MindProcess, pg_url: str  # noqa: F811
+    pg_mind: MindProcess,
+    pg_url: str,  # noqa: F811
 ) -> None:
     face = await FaceClient.connect(pg_mind.url, pg_mind.token)
     cid = await face.create_conversation("on postgres")
@@ -66,7 +67,8 @@ async def test_a_mind_on_postgresql_chats_and_its_history_outlives_the_process(
 
 
 async def test_face_add_list_revoke_work_on_postgresql_while_the_mind_serves(
-    pg_mind: MindProcess, pg_url: str  # noqa: F811
+    pg_mind: MindProcess,
+    pg_url: str,  # noqa: F811
 ) -> None:
     added = await face_add(pg_mind.home, "phone", "--store", pg_url)
     phone = await FaceClient.connect(pg_mind.url, added.token)

@@ -57,9 +57,12 @@ async def nodes(pg_url: str) -> AsyncIterator[tuple[PostgresStore, PostgresStore
 async def until_waiting_on(conn: Any, table: str, waiters: int) -> None:
     """Poll until ``waiters`` transactions wait for a lock on ``table``."""
     deadline = time.monotonic() + 30
-    while await conn.fetchval(
-        "SELECT count(*) FROM pg_locks WHERE relation = $1::regclass AND NOT granted", table
-    ) < waiters:
+    while (
+        await conn.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE relation = $1::regclass AND NOT granted", table
+        )
+        < waiters
+    ):
         assert time.monotonic() < deadline, f"nobody waited on {table}"
         await asyncio.sleep(0.01)  # polling a condition with a deadline
 
@@ -126,7 +129,8 @@ async def test_only_the_stale_append_fails_in_a_group_commit(
 
 
 async def test_a_take_over_waits_for_the_old_owners_transaction_then_fences_it_out(
-    nodes: tuple[PostgresStore, PostgresStore], pg_url: str  # noqa: F811
+    nodes: tuple[PostgresStore, PostgresStore],
+    pg_url: str,  # noqa: F811
 ) -> None:
     """The old owner's append is in flight (its transaction holds the fence
     row) when the new owner claims: the claim waits, lands after it, and
@@ -159,7 +163,8 @@ def test_fenced_out_is_a_store_error_no_retry_can_fix() -> None:
 
 
 async def test_I5_the_same_request_admitted_on_two_nodes_at_once_is_admitted_once(
-    nodes: tuple[PostgresStore, PostgresStore], pg_url: str  # noqa: F811
+    nodes: tuple[PostgresStore, PostgresStore],
+    pg_url: str,  # noqa: F811
 ) -> None:
     """Both nodes look the key up and find nothing, then both insert: the
     database keeps one, and the other node gets the existing record."""

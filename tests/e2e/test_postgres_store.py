@@ -17,7 +17,7 @@ from tests.support.client import FaceClient
 from tests.support.mind import MindProcess
 from tests.support.postgres import pg_url  # noqa: F401  (a fixture)
 
-pytestmark = [pytest.mark.e2e, pytest.mark.servers("native")]
+pytestmark = pytest.mark.e2e
 
 
 def status_of(listing: str, label: str) -> str | None:

@@ -93,7 +93,7 @@ class PostgresServer:
 
     def database_url(self, name: str) -> str:
         parts = urlsplit(self.url)
-        return urlunsplit(parts._replace(path=f"/{name}"))
+        return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, parts.fragment))
 
     def stop(self) -> None:
         if self.folder is None:

@@ -65,7 +65,7 @@ def dsn_of(url: str) -> str:
     """The URL asyncpg takes: ``postgresql+driver://`` and ``postgres://``
     become ``postgresql://``; everything else stays as given."""
     parts = urlsplit(url)
-    return urlunsplit(parts._replace(scheme="postgresql"))
+    return urlunsplit(("postgresql", parts.netloc, parts.path, parts.query, parts.fragment))
 
 
 def _host_of(url: str) -> str:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from halfpi.config import Config, sqlite_file
+from halfpi.config import Config, check_store_url, sqlite_file
 
 
 def test_the_database_is_in_the_home_by_default(tmp_path: Path) -> None:
@@ -28,9 +28,31 @@ def test_a_sqlite_url_names_its_file(url: str, path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://me:secret@db:5432/halfpi",
+        "postgres://db/halfpi",
+        "postgresql+asyncpg://db/halfpi?sslmode=require",
+        "sqlite:///srv/halfpi.db",
+    ],
+)
+def test_a_store_url_may_name_postgresql_or_a_sqlite_file(url: str) -> None:
+    assert check_store_url(url) == url
+    assert Config(home=Path("/home"), store_url=url).postgres == url.startswith("postgres")
+
+
+@pytest.mark.parametrize("url", ["mysql://me:secret@db/halfpi", "/srv/halfpi.db", "sqlite:"])
+def test_any_other_store_url_is_refused_in_one_line_naming_both_kinds(url: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        check_store_url(url)
+    assert "\n" not in str(refused.value) and "secret" not in str(refused.value)
+    assert "sqlite:///PATH" in str(refused.value)
+
+
+@pytest.mark.parametrize(
     ("url", "words"),
     [
-        ("postgresql://me:secret@db:5432/halfpi", ("PostgreSQL", "not built yet")),
+        ("postgresql://me:secret@db:5432/halfpi", ("PostgreSQL", "names no file")),
         ("postgres://me:secret@db/halfpi", ("PostgreSQL",)),
         ("postgresql+psycopg://me:secret@db/halfpi", ("PostgreSQL",)),
         ("mysql://me:secret@db/halfpi", ("mysql:",)),

@@ -11,6 +11,7 @@ from halfpi.config import Config
 from halfpi.errors import StoreError
 from halfpi.journal.memory import MemoryJournal
 from halfpi.store.base import Store
+from halfpi.store.postgres import PostgresStore
 from halfpi.store.sqlite import SQLiteStore
 from halfpi.wiring import make_journal, make_store, run_on_store
 
@@ -26,9 +27,12 @@ def test_a_sqlite_url_picks_its_file(tmp_path: Path) -> None:
     assert isinstance(store, SQLiteStore) and store.path == Path("/srv/halfpi/minds.db")
 
 
-def test_a_postgresql_store_is_refused_until_it_exists(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"PostgreSQL store .* not built yet"):
-        make_store(Config(home=tmp_path, store_url="postgresql://db/halfpi"))
+def test_a_postgresql_url_picks_the_postgresql_store_without_connecting(tmp_path: Path) -> None:
+    url = "postgresql://me:secret@db.invalid/halfpi"
+    store = make_store(Config(home=tmp_path, store_url=url))
+    assert isinstance(store, PostgresStore) and store.url == url
+    # No file of the Mind's is the database: only the home is private.
+    assert Config(home=tmp_path, store_url=url).private_paths == (tmp_path,)
 
 
 def test_the_journal_is_in_process_and_other_kinds_are_refused(tmp_path: Path) -> None:

@@ -28,11 +28,11 @@ from halfpi.config import (
     DEFAULT_PORT,
     Config,
     ModelSettings,
+    check_store_url,
     default_home,
     env_delta_ms,
     model_settings,
     read_agent_file,
-    sqlite_file,
 )
 from halfpi.core.policy import Rule, parse_approval
 from halfpi.core.scopes import ALL_FACE_SCOPES, PROFILES
@@ -135,7 +135,7 @@ def origin(text: str) -> str:
 def store_url(text: str) -> str:
     """A store URL this halfpi can use (``--store``), else one line why not."""
     try:
-        sqlite_file(text)
+        check_store_url(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
@@ -481,8 +481,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="{mind,face,hand}")
     home_help = "data directory (default $HALFPI_HOME, else ~/.halfpi)"
     store_help = (
-        "where the Mind keeps its truth: sqlite:///PATH (default sqlite:///HOME/halfpi.db; "
-        "postgresql:// is reserved for cluster mode)"
+        "where the Mind keeps its truth: sqlite:///PATH (default sqlite:///HOME/halfpi.db) "
+        "or postgresql://[USER[:PASSWORD]@]HOST[:PORT]/DATABASE (cluster mode)"
     )
 
     mind = sub.add_parser(

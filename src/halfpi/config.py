@@ -151,7 +151,7 @@ class Config:
     unload_idle_s: float | None = None
     # The backends, picked in one place (halfpi.wiring; docs/operations.md,
     # "The store"). The Store: ``sqlite:///PATH``, None for HOME/halfpi.db;
-    # ``postgresql://…`` is reserved for cluster mode. The Journal: "memory"
+    # ``postgresql://…`` for cluster mode (docs/cluster.md). The Journal: "memory"
     # (in-process), the only kind so far; "redis" is reserved.
     store_url: str | None = None
     journal_kind: str = "memory"
@@ -216,9 +216,17 @@ class Config:
         return self.home / "halfpi.db" if self.store_url is None else sqlite_file(self.store_url)
 
     @property
+    def postgres(self) -> bool:
+        """True when the Store is PostgreSQL (``postgresql://…``)."""
+        return self.store_url is not None and is_postgres_url(self.store_url)
+
+    @property
     def private_paths(self) -> tuple[Path, ...]:
         """What no tool may ever reach, whatever the policy (DESIGN §8): the
-        home, and the database's files wherever the store keeps them."""
+        home, and the database's files wherever the store keeps them (none
+        on this machine for PostgreSQL)."""
+        if self.postgres:
+            return (self.home,)
         db = self.db_path
         return (self.home, *(db.with_name(db.name + s) for s in ("", "-wal", "-shm", "-journal")))
 
@@ -240,20 +248,41 @@ class Config:
 
 
 _USE_SQLITE = "use sqlite:///PATH (the default is sqlite:///HOME/halfpi.db)"
+_USE_STORE = (
+    "use sqlite:///PATH (the default is sqlite:///HOME/halfpi.db)"
+    " or postgresql://HOST/DATABASE (cluster mode)"
+)
+
+
+_POSTGRES_SCHEMES = ("postgresql", "postgres")
+
+
+def is_postgres_url(url: str) -> bool:
+    """True for ``postgresql://…`` (also ``postgres://``, ``postgresql+driver://``)."""
+    return urlsplit(url).scheme.lower().split("+", 1)[0] in _POSTGRES_SCHEMES
+
+
+def check_store_url(url: str) -> str:
+    """``url`` if this halfpi can use it as a store (``sqlite:`` or
+    ``postgresql:``), else ValueError: one line that never repeats the URL."""
+    if is_postgres_url(url):
+        return url  # asyncpg reads the rest (host, port, user, database, options)
+    sqlite_file(url)
+    return url
 
 
 def sqlite_file(url: str) -> Path:
     """The database file a store URL names (``sqlite:///PATH``, or
     ``sqlite:PATH`` relative). Raises ValueError, one line that never
-    repeats the URL (it may hold a password), for any URL this halfpi cannot
-    use: ``postgresql://`` is reserved for cluster mode until it exists."""
+    repeats the URL (it may hold a password), for any URL that names no
+    SQLite file (``postgresql://`` names a server: :func:`check_store_url`)."""
     parts = urlsplit(url)
     scheme = parts.scheme.lower().split("+", 1)[0]
-    if scheme in ("postgresql", "postgres"):
-        raise ValueError(f"the PostgreSQL store (cluster mode) is not built yet: {_USE_SQLITE}")
+    if scheme in _POSTGRES_SCHEMES:
+        raise ValueError(f"a PostgreSQL store names no file on this machine: {_USE_SQLITE}")
     if scheme != "sqlite":
         what = f"{scheme}: is not a store this halfpi knows" if scheme else "not a store URL"
-        raise ValueError(f"{what}: {_USE_SQLITE}")
+        raise ValueError(f"{what}: {_USE_STORE}")
     if parts.netloc:
         raise ValueError(f"a sqlite: URL names a file on this machine, with no host: {_USE_SQLITE}")
     if parts.query or parts.fragment:

@@ -22,7 +22,8 @@ Tree::
     ├── LabelInUse                    invalid_request no (a live credential has that label)
     └── InternalError                 internal_error  yes
         └── StoreError                (a backend failed; mapped to internal_error)
-            └── TerminalExists        no: a run already has its outcome (I10)
+            ├── TerminalExists        no: a run already has its outcome (I10)
+            └── FencedOut             no: a newer owner holds the conversation (cluster)
 """
 
 from __future__ import annotations
@@ -166,6 +167,14 @@ class TerminalExists(StoreError):
     """The Store refused a second terminal outcome for one run (a chat, tool
     call, approval or tool run): the first one stands (I10, DESIGN §12).
     Not retryable: the caller converges on the outcome that stands."""
+
+    retryable = False
+
+
+class FencedOut(StoreError):
+    """The Store refused a write whose fencing token is older than the one it
+    holds for the conversation: another node took ownership over (DESIGN §10).
+    Not retryable: this node must step down for that conversation."""
 
     retryable = False
 

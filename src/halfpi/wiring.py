@@ -7,8 +7,8 @@ Store here, so they always agree on where the truth lives.
 
 Store URLs (``Config.store_url``, ``--store``; docs/operations.md):
 ``sqlite:///PATH`` (the default, None, is ``HOME/halfpi.db``);
-``postgresql://…`` is reserved for cluster mode (DESIGN §10) and refused
-with one line until it exists (:func:`halfpi.config.sqlite_file`).
+``postgresql://…`` for cluster mode (DESIGN §10, docs/cluster.md), whose
+driver (asyncpg) is imported only when that Store opens.
 """
 
 from __future__ import annotations
@@ -28,6 +28,11 @@ T = TypeVar("T")
 
 def make_store(config: Config) -> Store:
     """The configured Store, not yet opened (``await store.open()``)."""
+    if config.postgres:
+        from halfpi.store.postgres import PostgresStore
+
+        assert config.store_url is not None
+        return PostgresStore(config.store_url)
     # config.db_path raises ValueError for a store URL this halfpi cannot use.
     # The home is the Mind's own folder; one named by a URL may be shared.
     return SQLiteStore(config.db_path, own_folder=config.store_url is None)

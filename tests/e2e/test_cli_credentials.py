@@ -185,21 +185,6 @@ async def test_store_flag_names_the_database_the_commands_use(tmp_path: Path) ->
     assert default.stdout.splitlines() == [HEADER]
 
 
-@pytest.mark.parametrize(
-    "command", [("mind", "--port", "0"), *CREDENTIAL_COMMANDS], ids=["mind", *COMMAND_IDS]
-)
-async def test_a_postgresql_store_is_refused_with_one_line(
-    tmp_path: Path, command: tuple[str, ...]
-) -> None:
-    run = await halfpi_cli(
-        *command, "--home", str(tmp_path), "--store", "postgresql://me:secret@db/halfpi"
-    )
-    line = one_line_error(run, EXIT_USAGE, "--store", "postgresql", "sqlite:///")
-    assert "secret" not in line
-    assert run.stdout == ""
-    assert not (tmp_path / "halfpi.db").exists()
-
-
 @pytest.mark.parametrize("url", ["mysql://db/halfpi", "/just/a/path.db", "sqlite://host/x.db"])
 async def test_a_store_url_this_halfpi_cannot_use_is_refused_with_one_line(
     tmp_path: Path, url: str

@@ -45,6 +45,7 @@ from halfpi.store.base import (
 )
 from halfpi.store.sqlite import SQLiteStore
 from halfpi.wiring import make_store
+from tests.support.postgres import fresh_database, hold_postgres_writer
 
 # -- backends --------------------------------------------------------------------
 
@@ -99,10 +100,12 @@ async def _hold_sqlite_writer(store: SQLiteStore) -> AsyncIterator[None]:
 
 
 SQLITE = BackendKind("sqlite", lambda tmp: f"sqlite://{tmp}/halfpi.db", _hold_sqlite_writer)
+# A fresh database on the test run's PostgreSQL (skipped where none can run).
+POSTGRES = BackendKind("postgres", lambda tmp: fresh_database(), hold_postgres_writer)
 
 BACKENDS = [
     pytest.param(SQLITE, id="sqlite"),
-    # PostgreSQL (cluster mode) joins here, marked to skip where no server runs.
+    pytest.param(POSTGRES, id="postgres"),
 ]
 
 

@@ -249,6 +249,21 @@ class FinishedRequest:
         REQUEST.check(REQUEST.initial, self.status)  # an outcome, or it raises
 
 
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """The fencing token a write carries in cluster mode (DESIGN §10): the
+    node's lease token for ``conversation_id``, which increases on every
+    take-over. A backend that fences (PostgreSQL) checks it in the same
+    transaction as the write: a token older than the highest it has seen for
+    the conversation fails the write with :class:`~halfpi.errors.FencedOut`;
+    a newer one becomes the highest. A write with only a fence claims the
+    conversation. SQLite ignores fences: one Mind per home (the home lock)
+    leaves nothing to fence."""
+
+    conversation_id: str
+    token: int
+
+
 @dataclass(slots=True)
 class WriteTx:
     """One atomic write. ``admit`` is inserted only if its key is new; if the
@@ -272,6 +287,8 @@ class WriteTx:
     conversation_names: Sequence[tuple[str, str]] = ()
     # (conversation_id, epoch): the journal lost continuity; cursors carry this now
     epochs: Sequence[tuple[str, str]] = ()
+    # the writer's fencing token for its conversation (cluster mode), else None
+    fence: Fence | None = None
 
     @property
     def only_events(self) -> bool:

@@ -1,0 +1,274 @@
+"""What only the PostgreSQL Store must do, beyond the conformance suite:
+fencing checked by the database in the transaction that writes, a request
+registry shared by every node, and its schema created, upgraded or refused.
+
+Two Store objects on one database stand for two Mind nodes (each has its
+own connections, as separate processes would).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from halfpi.core.requests import RequestRecord
+from halfpi.errors import FencedOut, StoreError
+from halfpi.store.base import Fence, RunRow, StoredEvent, TxOutcome, WriteTx
+from halfpi.store.postgres import PostgresStore
+from halfpi.store.postgres_schema import FENCED_OUT, SCHEMA_VERSION
+from tests.support.postgres import hold_postgres_writer, pg_url  # noqa: F401  (a fixture)
+
+
+def event(conv: str, seq: int) -> StoredEvent:
+    return StoredEvent(conv, seq, "chat.message", b'{"n":%d}' % seq, 100.0)
+
+
+def admission(request_id: str) -> RequestRecord:
+    return RequestRecord(
+        principal_id="p_1",
+        request_id=request_id,
+        type="face.chat",
+        digest="d_1",
+        status="accepted",
+        created_at=100.0,
+        conversation_id="c_1",
+        run_id=f"run_{request_id}",
+        accepted={"request_id": request_id},
+    )
+
+
+@pytest.fixture
+async def nodes(pg_url: str) -> AsyncIterator[tuple[PostgresStore, PostgresStore]]:  # noqa: F811
+    a, b = PostgresStore(pg_url), PostgresStore(pg_url)
+    await a.open()
+    await b.open()
+    try:
+        yield a, b
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def until_waiting_on(conn: Any, table: str, waiters: int) -> None:
+    """Poll until ``waiters`` transactions wait for a lock on ``table``."""
+    deadline = time.monotonic() + 30
+    while (
+        await conn.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE relation = $1::regclass AND NOT granted", table
+        )
+        < waiters
+    ):
+        assert time.monotonic() < deadline, f"nobody waited on {table}"
+        await asyncio.sleep(0.01)  # polling a condition with a deadline
+
+
+# -- fencing (DESIGN §10) -------------------------------------------------------------
+
+
+async def test_a_stale_owners_append_is_refused_by_the_database(
+    nodes: tuple[PostgresStore, PostgresStore],
+) -> None:
+    old, new = nodes
+    assert (await old.write(WriteTx(events=[event("c_1", 1)], fence=Fence("c_1", 1)))).committed
+    # A take-over: the new owner claims the conversation with a newer token.
+    assert (await new.write(WriteTx(fence=Fence("c_1", 2)))).committed
+    with pytest.raises(FencedOut):
+        await old.write(WriteTx(events=[event("c_1", 2)], fence=Fence("c_1", 1)))
+    assert await new.head_seq("c_1") == 1  # nothing of the stale write landed
+    assert (await new.write(WriteTx(events=[event("c_1", 2)], fence=Fence("c_1", 2)))).committed
+    assert [e.seq for e in await old.events("c_1", 0, 10)] == [1, 2]
+
+
+async def test_a_stale_owners_other_writes_are_refused_whole(
+    nodes: tuple[PostgresStore, PostgresStore],
+) -> None:
+    old, new = nodes
+    await new.write(WriteTx(fence=Fence("c_1", 5)))
+    with pytest.raises(FencedOut):
+        await old.write(
+            WriteTx(
+                admit=admission("r_stale"),
+                runs=[RunRow("run_stale", "c_1", "r_stale", "p_1", "running", 100.0)],
+                events=[event("c_1", 1)],
+                fence=Fence("c_1", 4),
+            )
+        )
+    assert await new.get_request("p_1", "r_stale") is None
+    assert await new.run_for_request("c_1", "r_stale") is None
+
+
+async def test_a_fence_is_per_conversation(nodes: tuple[PostgresStore, PostgresStore]) -> None:
+    a, b = nodes
+    await b.write(WriteTx(fence=Fence("c_b", 9)))
+    assert (await a.write(WriteTx(events=[event("c_a", 1)], fence=Fence("c_a", 1)))).committed
+
+
+async def test_only_the_stale_append_fails_in_a_group_commit(
+    nodes: tuple[PostgresStore, PostgresStore],
+) -> None:
+    old, new = nodes
+    await new.write(WriteTx(fence=Fence("c_taken", 2)))
+    before = old.batches
+    async with hold_postgres_writer(old):
+        stale = old.write(WriteTx(events=[event("c_taken", 1)], fence=Fence("c_taken", 1)))
+        mine = [
+            old.write(WriteTx(events=[event("c_mine", seq)], fence=Fence("c_mine", 1)))
+            for seq in range(1, 11)
+        ]
+    results = await asyncio.gather(stale, *mine, return_exceptions=True)
+    assert isinstance(results[0], FencedOut)
+    assert all(isinstance(r, TxOutcome) and r.committed for r in results[1:])
+    assert old.batches - before == 2  # the held batch, then the rest together
+    assert await old.head_seq("c_taken") == 0
+    assert await old.head_seq("c_mine") == 10
+
+
+async def test_a_take_over_waits_for_the_old_owners_transaction_then_fences_it_out(
+    nodes: tuple[PostgresStore, PostgresStore],
+    pg_url: str,  # noqa: F811
+) -> None:
+    """The old owner's append is in flight (its transaction holds the fence
+    row) when the new owner claims: the claim waits, lands after it, and
+    the old owner's next write is refused."""
+    old, new = nodes
+    await old.write(WriteTx(events=[event("c_1", 1)], fence=Fence("c_1", 1)))
+    watcher = await asyncpg.connect(pg_url)
+    try:
+        async with hold_postgres_writer(old):
+            in_flight = old.write(WriteTx(events=[event("c_1", 2)], fence=Fence("c_1", 1)))
+        # …the held batch is committing; the append follows in the next.
+        claim = new.write(WriteTx(fence=Fence("c_1", 2)))
+        assert (await in_flight).committed and (await claim).committed
+        with pytest.raises(FencedOut):
+            await old.write(WriteTx(events=[event("c_1", 3)], fence=Fence("c_1", 1)))
+        with pytest.raises(asyncpg.PostgresError) as refused:
+            await watcher.execute("SELECT halfpi_fence('c_1', 1)")
+        assert refused.value.sqlstate == FENCED_OUT  # the database itself says no
+    finally:
+        await watcher.close()
+    assert await new.head_seq("c_1") == 2
+
+
+def test_fenced_out_is_a_store_error_no_retry_can_fix() -> None:
+    assert issubclass(FencedOut, StoreError)
+    assert FencedOut.retryable is False
+
+
+# -- the request registry, shared by every node (I5) ------------------------------------
+
+
+async def test_I5_the_same_request_admitted_on_two_nodes_at_once_is_admitted_once(
+    nodes: tuple[PostgresStore, PostgresStore],
+    pg_url: str,  # noqa: F811
+) -> None:
+    """Both nodes look the key up and find nothing, then both insert: the
+    database keeps one, and the other node gets the existing record."""
+    a, b = nodes
+    locker = await asyncpg.connect(pg_url)
+    try:
+        tx = locker.transaction()
+        await tx.start()
+        await locker.execute("LOCK TABLE requests IN EXCLUSIVE MODE")  # lookups still pass
+        on_a = a.write(WriteTx(admit=admission("r_twice")))
+        on_b = b.write(WriteTx(admit=admission("r_twice")))
+        await until_waiting_on(locker, "requests", 2)  # both looked up, both insert
+        await tx.rollback()
+    finally:
+        await locker.close()
+    outcomes = await asyncio.gather(on_a, on_b)
+    assert sorted(o.committed for o in outcomes) == [False, True]
+    [existing] = [o.existing for o in outcomes if not o.committed]
+    assert isinstance(existing, RequestRecord) and existing.request_id == "r_twice"
+    assert len(await a.open_requests()) == 1
+
+
+async def test_I5_a_request_admitted_on_one_node_is_found_on_another(
+    nodes: tuple[PostgresStore, PostgresStore],
+) -> None:
+    a, b = nodes
+    assert (await a.write(WriteTx(admit=admission("r_1")))).committed
+    again = await b.write(WriteTx(admit=admission("r_1")))
+    assert not again.committed and isinstance(again.existing, RequestRecord)
+
+
+# -- the schema -------------------------------------------------------------------
+
+
+async def test_an_empty_database_gets_the_current_schema(pg_url: str) -> None:  # noqa: F811
+    store = PostgresStore(pg_url)
+    await store.open()
+    await store.close()
+    conn = await asyncpg.connect(pg_url)
+    try:
+        version = await conn.fetchval("SELECT value FROM meta WHERE key = 'schema_version'")
+        tables = {
+            r[0]
+            for r in await conn.fetch(
+                "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
+            )
+        }
+    finally:
+        await conn.close()
+    assert int(version) == SCHEMA_VERSION
+    assert {"events", "requests", "credentials", "conversation_fences"} <= tables
+
+
+async def test_nodes_starting_together_on_an_empty_database_all_open(
+    pg_url: str,  # noqa: F811
+) -> None:
+    stores = [PostgresStore(pg_url) for _ in range(3)]
+    await asyncio.gather(*(s.open() for s in stores))
+    try:
+        assert (await stores[0].write(WriteTx(events=[event("c_1", 1)]))).committed
+        assert await stores[2].head_seq("c_1") == 1
+    finally:
+        await asyncio.gather(*(s.close() for s in stores))
+
+
+async def test_a_newer_schema_is_refused_in_one_line_and_left_untouched(
+    pg_url: str,  # noqa: F811
+) -> None:
+    store = PostgresStore(pg_url)
+    await store.open()
+    await store.write(WriteTx(events=[event("c_1", 1)]))
+    await store.close()
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+        newer = PostgresStore(pg_url)
+        with pytest.raises(StoreError) as refused:
+            await newer.open()
+        message = str(refused.value)
+        assert "\n" not in message
+        assert "schema version 99 is newer" in message and "upgrade halfpi" in message
+        assert await conn.fetchval("SELECT value FROM meta WHERE key = 'schema_version'") == "99"
+        assert await conn.fetchval("SELECT count(*) FROM events") == 1
+    finally:
+        await conn.close()
+
+
+async def test_a_lost_connection_fails_the_batch_and_the_next_write_reconnects(
+    pg_url: str,  # noqa: F811
+) -> None:
+    store = PostgresStore(pg_url)
+    await store.open()
+    try:
+        admin = await asyncpg.connect(pg_url)
+        try:
+            await admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        finally:
+            await admin.close()
+        with pytest.raises(StoreError):
+            await store.write(WriteTx(events=[event("c_1", 1)]))
+        assert (await store.write(WriteTx(events=[event("c_1", 1)]))).committed
+        assert await store.head_seq("c_1") == 1
+    finally:
+        await store.close()

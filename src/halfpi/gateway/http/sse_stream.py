@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.responses import Response
@@ -100,6 +101,11 @@ class SseStream:
         self.closed = False
         self.bound = False
         self._flush_scheduled = False
+        # How frames become the bytes of events: the stream's own encoding
+        # (``event: <type>``, the frame as data, the resume token as ``id:``)
+        # unless another protocol carried over the same stream sets its own
+        # (``agui.py``: AG-UI events with their own ids).
+        self.encode: Callable[[list[bytes]], bytes] = self._events
 
     def open(self) -> bool:
         """Count the stream against its principal's cap and let the Mind's
@@ -145,7 +151,7 @@ class SseStream:
         if not (
             self.paused or self._flush_scheduled or self.subscriptions.replaying or len(self.queue)
         ):
-            self.response.write(self._events([self.queue.emit_now(m)]))
+            self.response.write(self.encode([self.queue.emit_now(m)]))
             return
         if not self.queue.push(m, pressured=self.paused):
             self.evict()
@@ -167,7 +173,7 @@ class SseStream:
         if not len(queue) and replay.replaying:
             frames.extend(replay.pull_frames(queue, FLUSH_BUDGET))
         if frames:
-            self.response.write(self._events(frames))
+            self.response.write(self.encode(frames))
         if (len(queue) or replay.ready) and not self.paused and not self.closed:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
@@ -193,7 +199,7 @@ class SseStream:
         self.cursors.update(cursors)
         self._token = None
         frame = self.queue.emit_now(to_message(Evicted(cursors=cursors)))
-        self.response.write(self._events([frame]))
+        self.response.write(self.encode([frame]))
         self.close(CloseCode.SLOW_CONSUMER, "slow consumer: resume from your cursors")
 
     # -- maintenance (the Mind's clock) -------------------------------------------------
@@ -239,7 +245,7 @@ class SseStream:
             return
         frames = self.queue.take(self.mind.config.queue.reliable_bytes) if len(self.queue) else []
         if frames:
-            self.response.write(self._events(frames))
+            self.response.write(self.encode(frames))
         self.closed = True
         self.response.write(b": closed %d %b\n\n" % (code, reason.encode()))
         self.response.finish()

@@ -211,6 +211,11 @@ def messages_of(snapshot: dict[str, Any]) -> list[AguiMessage]:
     return out
 
 
+def _entity(event: BaseEvent) -> str:
+    """The message or tool call an event opens or closes."""
+    return str(getattr(event, "message_id", None) or getattr(event, "tool_call_id", ""))
+
+
 # -- the translator ---------------------------------------------------------------------
 
 
@@ -289,18 +294,18 @@ class RunTranslator:
         if self._skip:
             seen, pairs = pairs[: self._skip], pairs[self._skip :]
             self._skip = 0
-            text_open, tools = open_before, list[ToolCallStartEvent]()
-            for event, _ in seen:
-                if isinstance(event, TextMessageStartEvent):
-                    text_open = True
-                elif isinstance(event, TextMessageEndEvent):
-                    text_open = False
-                elif isinstance(event, ToolCallStartEvent):
-                    tools.append(event)
-                elif isinstance(event, ToolCallEndEvent):
-                    tools = [t for t in tools if t.tool_call_id != event.tool_call_id]
+            text_open, reopen = open_before, list[BaseEvent]()
+            for event, _ in seen:  # what the reader saw start and not end
+                if isinstance(event, (TextMessageStartEvent, ToolCallStartEvent)):
+                    reopen.append(event)
+                elif isinstance(event, (TextMessageEndEvent, ToolCallEndEvent)):
+                    key = _entity(event)
+                    if any(_entity(e) == key for e in reopen):
+                        reopen = [e for e in reopen if _entity(e) != key]
+                    elif self.chat_id is not None and key == reply_id(self.chat_id):
+                        text_open = False
             self.mark = before  # the preamble is where the reader stood
-            preamble = self._preamble(text_open, tools)
+            preamble = self._preamble(text_open, reopen)
             self.mark = marks[-1]
             pairs = preamble + pairs
         return pairs

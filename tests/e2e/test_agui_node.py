@@ -115,3 +115,36 @@ async def test_the_agui_client_round_trips_a_tool_approval(slow_mind: MindProces
     assert messages == await mind_messages(base, slow_mind.token, cid)
     tool = next(m for m in messages if m["role"] == "tool")
     assert "from-the-hand" in tool["content"]
+
+
+async def test_a_run_rejoined_after_a_mind_restart_ends_with_an_honest_run_error_I11(
+        slow_mind: MindProcess) -> None:
+    base = http_of(slow_mind)
+    token = slow_mind.token
+    cid = await create(base, token)
+    body = {"threadId": cid, "runId": "before-restart",
+            "messages": [{"id": "m1", "role": "user", "content": "/repeat 200 word"}]}
+    last_id = None
+    async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {token}"},
+                                 timeout=30) as client, \
+            client.stream("POST", "/v1/agui", json=body) as response:
+        contents = 0
+        async for line in response.aiter_lines():
+            if line.startswith("id: "):
+                last_id = line[4:]
+            contents += '"TEXT_MESSAGE_CONTENT"' in line
+            if contents >= 3 and line.startswith("id: "):
+                break
+    slow_mind.kill()
+    slow_mind.port = 0
+    slow_mind.start()
+    base = http_of(slow_mind)
+    async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {token}"},
+                                 timeout=30) as client:
+        answer = await client.get("/v1/agui", params={"threadId": cid, "runId": "before-restart"},
+                                  headers={"Last-Event-ID": last_id or ""})
+    events = [json.loads(line[6:]) for line in answer.text.splitlines()
+              if line.startswith("data: ")]
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "RUN_STARTED" and "MESSAGES_SNAPSHOT" in kinds
+    assert events[-1]["type"] == "RUN_ERROR" and events[-1]["code"] == "interrupted"

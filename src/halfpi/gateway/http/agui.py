@@ -151,7 +151,7 @@ async def conversation_of(mind: Mind, credential: Credential, thread_id: str) ->
     one created for it on first use (admitted once, I5: the request registry
     keeps the binding, ``agui-thread:<threadId>``)."""
     try:
-        await mind.actor(thread_id)
+        await snapshot_of(mind, credential, thread_id)  # through the Mind API, as any read
         return thread_id
     except HalfpiError as exc:
         if exc.code is not ErrorCode.CONVERSATION_NOT_FOUND:

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.responses import Response
@@ -100,6 +101,10 @@ class SseStream:
         self.closed = False
         self.bound = False
         self._flush_scheduled = False
+        # Another protocol carried over the same stream may frame it its own
+        # way without a subclass (``agui.py``: AG-UI events with their own
+        # ids); None: :meth:`encode`.
+        self.framing: Callable[[list[bytes]], bytes] | None = None
 
     def open(self) -> bool:
         """Count the stream against its principal's cap and let the Mind's
@@ -123,7 +128,10 @@ class SseStream:
     def encode(self, frames: list[bytes]) -> bytes:
         """``frames`` as events, each with the token of the stream after it.
         Every write of frames goes through here: the hook another framing of
-        the same stream overrides (``durable.py``: Durable Streams events)."""
+        the same stream overrides (``durable.py``: Durable Streams events),
+        or replaces through ``framing`` (``agui.py``)."""
+        if self.framing is not None:
+            return self.framing(frames)
         cursors = self.cursors
         out = []
         for frame in frames:

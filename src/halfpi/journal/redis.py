@@ -80,8 +80,18 @@ class RedisJournal:
     @classmethod
     def from_url(cls, url: str, limits: JournalLimits | None = None) -> RedisJournal:
         from redis.asyncio import Redis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import ExponentialBackoff
+        from redis.exceptions import ConnectionError as RedisConnectionError
 
-        return cls(Redis.from_url(url), limits)
+        # A dropped connection (Redis restarted) is retried on a new one: what
+        # the journal then finds is judged by the marker, not by the error.
+        client = Redis.from_url(
+            url,
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.01), 3),
+            retry_on_error=[RedisConnectionError],
+        )
+        return cls(client, limits)
 
     async def close(self) -> None:
         if self._writer is not None:

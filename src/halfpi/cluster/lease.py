@@ -86,7 +86,7 @@ class Leases:
     async def acquire(self, conversation_id: str, at_least: int = 0) -> Lease | None:
         """Take the lease if nobody holds it (never held, released or
         expired); None while another node (or this one) holds it."""
-        fence = await self.client.eval(  # type: ignore[misc]
+        fence = await self.client.eval(
             _ACQUIRE, 2, lease_key(conversation_id), fence_key(conversation_id),
             self.node_id, self.ttl_ms, at_least,
         )
@@ -95,14 +95,14 @@ class Leases:
     async def renew(self, lease: Lease) -> bool:
         """Extend the lease by ``ttl_ms``; False: it is no longer this node's
         (expired, maybe taken over) — the node must stop writing."""
-        done = await self.client.eval(  # type: ignore[misc]
+        done = await self.client.eval(
             _RENEW, 1, lease_key(lease.conversation_id), lease.value, self.ttl_ms
         )
         return bool(done)
 
     async def release(self, lease: Lease) -> bool:
         """Give the lease up (only if still held by it)."""
-        done = await self.client.eval(  # type: ignore[misc]
+        done = await self.client.eval(
             _RELEASE, 1, lease_key(lease.conversation_id), lease.value
         )
         return bool(done)

@@ -33,6 +33,7 @@ resolves once its entry (and every earlier one) is in Redis.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -96,10 +97,8 @@ class RedisJournal:
     async def close(self) -> None:
         if self._writer is not None:
             self._writer.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._writer
-            except asyncio.CancelledError:
-                pass
             self._writer = None
         await self.client.aclose()
 
@@ -107,7 +106,7 @@ class RedisJournal:
 
     async def open(self, conversation_id: str, epoch: str | None, head: int) -> str:
         marker = marker_key(conversation_id)
-        held: dict[bytes, bytes] = await self.client.hgetall(marker)  # type: ignore[misc]
+        held = await self.client.hgetall(marker)
         self.lost.discard(conversation_id)
         if epoch is not None and held.get(b"epoch") == epoch.encode():
             self._epochs[conversation_id] = epoch
@@ -202,7 +201,7 @@ class RedisJournal:
 
     async def _last_seq(self, conversation_id: str) -> int | None:
         last = await self.client.xrevrange(stream_key(conversation_id), "+", "-", count=1)
-        return _seq_of(last[0][0]) if last else None
+        return _seq_of(last[0][0]) if last else None  # type: ignore[arg-type]
 
     async def _write_loop(self) -> None:
         assert self._wake is not None

@@ -210,6 +210,9 @@ def cmd_mind(args: argparse.Namespace) -> int:
         hand_approval=tuple((tool, rule.value) for tool, rule in args.hand_approval or ()),
         server=args.server,
         store_url=args.store,
+        journal_kind="redis" if args.redis else "memory",
+        redis_url=args.redis,
+        node_id=args.node_id,
     )
     logging.basicConfig(
         level=args.log_level.upper(),
@@ -506,6 +509,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mind.add_argument("--home", metavar="DIR", help=home_help)
     mind.add_argument("--store", type=store_url, metavar="URL", help=store_help)
+    mind.add_argument(
+        "--redis",
+        metavar="URL",
+        help="cluster mode: keep the journal in Redis at this redis:// URL (docs/cluster.md)",
+    )
+    mind.add_argument(
+        "--node-id",
+        metavar="NAME",
+        help="cluster mode: this node's name, unique in the cluster (its leases)",
+    )
     mind.add_argument(
         "--agent",
         choices=AGENTS,

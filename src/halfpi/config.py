@@ -155,6 +155,10 @@ class Config:
     # (in-process), the only kind so far; "redis" is reserved.
     store_url: str | None = None
     journal_kind: str = "memory"
+    # Cluster mode (docs/cluster.md, "Redis"): ``redis://…`` for the Redis
+    # journal (journal_kind "redis"), and this node's name for its leases.
+    redis_url: str | None = None
+    node_id: str | None = None
     requests: RequestRetention = field(default_factory=RequestRetention)
     # Browsers must present one of these Origins; clients that send no Origin
     # header (scripts, terminals) are not browsers and are not checked.

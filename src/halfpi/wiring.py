@@ -43,7 +43,11 @@ def make_journal(config: Config) -> Journal:
     if config.journal_kind == "memory":
         return MemoryJournal(config.journal)
     if config.journal_kind == "redis":
-        raise ValueError("the Redis journal (cluster mode) is not built yet: use memory")
+        if not config.redis_url:
+            raise ValueError("the Redis journal needs a URL: --redis redis://HOST:PORT")
+        from halfpi.journal.redis import RedisJournal  # lazily: redis is optional
+
+        return RedisJournal.from_url(config.redis_url, config.journal)
     raise ValueError(f"{config.journal_kind!r} is not a journal this halfpi knows: use memory")
 
 

@@ -1,0 +1,1 @@
+"""Cluster mode's pieces (DESIGN §10): conversation leases on Redis."""

@@ -1,0 +1,244 @@
+"""The Redis journal (cluster mode, DESIGN §10): one stream per conversation.
+
+Keys, per conversation ``C`` (prefix ``halfpi:``):
+
+- ``halfpi:j:{C}`` — a stream; each entry's id is ``<seq>-0`` (so a read
+  from a seq is one ``XRANGE``) and its one field ``e`` the
+  :class:`JournalEntry` as msgpack — the same bytes every Face is sent.
+  Appended with ``XADD … MAXLEN ~ events`` (Redis trims whole nodes, so a
+  stream holds at least ``events`` entries).
+- ``halfpi:m:{C}`` — a hash: ``epoch`` (the epoch this stream is continuous
+  for), ``floor`` (no entry at or below it is promised), ``settled``
+  (see :class:`~halfpi.journal.base.Window`).
+
+**Continuity.** :meth:`RedisJournal.open` returns the stored epoch only when
+the marker hash still names it: any node that opens the conversation after
+another one held it continues the same stream. A marker that is gone means
+Redis lost its data (a restart without persistence, a flush, an eviction):
+the journal names a new epoch, the Mind stores it, and every cursor of the
+old epoch gets ``epoch_changed`` — an honest reset, never a silent gap.
+
+**Loss while open.** Reads check the marker in the same round trip
+(``MULTI``); a marker that vanished, or entries whose seqs are not
+continuous (a gap: the stream was trimmed or rewritten under the reader),
+make :meth:`read_after` answer None (``cursor_expired`` for that Face) and
+mark the conversation lost: its next :meth:`open` names a new epoch, and
+:attr:`RedisJournal.lost` lets the Mind see it at once.
+
+Appends are queued and written by one task per journal in pipelines (many
+``XADD`` per round trip, in seq order); the future an append returns
+resolves once its entry (and every earlier one) is in Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from halfpi.config import JournalLimits
+from halfpi.core.ids import new_epoch
+from halfpi.journal.base import JournalEntry, Window
+
+if TYPE_CHECKING:  # redis is imported lazily: the embedded default does not need it
+    from redis.asyncio import Redis
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(JournalEntry).decode
+
+
+class JournalLostError(Exception):
+    """Redis no longer holds what the journal wrote (its data was lost)."""
+
+
+def stream_key(conversation_id: str) -> str:
+    return f"halfpi:j:{{{conversation_id}}}"
+
+
+def marker_key(conversation_id: str) -> str:
+    return f"halfpi:m:{{{conversation_id}}}"
+
+
+def _seq_of(entry_id: bytes | str) -> int:
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    return int(text.split("-", 1)[0])
+
+
+class RedisJournal:
+    def __init__(self, client: Redis, limits: JournalLimits | None = None) -> None:
+        self.client = client
+        self.limits = limits or JournalLimits()
+        self._epochs: dict[str, str] = {}
+        self._heads: dict[str, int] = {}
+        self._queue: list[tuple[str, JournalEntry, asyncio.Future[None]]] = []
+        self._wake: asyncio.Event | None = None
+        self._writer: asyncio.Task[None] | None = None
+        # Conversations whose stream was found lost or gapped since opened.
+        self.lost: set[str] = set()
+
+    @classmethod
+    def from_url(cls, url: str, limits: JournalLimits | None = None) -> RedisJournal:
+        from redis.asyncio import Redis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import ExponentialBackoff
+        from redis.exceptions import ConnectionError as RedisConnectionError
+
+        # A dropped connection (Redis restarted) is retried on a new one: what
+        # the journal then finds is judged by the marker, not by the error.
+        client = Redis.from_url(
+            url,
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.01), 3),
+            retry_on_error=[RedisConnectionError],
+        )
+        return cls(client, limits)
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._writer
+            self._writer = None
+        await self.client.aclose()
+
+    # -- the Journal Protocol ------------------------------------------------------
+
+    async def open(self, conversation_id: str, epoch: str | None, head: int) -> str:
+        marker = marker_key(conversation_id)
+        held = await self.client.hgetall(marker)
+        self.lost.discard(conversation_id)
+        if epoch is not None and held.get(b"epoch") == epoch.encode():
+            self._epochs[conversation_id] = epoch
+            last = await self._last_seq(conversation_id)
+            self._heads[conversation_id] = max(head, last if last is not None else head)
+            return epoch
+        # No continuity (never journaled, or Redis lost it): a new epoch, a
+        # fresh stream starting empty at ``head``.
+        fresh = new_epoch()
+        pipe = self.client.pipeline(transaction=True)
+        pipe.delete(stream_key(conversation_id))
+        pipe.hset(marker, mapping={"epoch": fresh, "floor": head, "settled": head})
+        await pipe.execute()
+        self._epochs[conversation_id] = fresh
+        self._heads[conversation_id] = head
+        return fresh
+
+    def append(self, conversation_id: str, entry: JournalEntry) -> asyncio.Future[None] | None:
+        self._heads[conversation_id] = entry.seq
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append((conversation_id, entry, future))
+        if self._writer is None or self._writer.done():
+            self._wake = asyncio.Event()
+            self._writer = asyncio.get_running_loop().create_task(self._write_loop())
+        assert self._wake is not None
+        self._wake.set()
+        return future
+
+    async def window(self, conversation_id: str) -> Window:
+        epoch = self._epochs[conversation_id]
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hmget(marker_key(conversation_id), ["epoch", "floor", "settled"])
+        pipe.xrange(stream_key(conversation_id), "-", "+", count=1)
+        pipe.xrevrange(stream_key(conversation_id), "+", "-", count=1)
+        (held_epoch, floor_b, settled_b), first, last = await pipe.execute()
+        head = self._heads[conversation_id]
+        if held_epoch != epoch.encode():
+            self.lost.add(conversation_id)
+            return Window(epoch, head, head, 0)  # nothing is promised any more
+        floor = int(floor_b)
+        if first:
+            floor = max(floor, _seq_of(first[0][0]) - 1)
+        if last:
+            head = max(head, _seq_of(last[0][0]))
+        elif floor < head:
+            floor = head  # everything trimmed
+        return Window(epoch, floor, head, int(settled_b))
+
+    async def read_after(
+        self, conversation_id: str, seq: int, limit: int
+    ) -> list[JournalEntry] | None:
+        epoch = self._epochs[conversation_id]
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hmget(marker_key(conversation_id), ["epoch", "floor"])
+        pipe.xrange(stream_key(conversation_id), "-", "+", count=1)
+        pipe.xrange(stream_key(conversation_id), f"{seq + 1}-0", "+", count=limit)
+        (held_epoch, floor_b), first, rows = await pipe.execute()
+        if held_epoch != epoch.encode():
+            self.lost.add(conversation_id)
+            return None
+        floor = int(floor_b)
+        if first:
+            floor = max(floor, _seq_of(first[0][0]) - 1)
+        if seq < floor:
+            return None
+        entries = [_decode(fields[b"e"]) for _, fields in rows]
+        expected = seq + 1
+        for e in entries:
+            if e.seq != expected:  # a gap: never serve it as continuous
+                self.lost.add(conversation_id)
+                return None
+            expected += 1
+        return entries
+
+    async def release(self, conversation_id: str) -> None:
+        head = self._heads.pop(conversation_id, None)
+        self._epochs.pop(conversation_id, None)
+        if head is None:
+            return
+        await self._drain(conversation_id)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.delete(stream_key(conversation_id))
+        pipe.hset(marker_key(conversation_id), mapping={"floor": head, "settled": head})
+        await pipe.execute()
+
+    # -- writing ---------------------------------------------------------------------
+
+    async def _drain(self, conversation_id: str) -> None:
+        pending = [f for c, _, f in self._queue if c == conversation_id]
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _last_seq(self, conversation_id: str) -> int | None:
+        last = await self.client.xrevrange(stream_key(conversation_id), "+", "-", count=1)
+        return _seq_of(last[0][0]) if last else None  # type: ignore[arg-type]
+
+    async def _write_loop(self) -> None:
+        assert self._wake is not None
+        wake = self._wake
+        while True:
+            await wake.wait()
+            wake.clear()
+            while self._queue:
+                batch, self._queue = self._queue, []
+                await self._write(batch)
+
+    async def _write(self, batch: list[tuple[str, JournalEntry, asyncio.Future[None]]]) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        maxlen = self.limits.events
+        for conversation_id, entry, _ in batch:
+            pipe.xadd(
+                stream_key(conversation_id),
+                {"e": _encode(entry)},
+                id=f"{entry.seq}-0",
+                maxlen=maxlen,
+                approximate=True,
+            )
+        try:
+            results: list[Any] = await pipe.execute(raise_on_error=False)
+        except Exception as exc:  # the connection: every entry of the batch failed
+            error = JournalLostError(f"redis journal write failed: {exc}")
+            for conversation_id, _, future in batch:
+                self.lost.add(conversation_id)
+                if not future.done():
+                    future.set_exception(error)
+            return
+        for (conversation_id, _, future), result in zip(batch, results, strict=True):
+            if future.done():
+                continue
+            if isinstance(result, Exception):
+                # e.g. an id not above the stream's top: the stream is not ours
+                self.lost.add(conversation_id)
+                future.set_exception(JournalLostError(f"redis journal write refused: {result}"))
+            else:
+                future.set_result(None)

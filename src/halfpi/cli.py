@@ -512,12 +512,14 @@ def build_parser() -> argparse.ArgumentParser:
     mind.add_argument(
         "--redis",
         metavar="URL",
-        help="cluster mode: keep the journal in Redis at this redis:// URL (docs/cluster.md)",
+        help="cluster mode: keep the journal in Redis at this redis:// URL "
+        "(docs/cluster.md); default: in this process",
     )
     mind.add_argument(
         "--node-id",
         metavar="NAME",
-        help="cluster mode: this node's name, unique in the cluster (its leases)",
+        help="cluster mode: this node's name, unique in the cluster (its leases); "
+        "default: a name made at start",
     )
     mind.add_argument(
         "--agent",

@@ -39,7 +39,7 @@ def make_store(config: Config) -> Store:
 
 
 def make_journal(config: Config) -> Journal:
-    """The configured Journal: in-process ("memory") is the only kind so far."""
+    """The configured Journal: in-process ("memory", the default) or Redis."""
     if config.journal_kind == "memory":
         return MemoryJournal(config.journal)
     if config.journal_kind == "redis":

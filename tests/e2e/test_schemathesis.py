@@ -7,8 +7,9 @@ content type and body conforms to the document (so every refusal is a
 documented stable code). Bounded and seeded (``derandomize``): the same
 cases each run, a few seconds per operation, no state kept between runs.
 
-The event streams (tag ``streams``) are left out: a stream does not end
-by itself, and they have their own tests (``tests/e2e/test_sse*.py``).
+The event streams (tags ``streams`` and ``agui``) are left out: a stream
+does not end by itself, and they have their own tests
+(``tests/e2e/test_sse*.py``, ``test_durable*.py``, ``test_agui*.py``).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def door_schema(mind_for_fuzzing: MindProcess) -> OpenApiSchema:
 CASES = [
     pytest.param(op.operation_id, mode, id=f"{op.operation_id}-{mode.value}")
     for op in openapi.operations()
-    if op.tag != "streams"
+    if op.tag not in ("streams", "agui")
     for mode in GenerationMode
     if mode is GenerationMode.POSITIVE or op.parameters or op.body
 ]

@@ -53,7 +53,7 @@ async def test_a_chat_resumes_exactly_from_a_cursor_through_the_redis_journal(
     await again.close()
 
 
-async def test_redis_restarted_without_its_data_gives_the_resumed_face_an_honest_reset(
+async def test_I4_redis_restarted_without_its_data_gives_the_resumed_face_an_honest_reset(
     redis_mind: MindProcess, redis_server: RedisServer,  # noqa: F811
 ) -> None:
     face = await FaceClient.connect(redis_mind.url, redis_mind.token)

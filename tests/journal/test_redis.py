@@ -97,7 +97,7 @@ async def test_released_window_reopens_empty_and_settled_at_its_head(journal: Re
     assert await journal.read_after(c, 3, 10) == []
 
 
-async def test_redis_restarted_without_its_data_gives_a_new_epoch_never_a_silent_gap(
+async def test_I4_redis_restarted_without_its_data_gives_a_new_epoch_never_a_silent_gap(
     redis_server: RedisServer,  # noqa: F811
 ) -> None:
     c = conv()

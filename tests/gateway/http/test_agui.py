@@ -84,7 +84,7 @@ async def test_a_run_streams_its_reply_as_valid_agui_events_with_ids(tmp_path: P
         assert (started["threadId"], started["runId"]) == (cid, "run-1")
 
 
-async def test_a_retried_post_with_the_same_run_id_is_admitted_once(tmp_path: Path) -> None:
+async def test_I5_a_retried_post_with_the_same_run_id_is_admitted_once(tmp_path: Path) -> None:
     async with http_door(tmp_path) as (_, door):
         cid = await door.create_conversation()
         body = run_input(cid, "run-once", "only once")
@@ -126,7 +126,7 @@ async def test_a_stream_resumed_inside_a_message_resends_its_start_and_no_duplic
         assert reply_text(head, "long") + reply_text(tail, "long") == " ".join(["tick"] * 12)
 
 
-async def test_a_resume_from_every_event_id_gives_no_gap_and_no_duplicate(
+async def test_I4_a_resume_from_every_event_id_gives_no_gap_and_no_duplicate(
         tmp_path: Path) -> None:
     async with http_door(tmp_path) as (_, door):
         cid = await door.create_conversation()

@@ -155,6 +155,14 @@ def _start() -> PostgresServer:
         pg = PostgresServer(given)
         _wait_until_it_answers(pg, deadline=time.monotonic() + 30)
         return pg
+    return start_server()
+
+
+def start_server(*, durable: bool = False) -> PostgresServer:
+    """A new throw-away server of the caller's own (stop it with ``stop()``).
+    ``durable``: PostgreSQL's own defaults (``fsync``, ``full_page_writes``,
+    ``synchronous_commit`` on), as the benchmarks measure it; otherwise, as
+    for the tests, no crash safety."""
     folder = Path(tempfile.mkdtemp(prefix="halfpi-pg-"))
     as_user: tuple[str, ...] = ()
     if os.geteuid() == 0:
@@ -162,11 +170,9 @@ def _start() -> PostgresServer:
         shutil.chown(folder, "postgres", "postgres")
     data, port = folder / "data", _free_port()
     _run([*as_user, "initdb", "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"])
-    options = (
-        f"-p {port} -k {folder} -c listen_addresses=127.0.0.1"
-        # A throw-away server: no crash safety needed, and the machine is shared.
-        " -c fsync=off -c full_page_writes=off -c max_connections=200"
-    )
+    options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c max_connections=200"
+    if not durable:  # a throw-away server: no crash safety needed, and the machine is shared
+        options += " -c fsync=off -c full_page_writes=off"
     pg = PostgresServer(f"postgresql://postgres@127.0.0.1:{port}/postgres", folder, as_user)
     _run([*as_user, "pg_ctl", "start", "-D", str(data), "-l", str(folder / "log"), "-o", options])
     try:

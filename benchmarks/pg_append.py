@@ -14,6 +14,9 @@ per transaction (the batch the group commit reaches with W writers):
 
 - **executemany**: ``BEGIN; executemany(INSERT … VALUES ($1…$6), W rows); COMMIT``
   (asyncpg pipelines the binds of one prepared statement);
+- **executemany, fenced**: the same, with the W fences checked and raised
+  by the database's ``halfpi_fence`` in one statement first (what a fenced
+  batch must do in the database, whoever writes it);
 - **COPY**: ``BEGIN; copy_records_to_table('events', W rows); COMMIT``.
 
 Same schema (the Store's own, ``init_schema``), a fresh database per round,
@@ -33,15 +36,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from _bench import (
-    ROOT,
-    cpu_seconds,
     figure,
     machine_busy_seconds,
     saturation,
@@ -49,13 +49,11 @@ from _bench import (
     table,
     write_json,
 )
+from _cluster import PgCpu, PostgresServer, create_database, missing, start_postgres
 
 from halfpi.store.base import Fence, StoredEvent, WriteTx
 from halfpi.store.postgres import PostgresStore
 from halfpi.store.postgres_schema import init_schema
-
-sys.path.insert(0, str(ROOT))
-from tests.support import postgres as pg_support  # noqa: E402  (the tests' throw-away server)
 
 # The event append.py writes: one that ends no run, ~120 B of JSON.
 TYPE = "chat.message"
@@ -66,49 +64,10 @@ DATA = (
 COLUMNS = ("conversation_id", "seq", "type", "data", "ts", "terminal_of")
 INSERT = "INSERT INTO events (conversation_id, seq, type, data, ts, terminal_of) " \
          "VALUES ($1, $2, $3, $4, $5, $6)"
-SIDES = ("halfpi", "halfpi-fenced", "executemany", "copy")
+SIDES = ("halfpi", "halfpi-fenced", "executemany", "executemany-fenced", "copy")
+FENCE = ("SELECT halfpi_fence(c, t) FROM unnest($1::text[], $2::bigint[])"
+         " WITH ORDINALITY AS f(c, t, n) ORDER BY n")
 WARM = 5  # writes per writer before the clock
-
-
-class PgCpu:
-    """CPU of every process of one PostgreSQL server (the postmaster and its
-    children), read from /proc."""
-
-    def __init__(self, data_dir: Path | None) -> None:
-        self.postmaster = 0
-        if data_dir is not None:
-            self.postmaster = int((data_dir / "postmaster.pid").read_text().split()[0])
-
-    def pids(self) -> list[int]:
-        if not self.postmaster:
-            return []
-        found = [self.postmaster]
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rpartition(")")[2].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            if ppid == self.postmaster:
-                found.append(int(entry))
-        return found
-
-    def snapshot(self) -> dict[int, float]:
-        out = {}
-        for pid in self.pids():
-            try:
-                out[pid] = cpu_seconds(pid)
-            except OSError:
-                continue
-        return out
-
-    @staticmethod
-    def used(before: dict[int, float], after: dict[int, float]) -> float:
-        """CPU seconds between two snapshots (a process started meanwhile
-        counts whole, one gone counts nothing)."""
-        return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
 
 
 class Window:
@@ -148,15 +107,10 @@ class Window:
         }
 
 
-async def fresh_database(server: pg_support.PostgresServer, name: str) -> str:
+async def fresh_database(server: PostgresServer, name: str) -> str:
     import asyncpg
 
-    conn = await asyncpg.connect(server.url)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    url = server.database_url(name)
+    url = await create_database(server, name)
     conn = await asyncpg.connect(url)
     try:
         await init_schema(conn)
@@ -165,7 +119,7 @@ async def fresh_database(server: pg_support.PostgresServer, name: str) -> str:
     return url
 
 
-async def drop_database(server: pg_support.PostgresServer, name: str) -> None:
+async def drop_database(server: PostgresServer, name: str) -> None:
     import asyncpg
 
     conn = await asyncpg.connect(server.url)
@@ -217,11 +171,16 @@ async def raw_side(url: str, pg: PgCpu, writers: int, per_writer: int,
     now = time.time()
     data = DATA.decode()
 
+    conversations = [f"c{w:04d}" for w in range(writers)]
+    tokens = [1] * writers
+
     def batch(seq: int) -> list[tuple[Any, ...]]:
-        return [(f"c{w:04d}", seq, TYPE, data, now, None) for w in range(writers)]
+        return [(c, seq, TYPE, data, now, None) for c in conversations]
 
     async def commit(rows: list[tuple[Any, ...]]) -> None:
         async with conn.transaction():
+            if how == "executemany-fenced":
+                await conn.execute(FENCE, conversations, tokens)
             if how == "copy":
                 await conn.copy_records_to_table("events", records=rows, columns=COLUMNS)
             else:
@@ -240,9 +199,9 @@ async def raw_side(url: str, pg: PgCpu, writers: int, per_writer: int,
 
 
 async def run_mode(mode: str, args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
-    server = pg_support.start_server(durable=mode == "on")
+    server = start_postgres(durable=mode == "on")
     try:
-        pg = PgCpu(server.folder / "data" if server.folder else None)
+        pg = PgCpu(server)
         per = args.events // args.writers
         runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
         counter = 0
@@ -287,26 +246,32 @@ def report(results: dict[str, dict[str, list[dict[str, Any]]]],
         durable = mode == "on"
         settings = ("PostgreSQL defaults: fsync, synchronous_commit on" if durable
                     else "fsync=off, full_page_writes=off")
-        for side, what in (("halfpi", "Store append"), ("halfpi-fenced", "Store append, fenced")):
-            for base, how in (("executemany", "raw executemany"), ("copy", "raw COPY")):
-                targeted = durable and base == "executemany"
-                ours = runs[side]
-                note = (f"{args.writers} writers; {settings}; halfpi "
-                        f"{sum(r['per_commit'] for r in ours) / len(ours):.0f} events/commit; "
-                        f"CPU per event (this process + PostgreSQL) halfpi "
-                        f"{sum(r['cpu_us'] for r in ours) / len(ours):.1f} µs, {how} "
-                        f"{sum(r['cpu_us'] for r in runs[base]) / len(runs[base]):.1f} µs; "
-                        f"PostgreSQL CPU halfpi "
-                        f"{_pct(sum(r['pg_util'] for r in ours) / len(ours))}, {how} "
-                        f"{_pct(sum(r['pg_util'] for r in runs[base]) / len(runs[base]))}")
-                summary.append(figure(
-                    "pg_append", f"PG {what} vs {how}, fsync={mode}", "events/s",
-                    ours, runs[base], "per_s",
-                    target="≥ 0.5x raw executemany" if targeted else "",
-                    judge=(lambda _m, ratio: None if ratio is None else ratio >= 0.5)
-                    if targeted else None,
-                    note=note,
-                ))
+        pairs = (
+            ("halfpi", "Store append", "executemany", "raw executemany"),
+            ("halfpi", "Store append", "copy", "raw COPY"),
+            ("halfpi-fenced", "Store append, fenced", "executemany", "raw executemany"),
+            ("halfpi-fenced", "Store append, fenced", "executemany-fenced",
+             "raw executemany, fenced"),
+        )
+        for side, what, base, how in pairs:
+            targeted = durable and base.startswith("executemany")
+            ours = runs[side]
+            note = (f"{args.writers} writers; {settings}; halfpi "
+                    f"{sum(r['per_commit'] for r in ours) / len(ours):.0f} events/commit; "
+                    f"CPU per event (this process + PostgreSQL) halfpi "
+                    f"{sum(r['cpu_us'] for r in ours) / len(ours):.1f} µs, {how} "
+                    f"{sum(r['cpu_us'] for r in runs[base]) / len(runs[base]):.1f} µs; "
+                    f"PostgreSQL CPU halfpi "
+                    f"{_pct(sum(r['pg_util'] for r in ours) / len(ours))}, {how} "
+                    f"{_pct(sum(r['pg_util'] for r in runs[base]) / len(runs[base]))}")
+            summary.append(figure(
+                "pg_append", f"PG {what} vs {how}, fsync={mode}", "events/s",
+                ours, runs[base], "per_s",
+                target="≥ 0.5x raw executemany" if targeted else "",
+                judge=(lambda _m, ratio: None if ratio is None else ratio >= 0.5)
+                if targeted else None,
+                note=note,
+            ))
     print(table(["round", "events/s", "commits", "per commit", "CPU here", "CPU PostgreSQL",
                  "CPU µs/event", "rest"], rows,
                 "Durable appends on PostgreSQL (CPU: share of one core; here = this process, "
@@ -331,7 +296,7 @@ def main() -> None:
     if args.quick:
         args.events //= 3
         args.rounds = min(args.rounds, 3)
-    why = pg_support.missing()
+    why = missing()
     if why is not None:
         sys.exit(f"pg_append: no PostgreSQL: {why}")
     results = {mode: asyncio.run(run_mode(mode, args)) for mode in args.modes}

@@ -142,7 +142,7 @@ class ClusterNode(Server):
                    PYTHONUNBUFFERED="1")
         argv = [PYTHON, "-m", "halfpi.cli", "mind", "--home", str(home), "--port", "0",
                 "--store", store_url, "--redis", redis_url, "--node-id", node_id,
-                "--log-level", "warning",
+                "--log-level", "warning", "--no-local-hand",  # no tools run here
                 "--max-connections-per-principal", "0"]  # 100 Faces share one token
         if lease_ms is not None:
             argv += ["--lease-ms", str(lease_ms)]

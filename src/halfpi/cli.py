@@ -215,6 +215,13 @@ def cmd_mind(args: argparse.Namespace) -> int:
         node_id=args.node_id,
         lease_ms=args.lease_ms,
     )
+    if config.cluster and not config.node_id:
+        print(
+            "halfpi: cluster mode (--store postgresql://… with --redis) needs --node-id NAME, "
+            "unique in the cluster",
+            file=sys.stderr,
+        )
+        return 2
     logging.basicConfig(
         level=args.log_level.upper(),
         stream=sys.stderr,

@@ -230,6 +230,12 @@ class Config:
         return self.postgres and self.journal_kind == "redis"
 
     @property
+    def local_hand_label(self) -> str:
+        """The embedded Hand's label: ``local``; in cluster mode one per node
+        (``local-NODE``), since the credentials are shared by every node."""
+        return f"local-{self.node_id}" if self.cluster and self.node_id else "local"
+
+    @property
     def db_path(self) -> Path:
         """The SQLite database: the file ``store_url`` names, else HOME/halfpi.db."""
         return self.home / "halfpi.db" if self.store_url is None else sqlite_file(self.store_url)

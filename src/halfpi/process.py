@@ -116,7 +116,7 @@ def local_hand(config: Config, url: str, connector: Connector | None = None) -> 
     hand = HandNode(
         url,
         config.hand_token_path.read_text().strip(),
-        "local",
+        config.local_hand_label,
         policy=HandPolicy(config.hand_roots, rules, config.private_paths),
         state_dir=config.home / "hands",
     )

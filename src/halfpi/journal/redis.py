@@ -367,7 +367,7 @@ class RedisJournal:
             for entry, _ in items:
                 args.append(f"{entry.seq}-0")
                 args.append(_encode(entry))
-            self._fenced_append(
+            await self._fenced_append(  # queued on the pipeline
                 keys=[
                     stream_key(conversation_id),
                     fence_key(conversation_id),

@@ -166,7 +166,9 @@ class Mind:
         self._refreshing = asyncio.Lock()
         self._live_connections: dict[str, int] = {}  # principal_id -> bound sessions
         self._cap_refusals: dict[str, int] = {}  # principal_id -> refused beyond the cap
-        self.hands = HandRegistry(self.scheduler, config.hand_grace_s)
+        self.hands = HandRegistry(
+            self.scheduler, config.hand_grace_s, local_label=config.local_hand_label
+        )
         self.hands.on_presence = self._hand_presence
         self.approvals = Approvals(config.approval_ttl_s, self.scheduler)
         self.approvals.announce = self.announce
@@ -244,7 +246,8 @@ class Mind:
         await self.refresh_credentials()
         if not self.auth.has_face():
             await self._create_local_face()
-        if self.config.local_hand and not self.auth.has_kind_label("hand", "local"):
+        label = self.config.local_hand_label
+        if self.config.local_hand and not self.auth.has_kind_label("hand", label):
             await self._create_local_hand_credential()
         await self._recover()
         self.scheduler.start()
@@ -264,7 +267,8 @@ class Mind:
         log.info("created the local operator credential; token in %s", self.config.face_token_path)
 
     async def _create_local_hand_credential(self) -> None:
-        credential, token = make_credential("hand", "local", "hand", frozenset(), self.now())
+        label = self.config.local_hand_label
+        credential, token = make_credential("hand", label, "hand", frozenset(), self.now())
         await self.store.add_credential(credential)
         write_token_file(self.config.hand_token_path, token)
         await self.refresh_credentials()

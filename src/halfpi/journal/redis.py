@@ -348,7 +348,7 @@ class RedisJournal:
             groups.setdefault(conversation_id, []).append((entry, future))
         pipe = self.client.pipeline(transaction=False)
         maxlen = self.limits.events
-        order: list[tuple[str, list[asyncio.Future[None]], bool]] = []
+        order: list[tuple[str, list[asyncio.Future[None]], int | None]] = []
         for conversation_id, items in groups.items():
             token = self._fences.get(conversation_id)
             futures = [f for _, f in items]
@@ -361,7 +361,7 @@ class RedisJournal:
                         maxlen=maxlen,
                         approximate=True,
                     )
-                    order.append((conversation_id, [future], False))
+                    order.append((conversation_id, [future], None))
                 continue
             args: list[Any] = [token, maxlen, _encode([e for e, _ in items])]
             for entry, _ in items:
@@ -376,7 +376,7 @@ class RedisJournal:
                 args=args,
                 client=pipe,
             )
-            order.append((conversation_id, futures, True))
+            order.append((conversation_id, futures, token))
         try:
             results: list[Any] = await pipe.execute(raise_on_error=False)
         except Exception as exc:  # the connection: every entry of the batch failed
@@ -387,14 +387,16 @@ class RedisJournal:
                     if not future.done():
                         future.set_exception(error)
             return
-        for (conversation_id, futures, fenced), result in zip(order, results, strict=True):
+        for (conversation_id, futures, token), result in zip(order, results, strict=True):
             failure: JournalLostError | None = None
             if isinstance(result, Exception):
-                if fenced and "HPFENCED" in str(result):
+                if token is not None and "HPFENCED" in str(result):
                     failure = FencedAppendError(f"append refused: {result}")
-                    self._fences.pop(conversation_id, None)
-                    if self.on_fenced is not None:
-                        self.on_fenced(conversation_id)
+                    # (an owner that took the conversation again since holds a newer token)
+                    if self._fences.get(conversation_id) == token:
+                        del self._fences[conversation_id]
+                        if self.on_fenced is not None:
+                            self.on_fenced(conversation_id)
                 else:
                     self.lost.add(conversation_id)
                     failure = JournalLostError(f"redis journal write refused: {result}")

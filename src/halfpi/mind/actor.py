@@ -124,6 +124,9 @@ class ActorEnv:
     checkpoint_s: float | None = 1.0
     checkpoint_chars: int = 4096
     call_later: Callable[..., Timer] | None = None
+    # Cluster mode: a write was refused for its fencing token (another node
+    # owns the conversation now): the Mind steps down for it.
+    fenced_out: Callable[[str], None] | None = None
 
 
 class Receiver(Protocol):
@@ -425,6 +428,8 @@ class ConversationActor:
         for entry in staged:
             self._outbox.append((entry.message, future, entry))
         future.add_done_callback(self._drain)
+        if self.fence is not None:
+            future.add_done_callback(self._fenced)
         return asyncio.shield(future)
 
     def append(
@@ -485,6 +490,12 @@ class ConversationActor:
                 self._fold(staged.data)
                 if staged.on_shown is not None:
                     staged.on_shown()
+
+    def _fenced(self, future: asyncio.Future[TxOutcome]) -> None:
+        if future.cancelled() or not isinstance(future.exception(), FencedOut):
+            return
+        if self.env.fenced_out is not None and not self.unloaded:
+            self.env.fenced_out(self.id)  # (an actor already replaced stays quiet)
 
     def _fold(self, data: EventData) -> None:
         """The in-memory view follows what was published."""

@@ -187,6 +187,7 @@ class Mind:
             checkpoint_s=config.checkpoint_s,
             checkpoint_chars=config.checkpoint_chars,
             call_later=self.scheduler.call_later,
+            fenced_out=self.step_down,
         )
         self._local_hand_factory = local_hand
         self.local_hand: LocalHand | None = None

@@ -92,7 +92,7 @@ DELTAS = 3_000  # per round: ~300,000 deliveries to 100 Faces
 # past the trimmed end).
 BASE_ENTRIES = 10_000
 READ_PAUSE_S = 0.02  # as fanout.py at 100 Faces: one recv() carries many frames
-# Subscribes sent at once per load process: a burst of ~25 on one node
+# Subscribes sent at once per load process: a burst of ~100 on one node
 # exhausts its Redis connection pool (redis-py's 100) and fails with
 # internal_error (see docs/performance.md, "Cluster mode").
 SUBSCRIBE_BATCH = 10
@@ -283,16 +283,16 @@ async def journal_entry_bytes(redis_url: str, conversation_id: str) -> int:
     return sizes[len(sizes) // 2] if sizes else DEFAULT_VALUE_BYTES
 
 
-async def start_cluster(tmp: Path, pg: Any, redis_url: str,
-                        lease_ms: int | None) -> dict[str, ClusterNode]:
+async def start_cluster(tmp: Path, pg: Any, redis_url: str, lease_ms: int | None,
+                        nodes: dict[str, ClusterNode]) -> None:
+    """Nodes a, b, c into ``nodes`` as each one starts (the caller stops them)."""
     store_url = await create_database(pg, "halfpi_cluster")
     token = await asyncio.to_thread(face_add, store_url, "bench", tmp / "cli")
-    nodes: dict[str, ClusterNode] = {}
     for name in ("a", "b", "c"):  # one after the other: the first creates the schema
         node = ClusterNode(tmp / f"node-{name}", node_id=name, store_url=store_url,
                            redis_url=redis_url, token=token, delta_ms=0, lease_ms=lease_ms)
-        nodes[name] = await asyncio.to_thread(node.start)
-    return nodes
+        nodes[name] = node
+        await asyncio.to_thread(node.start)
 
 
 def cluster_supported() -> bool:
@@ -312,8 +312,8 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
         try:
             assert redis.proc is not None
             if "cluster" in args.parts:
-                nodes = await start_cluster(tmp, pg, redis.url,
-                                            LEASE_MS if args.lease_flag else None)
+                await start_cluster(tmp, pg, redis.url, LEASE_MS if args.lease_flag else None,
+                                    nodes)
                 for spread in args.spreads:
                     sides.append(await ClusterSide(spread, nodes, redis.proc.pid,
                                                    PgCpu(pg)).connect(args.faces))

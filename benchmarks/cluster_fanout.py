@@ -136,6 +136,12 @@ class Window:
         self.others = max(0.0, machine_busy_seconds() - self._machine - used)
         self.util = {k: v / wall for k, v in self.server_cpu.items()}
 
+    def server_us(self, events: int, *, with_self: bool = False) -> float:
+        """CPU of the serving side per delivered event, µs: the servers and
+        PostgreSQL (and this process, when it is the raw publisher)."""
+        cpu = sum(self.server_cpu.values()) + self.pg_cpu + (self.loads[-1] if with_self else 0)
+        return cpu / max(1, events) * 1e6
+
     def as_dict(self) -> dict[str, Any]:
         wall = self.wall
         busiest = max(self.util.values())
@@ -193,7 +199,9 @@ class RedisSide:
         self.last += count
         seconds = max(1e-9, (subs["last_ns"] - sent) / 1e9)
         return {"events": subs["events"], "expected": count * self.faces,
-                "chat_eps": subs["events"] / seconds, "chat_s": seconds, **window.as_dict()}
+                "chat_eps": subs["events"] / seconds, "chat_s": seconds,
+                "server_us": window.server_us(subs["events"], with_self=True),
+                **window.as_dict()}
 
     async def close(self) -> None:
         await self.pool.close()
@@ -260,7 +268,8 @@ class ClusterSide:
         n = sum(sum(pool.sizes) for pool in self.pools)
         return {"events": events, "expected": count * n, "chat_eps": events / seconds,
                 "stream_eps": events / stream_s, "chat_s": seconds,
-                "coalesced": sum(r["coalesced"] for r in reports), **window.as_dict()}
+                "coalesced": sum(r["coalesced"] for r in reports),
+                "server_us": window.server_us(events), **window.as_dict()}
 
     async def close(self) -> None:
         for pool in self.pools:
@@ -356,11 +365,11 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace,
     for name, results in runs.items():
         for i, x in enumerate(results):
             per_node = " ".join(f"{k} {_pct(v)}" for k, v in x["util"].items())
-            rows.append([f"{name} #{i + 1}", x["chat_eps"], x["chat_s"], per_node,
+            rows.append([f"{name} #{i + 1}", x["chat_eps"], x["chat_s"], x["server_us"], per_node,
                          _pct(x["pg_util"]), _pct(x["load_util"]), _pct(x["load_max"]),
                          x["saturated"], _pct(x["others_util"])])
-    print(table(["round", "delivered ev/s", "s", "CPU per server", "CPU PostgreSQL",
-                 "CPU load", "busiest load", "saturated", "rest"], rows,
+    print(table(["round", "delivered ev/s", "s", "serving µs/ev", "CPU per server",
+                 "CPU PostgreSQL", "CPU load", "busiest load", "saturated", "rest"], rows,
                 f"Cluster fan-out rounds ({args.faces} subscribers; {args.deltas:,} deltas per "
                 f"chat, raw Redis {args.base_entries:,} entries per round; CPU: share of one core; "
                 f"load = load processes and this one; "
@@ -395,6 +404,11 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace,
                  f"{median([r['stream_eps'] for r in ours]):,.0f} events/s"
                  + (f"; coalesced frames {sum(r['coalesced'] for r in ours)}"
                     if any(r["coalesced"] for r in ours) else ""),
+        ))
+        summary.append(figure(
+            "cluster_fanout", f"serving CPU per delivered event, {names}", "µs", ours, base,
+            "server_us", lower_is_better=True, refuse_when_load_bound=False,
+            note="halfpi: the three nodes, Redis and PostgreSQL; raw: Redis and the publisher",
         ))
     print()
     print(summary_table(summary, "Cluster fan-out summary (medians; ratio = median of per-round "

@@ -13,7 +13,7 @@ missed by the median (or a targeted ratio had to be refused because the
 load generator saturated), 2 when a benchmark failed to run.
 
     python benchmarks/run_all.py [--quick] [--only fanout resume ...] [--servers native asgi]
-                                 [--json PATH]
+                                 [--cluster] [--json PATH]
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ from _bench import (
 
 HERE = Path(__file__).resolve().parent
 BENCHES = ("fanout", "resume", "append", "memory", "idle", "model_stream", "sse_fanout")
+# Cluster mode (throw-away PostgreSQL and redis-server needed): run with --cluster.
+CLUSTER_BENCHES = ("pg_append", "cluster_fanout")
 WITH_ASGI = ("fanout", "memory", "sse_fanout")  # the benchmarks that also run the ASGI adapter
 SERVERS = ("native", "asgi")
 
@@ -58,11 +60,17 @@ def run(name: str, quick: bool, out: Path,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="less work per benchmark")
-    parser.add_argument("--only", nargs="+", choices=BENCHES, default=list(BENCHES))
+    parser.add_argument("--only", nargs="+", choices=BENCHES + CLUSTER_BENCHES,
+                        default=list(BENCHES))
+    parser.add_argument("--cluster", action="store_true",
+                        help="also the cluster-mode benchmarks (pg_append, cluster_fanout: "
+                        "they start PostgreSQL and redis-server)")
     parser.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS),
                         help="the adapters to measure (fanout and memory run both)")
     parser.add_argument("--json", help="write all summary rows to this file")
     args = parser.parse_args()
+    if args.cluster:
+        args.only += [name for name in CLUSTER_BENCHES if name not in args.only]
     began = time.perf_counter()
     rows: list[dict[str, Any]] = []
     timings = []

@@ -26,6 +26,9 @@ once with ``halfpi face add --store …``), the scripted agent at full speed
   ≥ 0.5x (a).
 - **(c) scaling**: the same chat with the 100 subscribers on A alone (no
   hop between nodes), on B alone, on B and C (= (b)), on A, B and C.
+- **single node**, for reference: the same chat to 100 Faces of one plain
+  ``halfpi mind`` (SQLite, the in-process journal), what ``fanout.py``
+  measures; and (b) against it: what cluster mode costs on one machine.
 
 Each spread has its own conversation (created on A), every side stays
 connected, and the order of the sides rotates round by round, 5 rounds
@@ -56,6 +59,7 @@ from urllib.parse import urlsplit
 
 from _bench import (
     HOST,
+    MindServer,
     cpu_seconds,
     figure,
     machine_busy_seconds,
@@ -103,7 +107,8 @@ LEASE_MS = 2_000
 TARGET = 0.5
 DEFAULT_VALUE_BYTES = 150  # the journal entry of a delta when no Mind ran to measure it
 # The subscribers' spreads: node names; "b+c" is (b).
-SPREADS = {"a": ("a",), "b": ("b",), "b+c": ("b", "c"), "a+b+c": ("a", "b", "c")}
+SPREADS = {"a": ("a",), "b": ("b",), "b+c": ("b", "c"), "a+b+c": ("a", "b", "c"),
+           "single": ("a",)}  # "single": one plain halfpi mind (SQLite), for reference
 MAIN_SPREAD = "b+c"
 
 
@@ -215,8 +220,8 @@ class RedisSide:
 class ClusterSide:
     """A driver Face on node A and the subscribers of one spread."""
 
-    def __init__(self, spread: str, nodes: dict[str, ClusterNode], redis_pid: int,
-                 pg: PgCpu) -> None:
+    def __init__(self, spread: str, nodes: dict[str, Any], redis_pid: int,
+                 pg: PgCpu | None) -> None:
         self.name = f"halfpi {spread}"
         self.spread = spread
         self.nodes = nodes
@@ -317,6 +322,7 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
         pg = start_postgres(durable=True)
         redis = start_redis()
         nodes: dict[str, ClusterNode] = {}
+        single: MindServer | None = None
         sides: list[Any] = []
         try:
             assert redis.proc is not None
@@ -324,11 +330,19 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
                 await start_cluster(tmp, pg, redis.url, LEASE_MS if args.lease_flag else None,
                                     nodes)
                 for spread in args.spreads:
-                    sides.append(await ClusterSide(spread, nodes, redis.proc.pid,
-                                                   PgCpu(pg)).connect(args.faces))
+                    if spread == "single":  # the embedded Mind: SQLite, in-process journal
+                        single = await asyncio.to_thread(
+                            MindServer(tmp / "single", delta_ms=0).start)
+                        side = ClusterSide(spread, {"a": single}, redis.proc.pid, None)
+                    else:
+                        side = ClusterSide(spread, nodes, redis.proc.pid, PgCpu(pg))
+                    sides.append(await side.connect(args.faces))
                 for side in sides:  # warm-up; the Mind's journal entry size
                     await side.round(max(200, args.deltas // 4))
-                value_bytes = await journal_entry_bytes(redis.url, sides[0].conversation_id)
+                in_redis = [s for s in sides if s.spread != "single"]
+                if in_redis:
+                    value_bytes = await journal_entry_bytes(redis.url,
+                                                            in_redis[0].conversation_id)
             if "baseline" in args.parts:
                 port = urlsplit(redis.url).port
                 assert port is not None
@@ -349,7 +363,7 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
         finally:
             for side in sides:
                 await side.close()
-            await stop_all(*nodes.values())
+            await stop_all(*nodes.values(), *([single] if single else []))
             stop_redis(redis)
             pg.stop()
     return report(runs, args, value_bytes)
@@ -391,6 +405,9 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace,
         names = "+".join(s.upper() for s in SPREADS[spread])
         metric = (f"cluster fan-out, owner A, {args.faces} Faces on {names}"
                   + ("" if main else " (scaling)"))
+        if spread == "single":
+            names = "single node"
+            metric = f"single node (SQLite, in-process journal), {args.faces} Faces"
         nodes_cpu = median([r["nodes_util"] for r in ours])
         summary.append(figure(
             "cluster_fanout", metric, "events/s", ours, base, "chat_eps",
@@ -408,7 +425,16 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace,
         summary.append(figure(
             "cluster_fanout", f"serving CPU per delivered event, {names}", "µs", ours, base,
             "server_us", lower_is_better=True, refuse_when_load_bound=False,
-            note="halfpi: the three nodes, Redis and PostgreSQL; raw: Redis and the publisher",
+            note=("halfpi: the Mind" if spread == "single"
+                  else "halfpi: the three nodes, Redis and PostgreSQL")
+            + "; raw: Redis and the publisher",
+        ))
+    alone, spread_out = runs.get("halfpi single"), runs.get(f"halfpi {MAIN_SPREAD}")
+    if alone and spread_out:
+        summary.append(figure(
+            "cluster_fanout", f"cluster (Faces on B+C) / single node, {args.faces} Faces",
+            "events/s", spread_out, alone, "chat_eps",
+            note="what cluster mode costs on one machine: the same chat to the same Faces",
         ))
     print()
     print(summary_table(summary, "Cluster fan-out summary (medians; ratio = median of per-round "

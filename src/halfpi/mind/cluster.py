@@ -356,11 +356,14 @@ class ClusterNode:
         if replica is None:
             return
         replica.unloaded = True
-        await self.bus.unlisten(fanout_channel(conversation_id))
+        moves = []
         for sub in list(replica.subscribers.values()):
-            owner = getattr(sub, "owner", None)
+            owner = sub.owner
             if owner is not None:
-                owner.move(conversation_id, actor)
+                moves.append((owner, owner.position(conversation_id)))
+        await self.bus.unlisten(fanout_channel(conversation_id))
+        for owner, pos in moves:
+            owner.move(conversation_id, actor, pos)
 
     async def _sweep(self) -> None:
         for row in await self.mind.store.open_runs():

@@ -22,7 +22,9 @@ CHAT_ENDS = ("chat.completed", "chat.failed", "chat.cancelled", "chat.interrupte
 def approval_events(face: FaceClient, type_: str, approval_id: str) -> list[Frame]:
     return [
         f for f in face.events()
-        if f["type"] == "face.event" and f["payload"]["type"] == type_ and f["payload"]["data"]["approval_id"] == approval_id
+        if f["type"] == "face.event"
+        and f["payload"]["type"] == type_
+        and f["payload"]["data"]["approval_id"] == approval_id
     ]
 
 
@@ -42,7 +44,7 @@ async def test_I10_two_devices_race_an_approval_one_decision_stands_everywhere(
         rid = await op.command("face.chat", f"chat-{n}", conversation_id=cid, content=content)
         asked = [
             await face.expect(
-                lambda f: f["type"] == "face.event"
+                lambda f, rid=rid: f["type"] == "face.event"
                 and f["payload"]["type"] == "approval.requested"
                 and f["payload"]["data"].get("request_id") == rid,
                 20,
@@ -74,7 +76,7 @@ async def test_I10_two_devices_race_an_approval_one_decision_stands_everywhere(
         # ends the way that decision says.
         for face in (op, phone, laptop):
             await face.expect(
-                lambda f: f["type"] == "face.event"
+                lambda f, rid=rid: f["type"] == "face.event"
                 and f["payload"]["type"] in CHAT_ENDS
                 and f["payload"]["data"].get("request_id") == rid,
                 20,

@@ -53,6 +53,12 @@ async def test_I10_two_devices_race_an_approval_one_decision_stands_everywhere(
         ]
         approval_id = asked[0]["payload"]["data"]["approval_id"]
         assert asked[1]["payload"]["data"]["approval_id"] == approval_id
+        # Either device lists it as waiting, whichever node it is connected to.
+        for face in (phone, laptop):
+            listed = await face.reply(await face.command("face.approval.list"))
+            assert [a["approval_id"] for a in listed["payload"]["data"]["approvals"]] == [
+                approval_id
+            ]
 
         # Both decide at once, opposite ways.
         await asyncio.gather(

@@ -53,6 +53,7 @@ from halfpi.mind.approvals import Approvals
 from halfpi.mind.auth import CredentialCache, SharedReread, make_credential, write_token_file
 from halfpi.mind.chat import ChatDriver
 from halfpi.mind.hands import HandRegistry
+from halfpi.mind.records import approval_pending
 from halfpi.mind.recovery import recover_tools
 from halfpi.mind.registry import Registry
 from halfpi.mind.scheduler import Scheduler
@@ -623,6 +624,15 @@ class Mind:
             credential = self.credential(principal_id)
             if credential is not None and SESSIONS_READ in credential.scopes:
                 session.send(message)
+
+    async def waiting_approvals(self) -> list[ApprovalPending]:
+        """:meth:`pending_approvals`; in cluster mode every node's, read from
+        the Store (each node holds only its own conversations' in memory)."""
+        if self.cluster is None:
+            return self.pending_approvals()
+        rows = list(await self.store.open_approvals())  # undecided
+        rows.sort(key=lambda r: (r.created_at, r.approval_id))
+        return [approval_pending(r) for r in rows]
 
     def pending_approvals(self) -> list[ApprovalPending]:
         """Every approval still waiting for a decision, in every conversation,

@@ -212,9 +212,10 @@ CREATE TRIGGER IF NOT EXISTS tasks_move_by_their_table
     BEFORE UPDATE ON tasks
     WHEN OLD.state NOT IN ('cancelled', 'dead', 'failed', 'lost', 'succeeded', 'timed_out')
     AND NEW.state IS NOT OLD.state
-    AND OLD.state || '>' || NEW.state NOT IN ('queued>cancelled', 'queued>dead', 'queued>failed',
+    AND (OLD.state || '>' || NEW.state NOT IN ('queued>cancelled', 'queued>dead', 'queued>failed',
         'queued>lost', 'queued>running', 'queued>succeeded', 'queued>timed_out',
         'running>cancelled', 'running>failed', 'running>lost', 'running>succeeded',
         'running>timed_out')
+        OR (NEW.state = 'dead' AND NEW.delivered_at IS NOT NULL))
     BEGIN SELECT RAISE(ABORT, 'halfpi: a task cannot make this move (core.states.OUTBOX)'); END;
 """

@@ -1279,6 +1279,23 @@ async def test_a_dead_task_stays_dead_when_a_hand_reports_it_late(store: Any) ->
     assert got is not None and (got.state, got.attempts) == ("dead", 3)
 
 
+async def test_a_task_a_hand_acknowledged_never_dies(store: Any) -> None:
+    """Once a Hand has a task it is the authority: the outbox cannot give
+    up on it, even when the receipt's write and the outbox's race."""
+    await commit(store, WriteTx(tasks=[task_row()]))
+    await commit(store, WriteTx(task_updates=[TaskUpdate("k_1", 101.0, delivered_at=101.0)]))
+    with pytest.raises(StoreError) as refused:
+        await commit(store, WriteTx(task_updates=[TaskUpdate("k_1", 102.0, state="dead")]))
+    assert not isinstance(refused.value, TerminalExists)
+    # Nor in the very write that says it was delivered.
+    await commit(store, WriteTx(tasks=[task_row("k_2")]))
+    with pytest.raises(StoreError):
+        await commit(store, WriteTx(task_updates=[
+            TaskUpdate("k_2", 102.0, state="dead", delivered_at=102.0)]))
+    assert [(t.task_id, t.state) for t in await store.list_tasks(limit=10)] == [
+        ("k_2", "queued"), ("k_1", "queued")]
+
+
 async def test_an_update_of_an_unknown_task_changes_nothing(store: Any) -> None:
     outcome_ = await commit(store, WriteTx(task_updates=[TaskUpdate("k_404", 1.0, state="lost")]))
     assert outcome_.committed

@@ -23,6 +23,7 @@ from halfpi.store.base import TaskRow, TaskUpdate
 
 __all__ = [
     "ALLOWED_MOVES",
+    "DEAD",
     "FIELDS",
     "MOVE_REFUSAL",
     "OPEN_STATES",
@@ -51,6 +52,12 @@ OPEN_STATES = _sql_list([s for s in OUTBOX.states if not OUTBOX.is_terminal(s)])
 ALLOWED_MOVES = _sql_list(
     [f"{source}>{target}" for source, targets in OUTBOX.transitions.items() for target in targets]
 )
+
+# The state of a task no Hand ever acknowledged and the outbox gave up on:
+# refused, like a move the table does not allow, once a Hand has the task
+# (``delivered_at`` set) — from then on the Hand is the authority.
+DEAD = "dead"
+assert DEAD in OUTBOX.states and OUTBOX.is_terminal(DEAD)
 
 # The refusal of a move the table does not allow (not an outcome: a bug).
 MOVE_REFUSAL = "halfpi: a task cannot make this move (core.states.OUTBOX)"

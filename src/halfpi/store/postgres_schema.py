@@ -107,7 +107,8 @@ BEGIN
         RAISE EXCEPTION 'halfpi: task % already has its outcome (%)', OLD.task_id, OLD.state
             USING ERRCODE = '{TERMINAL_REFUSAL}';
     END IF;
-    IF OLD.state || '>' || NEW.state NOT IN ({outbox.ALLOWED_MOVES}) THEN
+    IF OLD.state || '>' || NEW.state NOT IN ({outbox.ALLOWED_MOVES})
+        OR (NEW.state = '{outbox.DEAD}' AND NEW.delivered_at IS NOT NULL) THEN
         RAISE EXCEPTION 'halfpi: task % cannot move from % to %', OLD.task_id, OLD.state,
             NEW.state USING ERRCODE = '{TASK_MOVE_REFUSAL}';
     END IF;

@@ -105,7 +105,8 @@ CREATE TRIGGER IF NOT EXISTS tasks_first_outcome_stands
 CREATE TRIGGER IF NOT EXISTS tasks_move_by_their_table
     BEFORE UPDATE ON tasks
     WHEN OLD.state NOT IN ({outbox.TERMINAL_STATES}) AND NEW.state IS NOT OLD.state
-    AND OLD.state || '>' || NEW.state NOT IN ({outbox.ALLOWED_MOVES})
+    AND (OLD.state || '>' || NEW.state NOT IN ({outbox.ALLOWED_MOVES})
+        OR (NEW.state = '{outbox.DEAD}' AND NEW.delivered_at IS NOT NULL))
     BEGIN SELECT RAISE(ABORT, '{outbox.MOVE_REFUSAL}'); END;
 """
 

@@ -202,6 +202,46 @@ async def test_I5_a_request_admitted_on_one_node_is_found_on_another(
     assert not again.committed and isinstance(again.existing, RequestRecord)
 
 
+# -- the background tasks' outbox, shared by every node (I10) ----------------------------
+
+
+async def test_I10_a_task_ended_on_two_nodes_at_once_keeps_the_first_end(
+    nodes: tuple[PostgresStore, PostgresStore],
+    pg_url: str,  # noqa: F811
+) -> None:
+    """One node's end of a task is in flight (its transaction holds the row)
+    when another node ends it otherwise: the second waits for the first,
+    then the database refuses it, reading the row the first one left."""
+    a, b = nodes
+    task = TaskRow("k_1", "dl_1", "c_1", "h_1", "laptop", "exec_command", {"argv": ["ls"]},
+                   None, "sha256:x", "summary", "p_1", "r_1", 2.0, 2.0)
+    await a.write(WriteTx(tasks=[task]))
+    await a.write(WriteTx(task_updates=[TaskUpdate("k_1", 3.0, state="running")]))
+    first = await asyncpg.connect(pg_url)
+    try:
+        tr = first.transaction()
+        await tr.start()
+        await first.execute(
+            "UPDATE tasks SET state = 'succeeded', exit_code = 0 WHERE task_id = 'k_1'"
+        )
+        second = b.write(WriteTx(
+            task_updates=[TaskUpdate("k_1", 4.0, state="cancelled")],
+            events=[StoredEvent("c_1", 1, "task.changed", b'{"task_id":"k_1"}', 4.0)],
+        ))
+        deadline = time.monotonic() + 30
+        while not await first.fetchval("SELECT count(*) FROM pg_locks WHERE NOT granted"):
+            assert time.monotonic() < deadline, "the second end never waited for the first"
+            await asyncio.sleep(0.01)  # polling a condition with a deadline
+        await tr.commit()
+    finally:
+        await first.close()
+    with pytest.raises(TerminalExists):
+        await second
+    got = await b.get_task("k_1")
+    assert got is not None and (got.state, got.exit_code) == ("succeeded", 0)
+    assert await b.head_seq("c_1") == 0
+
+
 # -- the schema -------------------------------------------------------------------
 
 

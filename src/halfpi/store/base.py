@@ -243,9 +243,9 @@ class TaskRow:
     Created (``WriteTx.tasks``) in the transaction that admits its request
     and writes its event, in state ``queued``, due at ``next_attempt_at``.
     Then changed only by :class:`TaskUpdate`: the dispatcher's attempts, the
-    Hand's receipts, refusals and updates. ``args`` is what is delivered
-    (kept for redelivery after a restart; Faces see it projected by
-    ``detail_mode``); ``digest`` is :func:`halfpi.core.tasks.task_digest`
+    Hand's receipts, refusals and updates. ``args`` is what is delivered,
+    kept whole for a redelivery after a restart (a Face is to be shown it
+    only as projected by ``detail_mode``); ``digest`` is :func:`halfpi.core.tasks.task_digest`
     of tool, args and timeout. Times are the Mind's clock."""
 
     task_id: str

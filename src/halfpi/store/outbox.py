@@ -13,7 +13,7 @@ change of the table is a change of the schema (a new schema version).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -68,8 +68,7 @@ FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TaskRow))
 _JSON = frozenset({"args", "answer"})
 _BOOL = frozenset({"approved", "log_truncated"})
 
-# TaskUpdate's fields that set a column, each once the task is terminal:
-# (column, kept) where kept says how the column changes:
+# TaskUpdate's fields, each with how it changes its column:
 #   "outcome": set while the task is open, frozen once it is terminal
 #   "first":   the first value given stays
 #   "last":    the last value given replaces it
@@ -94,7 +93,7 @@ assert {f.name for f in dataclasses.fields(TaskUpdate)} == {
 }
 
 
-def set_clause(mark: Any) -> str:
+def set_clause(mark: Callable[[str], str]) -> str:
     """The SET list of the update, ``mark(name)`` giving each parameter's
     placeholder (``updated_at`` takes ``mark("at")``). Every expression
     reads the row as it was, so "terminal" means terminal before this update."""

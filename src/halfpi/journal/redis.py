@@ -308,15 +308,8 @@ class RedisJournal:
             await self._write_fenced(batch)
             return
         pipe = self.client.pipeline(transaction=False)
-        maxlen = self.limits.events
         for conversation_id, entry, _ in batch:
-            pipe.xadd(
-                stream_key(conversation_id),
-                {"e": _encode(entry)},
-                id=f"{entry.seq}-0",
-                maxlen=maxlen,
-                approximate=True,
-            )
+            self._xadd(pipe, conversation_id, entry)
         try:
             results: list[Any] = await pipe.execute(raise_on_error=False)
         except Exception as exc:  # the connection: every entry of the batch failed
@@ -336,6 +329,15 @@ class RedisJournal:
             else:
                 future.set_result(None)
 
+    def _xadd(self, pipe: Any, conversation_id: str, entry: JournalEntry) -> None:
+        pipe.xadd(
+            stream_key(conversation_id),
+            {"e": _encode(entry)},
+            id=f"{entry.seq}-0",
+            maxlen=self.limits.events,
+            approximate=True,
+        )
+
     async def _write_fenced(
         self, batch: list[tuple[str, JournalEntry, asyncio.Future[None]]]
     ) -> None:
@@ -354,13 +356,7 @@ class RedisJournal:
             futures = [f for _, f in items]
             if token is None:
                 for entry, future in items:  # not owned here: plain appends
-                    pipe.xadd(
-                        stream_key(conversation_id),
-                        {"e": _encode(entry)},
-                        id=f"{entry.seq}-0",
-                        maxlen=maxlen,
-                        approximate=True,
-                    )
+                    self._xadd(pipe, conversation_id, entry)
                     order.append((conversation_id, [future], None))
                 continue
             args: list[Any] = [token, maxlen, _encode([e for e, _ in items])]

@@ -247,9 +247,14 @@ class ClusterNode:
             holder = await self.leases.holder(conversation_id)
             if holder is None:  # expired between the two calls: try once more
                 lease = await self.leases.acquire(conversation_id, at_least)
-            elif holder.node_id == self.node_id and holder.fence > at_least:
-                # Ours from before this process restarted (node ids are unique).
-                lease = holder
+            elif holder.node_id == self.node_id:
+                # A previous run of this node (killed, restarted at once) still
+                # holds it: it is ours again once that lease expires. Never
+                # adopted — a paused previous run would share its token.
+                raise Unavailable(
+                    "this node's previous run still holds the conversation for up to "
+                    f"{self.mind.config.lease_ms} ms; retry"
+                )
             if lease is None:
                 owner = holder.node_id if holder is not None else "?"
                 raise NotOwner(conversation_id, owner)
@@ -358,8 +363,8 @@ class ClusterNode:
     async def _take_over(self, conversation_id: str) -> None:
         try:
             actor = await self.mind.actor(conversation_id)
-        except NotOwner:
-            return  # another node was quicker: keep following it
+        except Unavailable:  # NotOwner: another node was quicker; keep following it
+            return
         replica = self.replicas.pop(conversation_id, None)
         if replica is None:
             return
@@ -378,7 +383,7 @@ class ClusterNode:
             cid = row.conversation_id
             if cid in self.held or await self.owner_of(cid) is not None:
                 continue
-            with contextlib.suppress(NotOwner):
+            with contextlib.suppress(Unavailable):  # NotOwner among them
                 await self.mind.actor(cid)
 
     # -- forwarding ----------------------------------------------------------------

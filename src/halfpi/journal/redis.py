@@ -66,6 +66,11 @@ _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(JournalEntry).decode
 _decode_many = msgspec.msgpack.Decoder(list[JournalEntry]).decode
 
+# Connections to Redis per node (the pub/sub link holds one), and how long a
+# command waits for a free one before it fails.
+POOL_CONNECTIONS = 64
+POOL_WAIT_S = 20.0
+
 
 class JournalLostError(Exception):
     """Redis no longer holds what the journal wrote (its data was lost)."""
@@ -122,19 +127,23 @@ class RedisJournal:
 
     @classmethod
     def from_url(cls, url: str, limits: JournalLimits | None = None) -> RedisJournal:
-        from redis.asyncio import Redis
+        from redis.asyncio import BlockingConnectionPool, Redis
         from redis.asyncio.retry import Retry
         from redis.backoff import ExponentialBackoff
         from redis.exceptions import ConnectionError as RedisConnectionError
 
         # A dropped connection (Redis restarted) is retried on a new one: what
         # the journal then finds is judged by the marker, not by the error.
-        client = Redis.from_url(
+        # A bounded pool that makes a caller wait for a free connection (not
+        # fail): a burst of Faces subscribing at once queues, never errs.
+        pool = BlockingConnectionPool.from_url(
             url,
+            max_connections=POOL_CONNECTIONS,
+            timeout=POOL_WAIT_S,
             retry=Retry(ExponentialBackoff(cap=0.5, base=0.01), 3),
             retry_on_error=[RedisConnectionError],
         )
-        return cls(client, limits)
+        return cls(Redis.from_pool(pool), limits)
 
     async def close(self) -> None:
         if self._writer is not None:

@@ -206,6 +206,7 @@ class ClusterNode:
         self.bus = Bus(journal.client)
         self.held: dict[str, Lease] = {}
         self.replicas: dict[str, Replica] = {}
+        self._making: dict[str, asyncio.Future[Replica]] = {}
         self._forwards: dict[str, _Forward] = {}
         self._renewer: asyncio.Task[None] | None = None
         self._last_sweep = float("-inf")
@@ -298,10 +299,19 @@ class ClusterNode:
     # -- following -----------------------------------------------------------------
 
     async def replica(self, conversation_id: str) -> Replica:
-        """This node's replica of a conversation another node owns."""
+        """This node's replica of a conversation another node owns (callers
+        at the same time share one making)."""
         replica = self.replicas.get(conversation_id)
         if replica is not None and not replica.unloaded:
             return replica
+        making = self._making.get(conversation_id)
+        if making is None:
+            making = asyncio.ensure_future(self._make_replica(conversation_id))
+            self._making[conversation_id] = making
+            making.add_done_callback(lambda _: self._making.pop(conversation_id, None))
+        return await asyncio.shield(making)
+
+    async def _make_replica(self, conversation_id: str) -> Replica:
         channel = fanout_channel(conversation_id)
 
         def on_entries(payload: bytes) -> None:
@@ -313,9 +323,6 @@ class ClusterNode:
         followed = await self.journal.follow(conversation_id)
         if followed is None:
             raise Unavailable("the conversation's owner has not opened it yet; retry")
-        replica = self.replicas.get(conversation_id)
-        if replica is not None and not replica.unloaded:
-            return replica  # made by a concurrent call meanwhile
         epoch, head = followed
         replica = Replica(
             conversation_id, epoch, head, self.journal, self.mind.store,

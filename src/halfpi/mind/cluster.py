@@ -76,6 +76,9 @@ Dispatch = Callable[["Mind", Any, str, Any], Awaitable[None]]
 
 log = logging.getLogger("halfpi.cluster")
 
+# What ends a forwarded command for its caller: nothing follows these.
+FINAL = frozenset({"face.result", "face.error"})
+
 # A forwarded command's late answers (a chat's face.result) still reach its
 # connection for this long after the command itself was answered.
 FORWARD_KEEP_S = 3600.0
@@ -141,6 +144,7 @@ class _Forward:
     caller: Replier
     done: asyncio.Future[Envelope]
     at: float = field(default_factory=time.monotonic)
+    answered: bool = False  # its face.result (or face.error) reached the caller
 
 
 class RemoteCaller:
@@ -202,6 +206,7 @@ class ClusterNode:
         self.bus = Bus(journal.client)
         self.held: dict[str, Lease] = {}
         self.replicas: dict[str, Replica] = {}
+        self._making: dict[str, asyncio.Future[Replica]] = {}
         self._forwards: dict[str, _Forward] = {}
         self._renewer: asyncio.Task[None] | None = None
         self._last_sweep = float("-inf")
@@ -243,9 +248,14 @@ class ClusterNode:
             holder = await self.leases.holder(conversation_id)
             if holder is None:  # expired between the two calls: try once more
                 lease = await self.leases.acquire(conversation_id, at_least)
-            elif holder.node_id == self.node_id and holder.fence > at_least:
-                # Ours from before this process restarted (node ids are unique).
-                lease = holder
+            elif holder.node_id == self.node_id:
+                # A previous run of this node (killed, restarted at once) still
+                # holds it: it is ours again once that lease expires. Never
+                # adopted — a paused previous run would share its token.
+                raise Unavailable(
+                    "this node's previous run still holds the conversation for up to "
+                    f"{self.mind.config.lease_ms} ms; retry"
+                )
             if lease is None:
                 owner = holder.node_id if holder is not None else "?"
                 raise NotOwner(conversation_id, owner)
@@ -289,10 +299,19 @@ class ClusterNode:
     # -- following -----------------------------------------------------------------
 
     async def replica(self, conversation_id: str) -> Replica:
-        """This node's replica of a conversation another node owns."""
+        """This node's replica of a conversation another node owns (callers
+        at the same time share one making)."""
         replica = self.replicas.get(conversation_id)
         if replica is not None and not replica.unloaded:
             return replica
+        making = self._making.get(conversation_id)
+        if making is None:
+            making = asyncio.ensure_future(self._make_replica(conversation_id))
+            self._making[conversation_id] = making
+            making.add_done_callback(lambda _: self._making.pop(conversation_id, None))
+        return await asyncio.shield(making)
+
+    async def _make_replica(self, conversation_id: str) -> Replica:
         channel = fanout_channel(conversation_id)
 
         def on_entries(payload: bytes) -> None:
@@ -304,9 +323,6 @@ class ClusterNode:
         followed = await self.journal.follow(conversation_id)
         if followed is None:
             raise Unavailable("the conversation's owner has not opened it yet; retry")
-        replica = self.replicas.get(conversation_id)
-        if replica is not None and not replica.unloaded:
-            return replica  # made by a concurrent call meanwhile
         epoch, head = followed
         replica = Replica(
             conversation_id, epoch, head, self.journal, self.mind.store,
@@ -332,11 +348,15 @@ class ClusterNode:
         owner's lease is gone is taken over (its followers move to the new
         actor); every ``lease_ms`` the chats left open by a dead node are
         swept (their conversation taken, and so closed)."""
+        followed = []
         for conversation_id, replica in list(self.replicas.items()):
-            if not replica.subscribers:
+            if replica.subscribers:
+                followed.append(conversation_id)
+            else:
                 await self.drop_replica(conversation_id)
-                continue
-            if await self.owner_of(conversation_id) is None:
+        owners = await self.leases.holders(followed)
+        for conversation_id in followed:
+            if owners.get(conversation_id) is None:
                 await self._take_over(conversation_id)
         now = time.monotonic()
         if now - self._last_sweep >= self.mind.config.lease_ms / 1000.0:
@@ -350,24 +370,27 @@ class ClusterNode:
     async def _take_over(self, conversation_id: str) -> None:
         try:
             actor = await self.mind.actor(conversation_id)
-        except NotOwner:
-            return  # another node was quicker: keep following it
+        except Unavailable:  # NotOwner: another node was quicker; keep following it
+            return
         replica = self.replicas.pop(conversation_id, None)
         if replica is None:
             return
         replica.unloaded = True
-        await self.bus.unlisten(fanout_channel(conversation_id))
+        moves = []
         for sub in list(replica.subscribers.values()):
-            owner = getattr(sub, "owner", None)
+            owner = sub.owner
             if owner is not None:
-                owner.move(conversation_id, actor)
+                moves.append((owner, owner.position(conversation_id)))
+        await self.bus.unlisten(fanout_channel(conversation_id))
+        for owner, pos in moves:
+            owner.move(conversation_id, actor, pos)
 
     async def _sweep(self) -> None:
         for row in await self.mind.store.open_runs():
             cid = row.conversation_id
             if cid in self.held or await self.owner_of(cid) is not None:
                 continue
-            with contextlib.suppress(NotOwner):
+            with contextlib.suppress(Unavailable):  # NotOwner among them
                 await self.mind.actor(cid)
 
     # -- forwarding ----------------------------------------------------------------
@@ -433,12 +456,20 @@ class ClusterNode:
         kind = envelope.kind
         if kind == "msg":
             pending = self._forwards.get(envelope.id)
-            if pending is not None and not pending.caller.closed:
+            if pending is None:
+                return
+            if not pending.caller.closed:
                 pending.caller.send(Message(envelope.type, envelope.body))
+            if envelope.type in FINAL:
+                pending.answered = True
+                if pending.done.done():  # a chat's result, after the command
+                    del self._forwards[envelope.id]
         elif kind == "done":
             pending = self._forwards.get(envelope.id)
             if pending is not None and not pending.done.done():
                 pending.done.set_result(envelope)
+                if pending.answered or envelope.error_code:
+                    del self._forwards[envelope.id]
         elif kind in ("cmd", "snap"):
             self.mind.spawn(self._serve(envelope), "forwarded command")
 

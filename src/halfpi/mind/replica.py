@@ -33,7 +33,7 @@ from halfpi.core.events import Snapshot
 from halfpi.core.outbound import DELTA, RELIABLE, Message
 from halfpi.errors import Unavailable
 from halfpi.journal.base import JournalEntry, message_of
-from halfpi.mind.actor import Listener, stored_message
+from halfpi.mind.actor import Listener, durable_after
 
 if TYPE_CHECKING:
     from halfpi.journal.redis import RedisJournal
@@ -117,10 +117,7 @@ class Replica:
     async def durable_after(
         self, after_seq: int, until: int, limit: int
     ) -> tuple[list[Message], int]:
-        events = await self.store.events(self.id, after_seq, limit)
-        inside = [e for e in events if e.seq <= until]
-        read = inside[-1].seq if len(inside) == limit else until
-        return [stored_message(self.id, self.epoch, e) for e in inside], read
+        return await durable_after(self.store, self.id, self.epoch, after_seq, until, limit)
 
     async def snapshot(self, messages_limit: int, detail_mode: str) -> Snapshot:
         snap = await self._snapshot_of(self.id, messages_limit, detail_mode)
@@ -178,15 +175,19 @@ class Replica:
             followed = None
         held = self._resyncing or []
         self._resyncing = None
+        # Where each connection got, before the head moves on.
+        moves = []
+        for sub in list(self.subscribers.values()):
+            owner = sub.owner
+            if owner is not None:
+                moves.append((owner, owner.position(self.id)))
         if followed is not None:
             epoch, head = followed
             if epoch == self.epoch:
                 self.published = max(head, self.published)
             else:  # a new epoch: every subscription's cursor resets
                 self.epoch, self.published = epoch, head
-        for sub in list(self.subscribers.values()):
-            owner = getattr(sub, "owner", None)
-            if owner is not None:
-                owner.move(self.id, self)
+        for owner, pos in moves:
+            owner.move(self.id, self, pos)
         if held:
             self.receive(held)

@@ -92,7 +92,6 @@ class LoadPool:
         token: str = "",
         conversation_id: str = "",
         read_pause: float = 0.0,
-        subscribe_batch: int = 0,
     ) -> LoadPool:
         procs = max(1, min(self.procs, n))
         self.sizes = [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
@@ -114,7 +113,6 @@ class LoadPool:
                 conversation_id=conversation_id,
                 n=size,
                 read_pause=read_pause,
-                subscribe_batch=subscribe_batch,
             )
         for worker in self.workers:
             await worker.recv(120)
@@ -164,9 +162,7 @@ async def _connect(cmd: dict[str, Any]) -> list[WsClient]:
     if cmd["kind"] == "mind":
         token, conversation_id = cmd["token"], cmd["conversation_id"]
         subs = await many(lambda: face(url, token), n)
-        step = int(cmd.get("subscribe_batch") or n)  # concurrent subscribes (default: all)
-        for first in range(0, n, step):
-            await asyncio.gather(*(subscribe(s, conversation_id) for s in subs[first:first + step]))
+        await asyncio.gather(*(subscribe(s, conversation_id) for s in subs))
     else:
 
         async def sub() -> WsClient:

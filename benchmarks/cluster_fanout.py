@@ -96,10 +96,6 @@ DELTAS = 3_000  # per round: ~300,000 deliveries to 100 Faces
 # past the trimmed end).
 BASE_ENTRIES = 10_000
 READ_PAUSE_S = 0.02  # as fanout.py at 100 Faces: one recv() carries many frames
-# Subscribes sent at once per load process: a burst of ~100 on one node
-# exhausts its Redis connection pool (redis-py's 100) and fails with
-# internal_error (see docs/performance.md, "Cluster mode").
-SUBSCRIBE_BATCH = 10
 PROCS = 4  # load processes for 100 subscribers, split over their nodes
 XADD_BATCH = 256
 MAXLEN = 10_000  # the Redis journal's retention (journal.events)
@@ -242,7 +238,7 @@ class ClusterSide:
             node = self.nodes[name]
             pool = await LoadPool(procs).connect(
                 "mind", node.url, n, token=node.token, conversation_id=self.conversation_id,
-                read_pause=READ_PAUSE_S, subscribe_batch=SUBSCRIBE_BATCH,
+                read_pause=READ_PAUSE_S,
             )
             self.pools.append(pool)
         return self

@@ -1,6 +1,7 @@
 """A burst of Faces subscribing on a node that does not own the conversation
-(found by benchmarks/cluster_fanout.py): two real ``halfpi mind`` nodes on
-one PostgreSQL and one Redis."""
+(found by benchmarks/cluster_fanout.py: past the node's Redis pool it used
+to fail with internal_error): two real ``halfpi mind`` nodes on one
+PostgreSQL and one Redis."""
 
 from __future__ import annotations
 
@@ -38,8 +39,6 @@ def two_nodes(tmp_path: Path, pg_url: str,  # noqa: F811
             node.kill()
 
 
-@pytest.mark.xfail(strict=True, reason="a burst of commands on one node exhausts its Redis "
-                   "connection pool (redis-py's default, 100): MaxConnectionsError, internal_error")
 async def test_a_burst_of_faces_subscribing_on_a_node_not_owning_the_conversation_is_accepted(
     two_nodes: tuple[MindProcess, MindProcess],
 ) -> None:

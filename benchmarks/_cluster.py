@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,15 +38,9 @@ def start_postgres(*, durable: bool = True) -> PostgresServer:
     return pg_support.start_server(durable=durable)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_redis() -> RedisServer:
     """A throw-away redis-server (no persistence). Stop it with :func:`stop_redis`."""
-    server = RedisServer(free_port(), tempfile.mkdtemp(prefix="halfpi-redis-"))
+    server = RedisServer(redis_support.free_port(), tempfile.mkdtemp(prefix="halfpi-redis-"))
     server.start()
     return server
 

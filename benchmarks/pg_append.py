@@ -272,6 +272,13 @@ def report(results: dict[str, dict[str, list[dict[str, Any]]]],
                 if targeted else None,
                 note=note,
             ))
+            if base.startswith("executemany"):
+                summary.append(figure(
+                    "pg_append", f"CPU per event, {what} vs {how}, fsync={mode}", "µs",
+                    ours, runs[base], "cpu_us", lower_is_better=True,
+                    note="this process (the Store, or the baseline) and every PostgreSQL "
+                         "process, per event",
+                ))
     print(table(["round", "events/s", "commits", "per commit", "CPU here", "CPU PostgreSQL",
                  "CPU µs/event", "rest"], rows,
                 "Durable appends on PostgreSQL (CPU: share of one core; here = this process, "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -22,6 +23,16 @@ from tests.support import redis as redis_support
 
 PostgresServer = pg_support.PostgresServer
 RedisServer = redis_support.RedisServer
+
+
+def stop_cleanly_on_sigterm() -> None:
+    """SIGTERM (a ``timeout``, a CI job stopped) unwinds like Ctrl-C, so the
+    ``finally`` blocks stop the servers and nodes this benchmark started."""
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def missing() -> str | None:

@@ -82,6 +82,7 @@ from _cluster import (
     missing,
     start_postgres,
     start_redis,
+    stop_cleanly_on_sigterm,
     stop_redis,
 )
 from _load import LoadPool
@@ -458,6 +459,7 @@ def main() -> None:
         args.deltas = max(200, args.deltas // 3)
         args.base_entries = max(200, args.base_entries // 3)
         args.rounds = min(args.rounds, 3)
+    stop_cleanly_on_sigterm()
     why = missing()
     if why is not None:
         sys.exit(f"cluster_fanout: {why}")

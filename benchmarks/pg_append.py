@@ -49,7 +49,14 @@ from _bench import (
     table,
     write_json,
 )
-from _cluster import PgCpu, PostgresServer, create_database, missing, start_postgres
+from _cluster import (
+    PgCpu,
+    PostgresServer,
+    create_database,
+    missing,
+    start_postgres,
+    stop_cleanly_on_sigterm,
+)
 
 from halfpi.store.base import Fence, StoredEvent, WriteTx
 from halfpi.store.postgres import PostgresStore
@@ -303,6 +310,7 @@ def main() -> None:
     if args.quick:
         args.events //= 3
         args.rounds = min(args.rounds, 3)
+    stop_cleanly_on_sigterm()
     why = missing()
     if why is not None:
         sys.exit(f"pg_append: no PostgreSQL: {why}")

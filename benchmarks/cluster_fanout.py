@@ -352,7 +352,10 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
                 shift = index % len(sides)
                 for side in sides[shift:] + sides[:shift]:
                     count = args.base_entries if isinstance(side, RedisSide) else args.deltas
-                    result = await side.round(count, value_bytes)
+                    try:
+                        result = await side.round(count, value_bytes)
+                    except Exception as exc:
+                        raise RuntimeError(f"{side.name}, round {index + 1}: {exc}") from exc
                     if result["events"] != result["expected"]:
                         print(f"warning: {side.name}: {result['events']:,} events delivered, "
                               f"{result['expected']:,} expected", file=sys.stderr)

@@ -76,6 +76,18 @@ class JournalLostError(Exception):
     """Redis no longer holds what the journal wrote (its data was lost)."""
 
 
+def msgpack_array(items: list[bytes]) -> bytes:
+    """A msgpack array of already-encoded items (no item encoded twice)."""
+    n = len(items)
+    if n < 16:
+        head = bytes((0x90 | n,))
+    elif n < 0x10000:
+        head = b"\xdc" + n.to_bytes(2, "big")
+    else:
+        head = b"\xdd" + n.to_bytes(4, "big")
+    return head + b"".join(items)
+
+
 def fanout_entries(payload: bytes) -> list[JournalEntry]:
     """The entries of one fan-out message, in seq order."""
     return _decode_many(payload)
@@ -368,10 +380,11 @@ class RedisJournal:
                     self._xadd(pipe, conversation_id, entry)
                     order.append((conversation_id, [future], None))
                 continue
-            args: list[Any] = [token, maxlen, _encode([e for e, _ in items])]
-            for entry, _ in items:
+            encoded = [_encode(entry) for entry, _ in items]  # each entry once
+            args: list[Any] = [token, maxlen, msgpack_array(encoded)]
+            for (entry, _), body in zip(items, encoded, strict=True):
                 args.append(f"{entry.seq}-0")
-                args.append(_encode(entry))
+                args.append(body)
             await self._fenced_append(  # queued on the pipeline
                 keys=[
                     stream_key(conversation_id),

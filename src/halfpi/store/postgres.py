@@ -206,7 +206,9 @@ class PostgresStore:
             for tx, future in batch:
                 if not careful and _plain_append(tx):
                     merged.extend(tx.events)
-                    if tx.fence is not None:
+                    # A conversation's writes in one batch carry the same
+                    # token: checked once (the check is the fencing's cost).
+                    if tx.fence is not None and tx.fence not in fences:
                         fences.append(tx.fence)
                     outcomes.append((future, COMMITTED))
                     continue

@@ -209,14 +209,27 @@ class RedisJournal:
         self._wake.set()
         return future
 
+    async def _known_epoch(self, conversation_id: str) -> str | None:
+        """The epoch this journal reads the conversation in: the one it opened
+        or followed; else (a reader after this node stopped following it)
+        the marker's now."""
+        epoch = self._epochs.get(conversation_id)
+        if epoch is None:
+            followed = await self.follow(conversation_id)
+            epoch = None if followed is None else followed[0]
+        return epoch
+
     async def window(self, conversation_id: str) -> Window:
-        epoch = self._epochs[conversation_id]
+        epoch = await self._known_epoch(conversation_id)
+        if epoch is None:  # Redis holds nothing of it: nothing is promised
+            head = self._heads.get(conversation_id, 0)
+            return Window("", head, head, 0)
         pipe = self.client.pipeline(transaction=True)
         pipe.hmget(marker_key(conversation_id), ["epoch", "floor", "settled"])
         pipe.xrange(stream_key(conversation_id), "-", "+", count=1)
         pipe.xrevrange(stream_key(conversation_id), "+", "-", count=1)
         (held_epoch, floor_b, settled_b), first, last = await pipe.execute()
-        head = self._heads[conversation_id]
+        head = self._heads.get(conversation_id, 0)
         if held_epoch != epoch.encode():
             self.lost.add(conversation_id)
             return Window(epoch, head, head, 0)  # nothing is promised any more
@@ -232,7 +245,9 @@ class RedisJournal:
     async def read_after(
         self, conversation_id: str, seq: int, limit: int
     ) -> list[JournalEntry] | None:
-        epoch = self._epochs[conversation_id]
+        epoch = await self._known_epoch(conversation_id)
+        if epoch is None:
+            return None
         pipe = self.client.pipeline(transaction=True)
         pipe.hmget(marker_key(conversation_id), ["epoch", "floor"])
         pipe.xrange(stream_key(conversation_id), "-", "+", count=1)
@@ -273,13 +288,6 @@ class RedisJournal:
         """This node owns the conversation under ``token``: its appends are
         fenced and fanned out from now on."""
         self._fences[conversation_id] = token
-
-    def forget(self, conversation_id: str) -> None:
-        """This node no longer owns or follows the conversation (it stepped
-        down, or its last follower left): drop what it knew."""
-        self._heads.pop(conversation_id, None)
-        self._epochs.pop(conversation_id, None)
-        self._fences.pop(conversation_id, None)
 
     async def follow(self, conversation_id: str) -> tuple[str, int] | None:
         """Follow a conversation another node owns: its epoch and head now,

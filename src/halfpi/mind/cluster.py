@@ -76,6 +76,9 @@ Dispatch = Callable[["Mind", Any, str, Any], Awaitable[None]]
 
 log = logging.getLogger("halfpi.cluster")
 
+# A replica nobody has followed for this long is dropped.
+REPLICA_IDLE_S = 2.0
+
 # What ends a forwarded command for its caller: nothing follows these.
 FINAL = frozenset({"face.result", "face.error"})
 
@@ -326,7 +329,7 @@ class ClusterNode:
         epoch, head = followed
         replica = Replica(
             conversation_id, epoch, head, self.journal, self.mind.store,
-            self.remote_snapshot, self.mind.spawn,
+            self.remote_snapshot, self.mind.spawn, self.mind.view,
         )
         self.replicas[conversation_id] = replica
         return replica
@@ -336,8 +339,6 @@ class ClusterNode:
         if replica is not None:
             replica.unloaded = True
             await self.bus.unlisten(fanout_channel(conversation_id))
-            if conversation_id not in self.held:
-                self.journal.forget(conversation_id)
 
     def _resync_all(self) -> None:
         for replica in list(self.replicas.values()):
@@ -349,16 +350,19 @@ class ClusterNode:
         actor); every ``lease_ms`` the chats left open by a dead node are
         swept (their conversation taken, and so closed)."""
         followed = []
+        now = time.monotonic()
         for conversation_id, replica in list(self.replicas.items()):
             if replica.subscribers:
+                replica.empty_since = None
                 followed.append(conversation_id)
-            else:
+            elif replica.empty_since is None:
+                replica.empty_since = now  # (a subscription may be moving through it)
+            elif now - replica.empty_since >= REPLICA_IDLE_S:
                 await self.drop_replica(conversation_id)
         owners = await self.leases.holders(followed)
         for conversation_id in followed:
             if owners.get(conversation_id) is None:
                 await self._take_over(conversation_id)
-        now = time.monotonic()
         if now - self._last_sweep >= self.mind.config.lease_ms / 1000.0:
             self._last_sweep = now
             await self._sweep()
@@ -369,7 +373,7 @@ class ClusterNode:
 
     async def _take_over(self, conversation_id: str) -> None:
         try:
-            actor = await self.mind.actor(conversation_id)
+            await self.mind.actor(conversation_id)  # taken here: its followers move onto it
         except Unavailable:  # NotOwner: another node was quicker; keep following it
             return
         replica = self.replicas.pop(conversation_id, None)
@@ -383,7 +387,7 @@ class ClusterNode:
                 moves.append((owner, owner.position(conversation_id)))
         await self.bus.unlisten(fanout_channel(conversation_id))
         for owner, pos in moves:
-            owner.move(conversation_id, actor, pos)
+            owner.move(conversation_id, self.mind.view, pos)
 
     async def _sweep(self) -> None:
         for row in await self.mind.store.open_runs():

@@ -83,6 +83,7 @@ class Replica:
         store: Store,
         snapshot_of: SnapshotOf,
         spawn: Callable[[Any, str], object],
+        view_of: Callable[[str], Awaitable[Any]],
     ) -> None:
         self.id = conversation_id
         self.epoch = epoch
@@ -91,10 +92,13 @@ class Replica:
         self.store = store
         self._snapshot_of = snapshot_of
         self._spawn = spawn
+        self._view_of = view_of  # the conversation's view now (Mind.view)
         self.subscribers: dict[object, Listener] = {}
         # Set once this replica is replaced (this node took the conversation
         # over, or stopped following it): a plan made on it is made again.
         self.unloaded = False
+        # Since when nobody follows it (the node drops it after a while).
+        self.empty_since: float | None = None
         self._resyncing: list[JournalEntry] | None = None
 
     # -- what a subscription needs -------------------------------------------------
@@ -168,6 +172,9 @@ class Replica:
         self._spawn(self._resync(), "replica resync")
 
     async def _resync(self) -> None:
+        if self.unloaded:  # replaced meanwhile: its followers were moved already
+            self._resyncing = None
+            return
         try:
             followed = await self.journal.follow(self.id)
         except Exception as exc:
@@ -188,6 +195,6 @@ class Replica:
             else:  # a new epoch: every subscription's cursor resets
                 self.epoch, self.published = epoch, head
         for owner, pos in moves:
-            owner.move(self.id, self, pos)
+            owner.move(self.id, self._view_of, pos)
         if held:
             self.receive(held)

@@ -494,23 +494,8 @@ class Mind:
             if sub.owner is not None
         ]
         actor.subscribers.clear()
-        if listeners:
-            self.spawn(self._follow_elsewhere(conversation_id, listeners), "follow elsewhere")
-
-    async def _follow_elsewhere(
-        self, conversation_id: str, listeners: list[tuple[Any, int | None]]
-    ) -> None:
-        try:
-            view = await self.view(conversation_id)
-        except Exception as exc:
-            log.warning("could not follow %s after stepping down: %s", conversation_id, exc)
-            for listener, _ in listeners:  # their Faces resume from their cursors
-                close = getattr(listener.session, "close", None)
-                if close is not None:
-                    close(CloseCode.RESTARTING, "the conversation moved; resume")
-            return
-        for listener, pos in listeners:
-            listener.owner.move(conversation_id, view, pos)
+        for listener, pos in listeners:  # onto whatever view the conversation has now
+            listener.owner.move(conversation_id, self.view, pos)
 
     def is_loaded(self, conversation_id: str) -> bool:
         return conversation_id in self._actors

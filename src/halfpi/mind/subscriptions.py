@@ -351,11 +351,14 @@ class Subscriptions:
             return None
         return sub.actor.published if sub.live else sub.pos
 
-    def move(self, conversation_id: str, view: ConversationView, pos: int | None = None) -> None:
-        """The conversation is now read through ``view`` (cluster mode: this
-        node took it over, or its replica resynced): follow it from where
-        this connection got (``pos``, taken when the old view stopped;
-        default: now), exactly or with a ``face.reset`` (I4)."""
+    def move(self, conversation_id: str, view_of: ActorOf, pos: int | None = None) -> None:
+        """The conversation changed hands (cluster mode: this node took it
+        over or stepped down, or its replica resynced): follow it through
+        the view ``view_of`` gives *now*, from where this connection got
+        (``pos``, taken when the old view stopped; default: now), exactly or
+        with a ``face.reset`` (I4). A view that is replaced while this is
+        planned is looked up again, so two moves racing end on the current
+        view, never on one that no longer hears anything."""
         sub = self.by_conversation.get(conversation_id)
         if sub is None or self.sink.closed:
             return
@@ -364,19 +367,23 @@ class Subscriptions:
         cursor = encode_cursor(sub.actor.epoch, pos)
         self.drop(conversation_id)
         self.spawn(
-            self._follow(view, cursor, sub.transient_types, sub.detail_mode), "move subscription"
+            self._follow(conversation_id, view_of, cursor, sub.transient_types, sub.detail_mode),
+            "move subscription",
         )
 
     async def _follow(
         self,
-        view: ConversationView,
+        cid: str,
+        view_of: ActorOf,
         cursor: str,
         transient_types: frozenset[str] | None,
         detail_mode: str,
     ) -> None:
-        cid = view.id
         for attempt in range(FOLLOW_ATTEMPTS):
+            if self.sink.closed or cid in self.by_conversation:
+                return  # gone, or subscribed again meanwhile
             try:
+                view = await view_of(cid)
                 window = await self.journal.window(cid)
                 plan = plan_resume(
                     parse_cursor(cursor),
@@ -386,6 +393,8 @@ class Subscriptions:
                     settled=window.settled,
                 )
                 if isinstance(plan, Exact):
+                    if view.unloaded:
+                        continue  # replaced while planning: look it up again
                     if cid not in self.by_conversation and not self.sink.closed:
                         durable_until = plan.durable_until or 0
                         self.install(
@@ -393,22 +402,22 @@ class Subscriptions:
                         )
                     return
                 snap = await view.snapshot(self.snapshot_messages, detail_mode)
-                break
+                if view.unloaded:
+                    continue
+                if self.sink.closed or cid in self.by_conversation:
+                    return
+                reset = Reset(conversation_id=cid, reason=plan.reason.value, snapshot=snap)
+                self.sink.send(to_message(reset))
+                self.install(view, parse_cursor(snap.cursor).seq, transient_types, detail_mode)
+                return
             except Exception as exc:
                 log.warning("could not follow %s again (%s); trying again", cid, exc)
                 await asyncio.sleep(0.1 * 2**attempt)  # a backoff between attempts
-        else:
-            # Never a silent gap: a connection that cannot be brought back on
-            # the log is closed, and its Face resumes from its cursors.
-            close = getattr(self.sink, "close", None)
-            if close is not None:
-                close(CloseCode.RESTARTING, "the conversation moved; resume")
-            return
-        if self.sink.closed or cid in self.by_conversation:
-            return
-        reset = Reset(conversation_id=cid, reason=plan.reason.value, snapshot=snap)
-        self.sink.send(to_message(reset))
-        self.install(view, parse_cursor(snap.cursor).seq, transient_types, detail_mode)
+        # Never a silent gap: a connection that cannot be brought back on the
+        # log is closed, and its Face resumes from its cursors.
+        close = getattr(self.sink, "close", None)
+        if close is not None:
+            close(CloseCode.RESTARTING, "the conversation moved; resume")
 
     def drop(self, conversation_id: str) -> None:
         sub = self.by_conversation.pop(conversation_id, None)

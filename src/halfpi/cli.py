@@ -213,7 +213,15 @@ def cmd_mind(args: argparse.Namespace) -> int:
         journal_kind="redis" if args.redis else "memory",
         redis_url=args.redis,
         node_id=args.node_id,
+        lease_ms=args.lease_ms,
     )
+    if config.cluster and not config.node_id:
+        print(
+            "halfpi: cluster mode (--store postgresql://… with --redis) needs --node-id NAME, "
+            "unique in the cluster",
+            file=sys.stderr,
+        )
+        return 2
     logging.basicConfig(
         level=args.log_level.upper(),
         stream=sys.stderr,
@@ -520,6 +528,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="cluster mode: this node's name, unique in the cluster (its leases); "
         "default: a name made at start",
+    )
+    mind.add_argument(
+        "--lease-ms",
+        type=int,
+        default=10_000,
+        metavar="MS",
+        help="cluster mode: how long a conversation lease lives unrenewed; a dead "
+        "node's conversations are taken over this long after it stopped (default 10000)",
     )
     mind.add_argument(
         "--agent",

@@ -159,6 +159,15 @@ class Config:
     # journal (journal_kind "redis"), and this node's name for its leases.
     redis_url: str | None = None
     node_id: str | None = None
+    # Cluster mode proper (a PostgreSQL Store and a Redis journal): how long a
+    # conversation lease lives unrenewed; its owner renews it every third of
+    # this (docs/cluster.md, "Several nodes"). A dead owner's conversations
+    # are taken over this long after it stopped renewing.
+    lease_ms: int = 10_000
+    # How long a node waits for the owner to answer a forwarded command
+    # before it answers ``unavailable`` (a retry with the same request_id is
+    # safe: the registry is shared, I5).
+    forward_timeout_s: float = 10.0
     requests: RequestRetention = field(default_factory=RequestRetention)
     # Browsers must present one of these Origins; clients that send no Origin
     # header (scripts, terminals) are not browsers and are not checked.
@@ -213,6 +222,18 @@ class Config:
     @property
     def tls(self) -> bool:
         return self.tls_cert is not None
+
+    @property
+    def cluster(self) -> bool:
+        """Several nodes share this Mind's truth: a PostgreSQL Store and a
+        Redis journal (leases, fencing, forwarding; docs/cluster.md)."""
+        return self.postgres and self.journal_kind == "redis"
+
+    @property
+    def local_hand_label(self) -> str:
+        """The embedded Hand's label: ``local``; in cluster mode one per node
+        (``local-NODE``), since the credentials are shared by every node."""
+        return f"local-{self.node_id}" if self.cluster and self.node_id else "local"
 
     @property
     def db_path(self) -> Path:

@@ -137,6 +137,16 @@ class Unavailable(HalfpiError):
     retryable = True
 
 
+class NotOwner(Unavailable):
+    """Cluster mode: another node owns the conversation (``owner``); the
+    command is forwarded there (a Face that sees it may retry)."""
+
+    def __init__(self, conversation_id: str, owner: str) -> None:
+        super().__init__(f"conversation {conversation_id} is owned by node {owner}; retry")
+        self.conversation_id = conversation_id
+        self.owner = owner
+
+
 class ApprovalExpired(HalfpiError):
     code = ErrorCode.APPROVAL_EXPIRED
 

@@ -23,6 +23,7 @@ from halfpi.core.policy import parse_rule
 from halfpi.errors import StoreError
 from halfpi.hand.node import HandNode
 from halfpi.hand.policy import HandPolicy
+from halfpi.mind import api
 from halfpi.mind.home import Address, CannotStart, prepare_home, remove_address, write_address
 from halfpi.mind.home_lock import HomeLock
 from halfpi.mind.service import Mind
@@ -79,13 +80,21 @@ def make_agent(config: Config) -> Agent:
 
 
 def build_mind(config: Config, agent: Agent | None = None) -> Mind:
-    return Mind(
+    journal = make_journal(config)
+    mind = Mind(
         config,
         make_store(config),
-        make_journal(config),
+        journal,
         agent or make_agent(config),
         local_hand=lambda url, connector: local_hand(config, url, connector),
     )
+    if config.cluster:  # several nodes on one PostgreSQL and one Redis
+        from halfpi.journal.redis import RedisJournal
+        from halfpi.mind.cluster import ClusterNode
+
+        assert isinstance(journal, RedisJournal)
+        mind.cluster = ClusterNode(mind, journal, api.dispatch)
+    return mind
 
 
 def start_local_hand(mind: Mind, url: str) -> None:
@@ -107,7 +116,7 @@ def local_hand(config: Config, url: str, connector: Connector | None = None) -> 
     hand = HandNode(
         url,
         config.hand_token_path.read_text().strip(),
-        "local",
+        config.local_hand_label,
         policy=HandPolicy(config.hand_roots, rules, config.private_paths),
         state_dir=config.home / "hands",
     )

@@ -33,6 +33,7 @@ from halfpi.store.base import (
     ApprovalRow,
     ConversationRow,
     Credential,
+    Fence,
     FinishedRequest,
     MessageRow,
     RunRow,
@@ -1066,6 +1067,18 @@ async def test_approvals_round_trip_and_open_ones_are_undecided(store: Any) -> N
     await commit(store, WriteTx(approvals=[decided]))
     assert await store.get_approval("a_1") == decided
     assert [a.approval_id for a in await store.open_approvals()] == ["a_2"]
+
+
+async def test_fence_of_is_the_highest_token_a_write_carried_where_the_store_fences(
+    backend: Backend, store: Any
+) -> None:
+    assert await store.fence_of("c_1") == 0
+    await store.write(WriteTx(fence=Fence("c_1", 3)))
+    await store.write(WriteTx(fence=Fence("c_1", 7)))
+    # PostgreSQL keeps the highest token (a new owner asks its lease for a
+    # larger one); SQLite fences nothing (one Mind per home).
+    assert await store.fence_of("c_1") == (7 if backend.config.postgres else 0)
+    assert await store.fence_of("c_2") == 0
 
 
 async def test_tool_runs_round_trip_and_open_ones_are_unfinished(store: Any) -> None:

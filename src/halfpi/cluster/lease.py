@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from halfpi.core.cluster_keys import fence_key, lease_key
+
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
@@ -51,14 +53,6 @@ return 0
 """
 
 
-def lease_key(conversation_id: str) -> str:
-    return f"halfpi:lease:{{{conversation_id}}}"
-
-
-def fence_key(conversation_id: str) -> str:
-    return f"halfpi:fence:{{{conversation_id}}}"
-
-
 @dataclass(frozen=True, slots=True)
 class Lease:
     """Ownership of one conversation by one node, with its fencing token."""
@@ -87,8 +81,13 @@ class Leases:
         """Take the lease if nobody holds it (never held, released or
         expired); None while another node (or this one) holds it."""
         fence = await self.client.eval(
-            _ACQUIRE, 2, lease_key(conversation_id), fence_key(conversation_id),
-            self.node_id, self.ttl_ms, at_least,
+            _ACQUIRE,
+            2,
+            lease_key(conversation_id),
+            fence_key(conversation_id),
+            self.node_id,
+            self.ttl_ms,
+            at_least,
         )
         return None if fence is None else Lease(conversation_id, self.node_id, int(fence))
 
@@ -102,9 +101,7 @@ class Leases:
 
     async def release(self, lease: Lease) -> bool:
         """Give the lease up (only if still held by it)."""
-        done = await self.client.eval(
-            _RELEASE, 1, lease_key(lease.conversation_id), lease.value
-        )
+        done = await self.client.eval(_RELEASE, 1, lease_key(lease.conversation_id), lease.value)
         return bool(done)
 
     async def holder(self, conversation_id: str) -> Lease | None:

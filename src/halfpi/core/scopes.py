@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from halfpi.errors import Forbidden
+
 CHAT = "face:chat"
 SESSIONS_READ = "face:sessions:read"
 SESSIONS_WRITE = "face:sessions:write"
@@ -64,3 +66,12 @@ def scopes_for(profile: str, extra: Iterable[str] = (), *, approve: bool = False
 
 def default_detail_mode(profile: str) -> str:
     return "transparent" if profile == "operator" else "summary"
+
+
+def authorize(scopes: frozenset[str], type_: str) -> None:
+    """I8: the scope ``type_`` needs, checked against the credential's
+    scopes as they are now (every transport calls this for every command,
+    and an owner node again for a command forwarded to it)."""
+    scope = COMMAND_SCOPE.get(type_)
+    if scope is not None and scope not in scopes:
+        raise Forbidden(f"{type_} needs scope {scope}")

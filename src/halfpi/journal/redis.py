@@ -28,17 +28,34 @@ mark the conversation lost: its next :meth:`open` names a new epoch, and
 Appends are queued and written by one task per journal in pipelines (many
 ``XADD`` per round trip, in seq order); the future an append returns
 resolves once its entry (and every earlier one) is in Redis.
+
+**Several nodes** (docs/cluster.md, "Several nodes"). The owner of a
+conversation names its lease's fencing token (:meth:`RedisJournal.fence`);
+from then on its appends are one Lua script per conversation and batch that
+checks the token against ``halfpi:fence:{C}`` (raised by every take-over),
+adds the entries and publishes them on ``halfpi:f:{C}`` — atomically, so a
+stale owner (paused past its lease) can neither extend the stream nor reach
+another node's Faces; its append is refused (``on_fenced``) and it steps
+down. Other nodes :meth:`follow` a conversation: they learn its epoch and
+head from Redis and get its entries from the fan-out channel, re-reading the
+stream when a seq is missing. A new owner *settles* the window when it opens
+the conversation (:attr:`RedisJournal.settle_on_open`): what the previous
+owner journaled but never made durable (its transient deltas) is dropped,
+and every cursor of the epoch resumes from the Store up to the head (exact
+for durable events) — the same rule as a window dropped while idle.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from halfpi.config import JournalLimits
+from halfpi.core.cluster_keys import fanout_channel, fence_key, marker_key, stream_key
 from halfpi.core.ids import new_epoch
 from halfpi.journal.base import JournalEntry, Window
 
@@ -47,18 +64,36 @@ if TYPE_CHECKING:  # redis is imported lazily: the embedded default does not nee
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(JournalEntry).decode
+_decode_many = msgspec.msgpack.Decoder(list[JournalEntry]).decode
 
 
 class JournalLostError(Exception):
     """Redis no longer holds what the journal wrote (its data was lost)."""
 
 
-def stream_key(conversation_id: str) -> str:
-    return f"halfpi:j:{{{conversation_id}}}"
+def fanout_entries(payload: bytes) -> list[JournalEntry]:
+    """The entries of one fan-out message, in seq order."""
+    return _decode_many(payload)
 
 
-def marker_key(conversation_id: str) -> str:
-    return f"halfpi:m:{{{conversation_id}}}"
+# One owner's batch for one conversation: refused unless the caller's token is
+# the conversation's fencing token now; else every entry added (each id
+# ``<seq>-0``), then the whole batch published on the fan-out channel.
+_FENCED_APPEND = """
+local held = redis.call('GET', KEYS[2])
+if held ~= ARGV[1] then
+  return redis.error_reply('HPFENCED the conversation has a newer owner')
+end
+for i = 4, #ARGV, 2 do
+  redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], ARGV[i], 'e', ARGV[i + 1])
+end
+redis.call('PUBLISH', KEYS[3], ARGV[3])
+return (#ARGV - 3) / 2
+"""
+
+
+class FencedAppendError(JournalLostError):
+    """A stale owner's append, refused: another node owns the conversation."""
 
 
 def _seq_of(entry_id: bytes | str) -> int:
@@ -77,6 +112,13 @@ class RedisJournal:
         self._writer: asyncio.Task[None] | None = None
         # Conversations whose stream was found lost or gapped since opened.
         self.lost: set[str] = set()
+        # Cluster mode: the fencing token each owned conversation's appends
+        # carry (``fence``), and who hears of a refused one (the node steps
+        # down for that conversation).
+        self._fences: dict[str, int] = {}
+        self.on_fenced: Callable[[str], None] | None = None
+        self.settle_on_open = False
+        self._fenced_append: Any = None
 
     @classmethod
     def from_url(cls, url: str, limits: JournalLimits | None = None) -> RedisJournal:
@@ -108,6 +150,17 @@ class RedisJournal:
         marker = marker_key(conversation_id)
         held = await self.client.hgetall(marker)
         self.lost.discard(conversation_id)
+        if epoch is not None and held.get(b"epoch") == epoch.encode() and self.settle_on_open:
+            # A new owner: settle at the Store's head (past every seq the
+            # previous owner may have shown); durable events below it are
+            # replayed from the Store, exactly.
+            pipe = self.client.pipeline(transaction=True)
+            pipe.xtrim(stream_key(conversation_id), maxlen=0)
+            pipe.hset(marker, mapping={"floor": head, "settled": head})
+            await pipe.execute()
+            self._epochs[conversation_id] = epoch
+            self._heads[conversation_id] = head
+            return epoch
         if epoch is not None and held.get(b"epoch") == epoch.encode():
             self._epochs[conversation_id] = epoch
             last = await self._last_seq(conversation_id)
@@ -184,6 +237,7 @@ class RedisJournal:
     async def release(self, conversation_id: str) -> None:
         head = self._heads.pop(conversation_id, None)
         self._epochs.pop(conversation_id, None)
+        self._fences.pop(conversation_id, None)
         if head is None:
             return
         await self._drain(conversation_id)
@@ -191,6 +245,42 @@ class RedisJournal:
         pipe.delete(stream_key(conversation_id))
         pipe.hset(marker_key(conversation_id), mapping={"floor": head, "settled": head})
         await pipe.execute()
+
+    # -- several nodes -------------------------------------------------------------
+
+    def fence(self, conversation_id: str, token: int) -> None:
+        """This node owns the conversation under ``token``: its appends are
+        fenced and fanned out from now on."""
+        self._fences[conversation_id] = token
+
+    def forget(self, conversation_id: str) -> None:
+        """This node no longer owns or follows the conversation (it stepped
+        down, or its last follower left): drop what it knew."""
+        self._heads.pop(conversation_id, None)
+        self._epochs.pop(conversation_id, None)
+        self._fences.pop(conversation_id, None)
+
+    async def follow(self, conversation_id: str) -> tuple[str, int] | None:
+        """Follow a conversation another node owns: its epoch and head now,
+        as Redis holds them (None: Redis holds nothing of it). Subscribe to
+        its fan-out channel first, so nothing appended after this read is
+        missed."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hmget(marker_key(conversation_id), ["epoch", "floor"])
+        pipe.xrevrange(stream_key(conversation_id), "+", "-", count=1)
+        (epoch_b, floor_b), last = await pipe.execute()
+        if epoch_b is None:
+            return None
+        epoch = epoch_b.decode()
+        head = _seq_of(last[0][0]) if last else int(floor_b or 0)
+        self._epochs[conversation_id] = epoch
+        self._heads[conversation_id] = max(head, self._heads.get(conversation_id, 0))
+        return epoch, head
+
+    def followed(self, conversation_id: str, seq: int) -> None:
+        """A follower saw ``seq`` on the fan-out: the head is at least that."""
+        if seq > self._heads.get(conversation_id, 0):
+            self._heads[conversation_id] = seq
 
     # -- writing ---------------------------------------------------------------------
 
@@ -214,6 +304,9 @@ class RedisJournal:
                 await self._write(batch)
 
     async def _write(self, batch: list[tuple[str, JournalEntry, asyncio.Future[None]]]) -> None:
+        if self._fences:
+            await self._write_fenced(batch)
+            return
         pipe = self.client.pipeline(transaction=False)
         maxlen = self.limits.events
         for conversation_id, entry, _ in batch:
@@ -242,3 +335,75 @@ class RedisJournal:
                 future.set_exception(JournalLostError(f"redis journal write refused: {result}"))
             else:
                 future.set_result(None)
+
+    async def _write_fenced(
+        self, batch: list[tuple[str, JournalEntry, asyncio.Future[None]]]
+    ) -> None:
+        """One fenced script per conversation of the batch (its entries in seq
+        order), all in one pipeline; unfenced ones as plain ``XADD``."""
+        if self._fenced_append is None:
+            self._fenced_append = self.client.register_script(_FENCED_APPEND)
+        groups: dict[str, list[tuple[JournalEntry, asyncio.Future[None]]]] = {}
+        for conversation_id, entry, future in batch:
+            groups.setdefault(conversation_id, []).append((entry, future))
+        pipe = self.client.pipeline(transaction=False)
+        maxlen = self.limits.events
+        order: list[tuple[str, list[asyncio.Future[None]], int | None]] = []
+        for conversation_id, items in groups.items():
+            token = self._fences.get(conversation_id)
+            futures = [f for _, f in items]
+            if token is None:
+                for entry, future in items:  # not owned here: plain appends
+                    pipe.xadd(
+                        stream_key(conversation_id),
+                        {"e": _encode(entry)},
+                        id=f"{entry.seq}-0",
+                        maxlen=maxlen,
+                        approximate=True,
+                    )
+                    order.append((conversation_id, [future], None))
+                continue
+            args: list[Any] = [token, maxlen, _encode([e for e, _ in items])]
+            for entry, _ in items:
+                args.append(f"{entry.seq}-0")
+                args.append(_encode(entry))
+            await self._fenced_append(  # queued on the pipeline
+                keys=[
+                    stream_key(conversation_id),
+                    fence_key(conversation_id),
+                    fanout_channel(conversation_id),
+                ],
+                args=args,
+                client=pipe,
+            )
+            order.append((conversation_id, futures, token))
+        try:
+            results: list[Any] = await pipe.execute(raise_on_error=False)
+        except Exception as exc:  # the connection: every entry of the batch failed
+            error = JournalLostError(f"redis journal write failed: {exc}")
+            for conversation_id, futures, _ in order:
+                self.lost.add(conversation_id)
+                for future in futures:
+                    if not future.done():
+                        future.set_exception(error)
+            return
+        for (conversation_id, futures, token), result in zip(order, results, strict=True):
+            failure: JournalLostError | None = None
+            if isinstance(result, Exception):
+                if token is not None and "HPFENCED" in str(result):
+                    failure = FencedAppendError(f"append refused: {result}")
+                    # (an owner that took the conversation again since holds a newer token)
+                    if self._fences.get(conversation_id) == token:
+                        del self._fences[conversation_id]
+                        if self.on_fenced is not None:
+                            self.on_fenced(conversation_id)
+                else:
+                    self.lost.add(conversation_id)
+                    failure = JournalLostError(f"redis journal write refused: {result}")
+            for future in futures:
+                if future.done():
+                    continue
+                if failure is None:
+                    future.set_result(None)
+                else:
+                    future.set_exception(failure)

@@ -76,11 +76,12 @@ from halfpi.core.requests import RequestRecord, Tombstone
 from halfpi.core.states import CHAT
 from halfpi.core.timers import Timer
 from halfpi.core.titles import title_from_message
-from halfpi.errors import Busy, StoreError, TerminalExists, Unavailable
+from halfpi.errors import Busy, FencedOut, StoreError, TerminalExists, Unavailable
 from halfpi.journal.base import Journal, JournalEntry, entry_of, message_of
 from halfpi.mind.records import message_entry, message_row, tool_record
 from halfpi.store.base import (
     ConversationRow,
+    Fence,
     FinishedRequest,
     RunRow,
     Store,
@@ -123,6 +124,9 @@ class ActorEnv:
     checkpoint_s: float | None = 1.0
     checkpoint_chars: int = 4096
     call_later: Callable[..., Timer] | None = None
+    # Cluster mode: a write was refused for its fencing token (another node
+    # owns the conversation now): the Mind steps down for it.
+    fenced_out: Callable[[str], None] | None = None
 
 
 class Receiver(Protocol):
@@ -254,6 +258,36 @@ END_RETRY_INITIAL_S = 0.25
 END_RETRY_CAP_S = 30.0
 
 
+def event_message(
+    conversation_id: str, kind: str, data: EventData, now: float, seq: int, cursor: str
+) -> Message:
+    """The ``face.event`` message of one event of a conversation."""
+    body = _encode(
+        FaceEvent(
+            conversation_id=conversation_id, seq=seq, cursor=cursor, type=kind, data=data, ts=now
+        )
+    )
+    return Message("face.event", body, conversation_id=conversation_id, seq=seq, cursor=cursor)
+
+
+def stored_message(conversation_id: str, epoch: str, event: StoredEvent) -> Message:
+    """A durable event from the Store, rebuilt as it was sent live: the
+    stored data is the event's JSON as encoded live (spliced in raw, the body
+    is the same bytes); the summary variant is derived from the typed data
+    the way :meth:`ConversationActor.stage` derived it (I9)."""
+    seq, kind, ts = event.seq, event.type, event.ts
+    cursor = encode_cursor(epoch, seq)
+    raw: Any = msgspec.Raw(event.data)
+    message = event_message(conversation_id, kind, raw, ts, seq, cursor)
+    cls = EVENT_TYPES.get(kind)
+    if cls is not None:
+        data = msgspec.json.decode(event.data, type=cls)
+        summary = data.summary()
+        if summary is not data:
+            message.with_summary(event_message(conversation_id, kind, summary, ts, seq, cursor))
+    return message
+
+
 class ConversationActor:
     def __init__(self, env: ActorEnv, row: ConversationRow, head: int, epoch: str) -> None:
         """``head``: the highest seq the conversation may have shown (the
@@ -283,6 +317,9 @@ class ConversationActor:
         self.visible_tool_runs: dict[str, RunChanged] = {}  # queued or running
         # A name is set or on its way: no automatic title may overwrite it.
         self.named = row.name is not None
+        # Cluster mode: the lease's fencing token every write carries (the
+        # Store refuses it once another node took over, DESIGN §10).
+        self.fence: Fence | None = None
 
     def now(self) -> float:
         return self.env.clock()
@@ -343,20 +380,7 @@ class ConversationActor:
         return [self._stored_message(e) for e in inside], read
 
     def _stored_message(self, event: StoredEvent) -> Message:
-        # The stored data is the event's JSON as encoded live: spliced in
-        # raw, the body is the same bytes. The summary variant is derived
-        # from the typed data the way stage() derived it.
-        seq, kind, ts = event.seq, event.type, event.ts
-        cursor = self.cursor(seq)
-        raw: Any = msgspec.Raw(event.data)
-        message = self._event_message(kind, raw, ts, seq, cursor)
-        cls = EVENT_TYPES.get(kind)
-        if cls is not None:
-            data = msgspec.json.decode(event.data, type=cls)
-            summary = data.summary()
-            if summary is not data:
-                message.with_summary(self._event_message(kind, summary, ts, seq, cursor))
-        return message
+        return stored_message(self.id, self.epoch, event)
 
     # -- the append API (I3) -----------------------------------------------------
 
@@ -396,14 +420,16 @@ class ConversationActor:
         write itself — it commits regardless, and what commits is shown."""
         events = [s.event for s in staged]
         if tx is None:
-            tx = WriteTx(events=events)
+            tx = WriteTx(events=events, fence=self.fence)
         else:
             assert not tx.events, "events are appended staged, never as rows"
-            tx = dataclasses.replace(tx, events=events)
+            tx = dataclasses.replace(tx, events=events, fence=self.fence)
         future = self.env.store.write(tx)
         for entry in staged:
             self._outbox.append((entry.message, future, entry))
         future.add_done_callback(self._drain)
+        if self.fence is not None:
+            future.add_done_callback(self._fenced)
         return asyncio.shield(future)
 
     def append(
@@ -433,17 +459,16 @@ class ConversationActor:
         Mind continues after the reservation, so no seq a Face ever saw (a
         delta's included) is reused."""
         self.reserved = seq + SEQ_BLOCK - 1
-        future = self.env.store.write(WriteTx(seq_reservations=[(self.id, self.reserved)]))
+        future = self.env.store.write(
+            WriteTx(seq_reservations=[(self.id, self.reserved)], fence=self.fence)
+        )
         self._outbox.append((None, future, None))  # a barrier: later messages wait
         future.add_done_callback(self._drain)
 
     def _event_message(
         self, kind: str, data: EventData, now: float, seq: int, cursor: str
     ) -> Message:
-        body = _encode(
-            FaceEvent(conversation_id=self.id, seq=seq, cursor=cursor, type=kind, data=data, ts=now)
-        )
-        return Message("face.event", body, conversation_id=self.id, seq=seq, cursor=cursor)
+        return event_message(self.id, kind, data, now, seq, cursor)
 
     def _drain(self, _: object = None) -> None:
         outbox = self._outbox
@@ -465,6 +490,12 @@ class ConversationActor:
                 self._fold(staged.data)
                 if staged.on_shown is not None:
                     staged.on_shown()
+
+    def _fenced(self, future: asyncio.Future[TxOutcome]) -> None:
+        if future.cancelled() or not isinstance(future.exception(), FencedOut):
+            return
+        if self.env.fenced_out is not None and not self.unloaded:
+            self.env.fenced_out(self.id)  # (an actor already replaced stays quiet)
 
     def _fold(self, data: EventData) -> None:
         """The in-memory view follows what was published."""
@@ -662,7 +693,7 @@ class ConversationActor:
             run.run_id, self.id, run.request_id, run.principal_id, "running", run.started_at
         )
         row = dataclasses.replace(row, content=text)
-        future = self.env.store.write(WriteTx(runs=[row]))
+        future = self.env.store.write(WriteTx(runs=[row], fence=self.fence))
         # A lost checkpoint costs only text a crash would lose: log, go on.
         future.add_done_callback(_log_checkpoint_failure)
 
@@ -755,9 +786,18 @@ class ConversationActor:
                 except TerminalExists:
                     await self._converge(run)
                 return
-            except StoreError as exc:
-                if not retry:
+            except (StoreError, Unavailable) as exc:
+                if isinstance(exc, Unavailable) and not self.unloaded:
                     raise
+                if not retry and not self.unloaded:
+                    raise
+                if isinstance(exc, FencedOut) or self.unloaded:
+                    # Another node owns the conversation now: it ends this
+                    # chat (``interrupted``), not this one.
+                    log.warning("chat %s left to the conversation's new owner", run.run_id)
+                    if not run.done.done():
+                        run.done.set_result("interrupted")
+                    return
                 if self.env.draining:
                     log.warning(
                         "could not commit the end of chat %s before shutdown (%s);"

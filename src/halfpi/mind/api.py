@@ -21,10 +21,11 @@ from halfpi.config import PROTOCOL_VERSION
 from halfpi.core import wire
 from halfpi.core.cursor import encode_cursor
 from halfpi.core.events import Limits, Welcome
-from halfpi.core.scopes import COMMAND_SCOPE
-from halfpi.errors import Forbidden, Unavailable
+from halfpi.core.scopes import authorize
+from halfpi.errors import NotOwner, Unavailable
 from halfpi.mind import cancels, commands
 from halfpi.mind.caller import Caller
+from halfpi.mind.cluster import conversation_of
 
 if TYPE_CHECKING:
     from halfpi.mind.auth import Credential
@@ -89,19 +90,46 @@ def welcome(mind: Mind, credential: Credential) -> Welcome:
     )
 
 
-def authorize(scopes: frozenset[str], type_: str) -> None:
-    """I8: the scope ``type_`` needs, checked against the credential's
-    scopes as they are now (every transport calls this for every command)."""
-    scope = COMMAND_SCOPE.get(type_)
-    if scope is not None and scope not in scopes:
-        raise Forbidden(f"{type_} needs scope {scope}")
+# Commands that act on one conversation's state: in cluster mode they run on
+# the conversation's owner (forwarded there when it is another node).
+FORWARDED = frozenset(
+    {
+        "face.conversation.rename",
+        "face.chat",
+        "face.chat.cancel",
+        "face.approval.resolve",
+        "face.run.cancel",
+    }
+)
+
+__all__ = ["authorize", "dispatch", "handle", "welcome"]
 
 
 async def handle(mind: Mind, caller: Caller, type_: str, payload: Any) -> None:
     """Run one command of ``caller`` (authenticated, and authorised for
-    ``type_``); its replies go to the caller's sink."""
+    ``type_``); its replies go to the caller's sink. In cluster mode a
+    command for a conversation another node owns runs there."""
     if mind.draining and type_ in wire.MUTATIONS:
         raise Unavailable("the Mind is shutting down; retry elsewhere or later")
+    cluster = mind.cluster
+    if cluster is not None and type_ in FORWARDED:
+        conversation_id = await conversation_of(mind, type_, payload)
+        if conversation_id is not None:
+            owner = await cluster.owner_of(conversation_id)
+            if owner is not None and owner != mind.node_id:
+                await cluster.forward(owner, caller, type_, payload)
+                return
+            try:
+                await HANDLERS[type_](mind, caller, payload)
+            except NotOwner as exc:  # taken by another node meanwhile
+                await cluster.forward(exc.owner, caller, type_, payload)
+            return
+    await HANDLERS[type_](mind, caller, payload)
+
+
+async def dispatch(mind: Mind, caller: Caller, type_: str, payload: Any) -> None:
+    """Run a command here, never forwarding it (a command forwarded to this
+    node, which owns its conversation)."""
     await HANDLERS[type_](mind, caller, payload)
 
 
@@ -109,7 +137,7 @@ async def start_cursor(mind: Mind, conversation_id: str) -> str:
     """The cursor before a conversation's first event, in its epoch now:
     where a reader that asks for the whole log subscribes from (the Durable
     Streams offset ``-1``). ``conversation_not_found`` for an unknown id."""
-    return encode_cursor((await mind.actor(conversation_id)).epoch, 0)
+    return encode_cursor((await mind.view(conversation_id)).epoch, 0)
 
 
 def disconnected(mind: Mind, caller: Caller) -> None:

@@ -109,7 +109,7 @@ async def conversation_list(mind: Mind, caller: Caller, p: wire.ConversationList
 
 
 async def conversation_snapshot(mind: Mind, caller: Caller, p: wire.ConversationSnapshot) -> None:
-    actor = await mind.actor(p.conversation_id)
+    actor = await mind.view(p.conversation_id)
     mode = detail_mode_for(caller, p.detail_mode, keep=False)
     limit = p.messages_limit or mind.config.snapshot_messages
     snap = await actor.snapshot(limit, mode)
@@ -117,7 +117,7 @@ async def conversation_snapshot(mind: Mind, caller: Caller, p: wire.Conversation
 
 
 async def conversation_messages(mind: Mind, caller: Caller, p: wire.ConversationMessages) -> None:
-    actor = await mind.actor(p.conversation_id)
+    actor = await mind.view(p.conversation_id)
     page = await mind.store.messages(
         actor.id, limit=p.limit, before_seq=p.before_seq, max_seq=actor.published
     )
@@ -131,7 +131,7 @@ async def subscribe(mind: Mind, caller: Caller, p: wire.Subscribe) -> None:
     """Exact replay from each cursor, or a reset with a snapshot (I4):
     planned and installed by the caller's subscriptions."""
     mode = detail_mode_for(caller, p.detail_mode)
-    await caller.subscriptions.subscribe(p, mode, mind.actor)
+    await caller.subscriptions.subscribe(p, mode, mind.view)
 
 
 async def unsubscribe(mind: Mind, caller: Caller, p: wire.Unsubscribe) -> None:

@@ -126,7 +126,10 @@ class HandRegistry:
         grace_s: float,
         *,
         check_timeout_s: float = CHECK_TIMEOUT_S,
+        local_label: str = "local",
     ) -> None:
+        # The embedded Hand's label: the default Hand while it is connected.
+        self.local_label = local_label
         # Every timer here (grace, run deadline, check timeout) is on the
         # Mind's scheduler, so its clock is the one they count on.
         self.scheduler = scheduler
@@ -233,8 +236,8 @@ class HandRegistry:
 
     def default_hand(self) -> str | None:
         connected = sorted(h for h, s in self.hands.items() if s.link is not None)
-        if "local" in connected:
-            return "local"
+        if self.local_label in connected:
+            return self.local_label
         return connected[0] if connected else None
 
     def fault(self, link: HandLink, what: str) -> None:

@@ -18,11 +18,18 @@ from halfpi.store.base import Store, WriteTx
 
 
 async def recover_tools(
-    store: Store, actor_of: Callable[[str], Awaitable[ConversationActor]], now: float
+    store: Store,
+    actor_of: Callable[[str], Awaitable[ConversationActor]],
+    now: float,
+    *,
+    only: str | None = None,
 ) -> None:
     """Close every approval, tool run and tool call a restart left open;
-    ``actor_of`` loads the conversation each one belongs to."""
+    ``actor_of`` loads the conversation each one belongs to. ``only``: of
+    that conversation alone (cluster mode: the one a node took over)."""
     for row in await store.open_approvals():
+        if only is not None and row.conversation_id != only:
+            continue
         actor = await actor_of(row.conversation_id)
         row = dataclasses.replace(
             row, status="cancelled", decided_at=now, decision_reason="the Mind restarted"
@@ -36,10 +43,14 @@ async def recover_tools(
         )
         await actor.commit(actor.stage(data, now), tx=WriteTx(approvals=[row]))
     for run in await store.open_tool_runs():
+        if only is not None and run.conversation_id != only:
+            continue
         actor = await actor_of(run.conversation_id)
         run = dataclasses.replace(run, status="lost", finished_at=now)
         await actor.commit(actor.stage(run_changed(run), now), tx=WriteTx(tool_runs=[run]))
     for call in await store.open_tool_calls():
+        if only is not None and call.conversation_id != only:
+            continue
         actor = await actor_of(call.conversation_id)
         # A call that never reached a Hand was waiting for its approval, which
         # the restart cancelled; one that did has an unknown outcome: lost.

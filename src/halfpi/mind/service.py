@@ -32,13 +32,21 @@ from halfpi.core.events import (
     builtins,
     to_message,
 )
-from halfpi.core.ids import new_conversation_id, new_node_id
+from halfpi.core.ids import NodeId, new_conversation_id, new_node_id
 from halfpi.core.outbound import Message
 from halfpi.core.requests import RequestRecord, Tombstone
 from halfpi.core.scopes import SESSIONS_READ, scopes_for
 from halfpi.core.throttle import HandshakeThrottle
 from halfpi.core.timers import Deadlines
-from halfpi.errors import CloseCode, ErrorCode, NotFound, RateLimited
+from halfpi.errors import (
+    CloseCode,
+    ErrorCode,
+    FencedOut,
+    NotFound,
+    NotOwner,
+    RateLimited,
+    Unavailable,
+)
 from halfpi.journal.base import Journal
 from halfpi.mind.actor import ActorEnv, ConversationActor
 from halfpi.mind.approvals import Approvals
@@ -48,12 +56,13 @@ from halfpi.mind.hands import HandRegistry
 from halfpi.mind.recovery import recover_tools
 from halfpi.mind.registry import Registry
 from halfpi.mind.scheduler import Scheduler
-from halfpi.mind.subscriptions import Sink, Subscriptions
+from halfpi.mind.subscriptions import ConversationView, Sink, Subscriptions
 from halfpi.mind.tickets import StreamTickets
 from halfpi.mind.tools import ToolCalls
 from halfpi.store.base import (
     ConversationRow,
     Credential,
+    Fence,
     FinishedRequest,
     Store,
     WriteTx,
@@ -91,6 +100,35 @@ class LocalHand(Protocol):
     async def stop(self) -> None: ...
 
 
+class Ownership(Protocol):
+    """Cluster mode: this node's part in a cluster (``mind/cluster.py``) —
+    leases, replicas, forwarding and news between nodes."""
+
+    replicas: dict[str, Any]
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def take(self, conversation_id: str) -> Any:
+        """The conversation's lease (with its ``fence``), or NotOwner."""
+        ...
+
+    async def give_back(self, conversation_id: str) -> None: ...
+
+    def lost(self, conversation_id: str) -> None: ...
+
+    async def owner_of(self, conversation_id: str) -> str | None: ...
+
+    async def replica(self, conversation_id: str) -> ConversationView: ...
+
+    async def forward(self, owner: str, caller: Any, type_: str, payload: Any) -> None: ...
+
+    async def maintain(self) -> None: ...
+
+    def announce(self, message: Message) -> None: ...
+
+
 # (url, connector or None) -> the local Hand dialling the Mind at url.
 LocalHandFactory = Callable[[str, Any], LocalHand]
 
@@ -115,7 +153,9 @@ class Mind:
         # Every timer of the Mind, on ``clock``: tests move a fake clock and
         # run what is due (``scheduler.run_due``), nothing waits for real.
         self.scheduler = Scheduler(clock)
-        self.node_id = new_node_id(clock())
+        self.node_id = NodeId(config.node_id) if config.node_id else new_node_id(clock())
+        # Cluster mode (docs/cluster.md): set by the process wiring before start.
+        self.cluster: Ownership | None = None
         self.auth = CredentialCache()
         self.throttle = HandshakeThrottle(config.handshake_throttle)
         # Stream tickets and the key of SSE resume tokens (docs/protocol.md §17).
@@ -126,7 +166,9 @@ class Mind:
         self._refreshing = asyncio.Lock()
         self._live_connections: dict[str, int] = {}  # principal_id -> bound sessions
         self._cap_refusals: dict[str, int] = {}  # principal_id -> refused beyond the cap
-        self.hands = HandRegistry(self.scheduler, config.hand_grace_s)
+        self.hands = HandRegistry(
+            self.scheduler, config.hand_grace_s, local_label=config.local_hand_label
+        )
         self.hands.on_presence = self._hand_presence
         self.approvals = Approvals(config.approval_ttl_s, self.scheduler)
         self.approvals.announce = self.announce
@@ -145,6 +187,7 @@ class Mind:
             checkpoint_s=config.checkpoint_s,
             checkpoint_chars=config.checkpoint_chars,
             call_later=self.scheduler.call_later,
+            fenced_out=self.step_down,
         )
         self._local_hand_factory = local_hand
         self.local_hand: LocalHand | None = None
@@ -199,10 +242,13 @@ class Mind:
 
     async def start(self) -> None:
         await self.store.open()
+        if self.cluster is not None:
+            await self.cluster.start()
         await self.refresh_credentials()
         if not self.auth.has_face():
             await self._create_local_face()
-        if self.config.local_hand and not self.auth.has_kind_label("hand", "local"):
+        label = self.config.local_hand_label
+        if self.config.local_hand and not self.auth.has_kind_label("hand", label):
             await self._create_local_hand_credential()
         await self._recover()
         self.scheduler.start()
@@ -222,7 +268,8 @@ class Mind:
         log.info("created the local operator credential; token in %s", self.config.face_token_path)
 
     async def _create_local_hand_credential(self) -> None:
-        credential, token = make_credential("hand", "local", "hand", frozenset(), self.now())
+        label = self.config.local_hand_label
+        credential, token = make_credential("hand", label, "hand", frozenset(), self.now())
         await self.store.add_credential(credential)
         write_token_file(self.config.hand_token_path, token)
         await self.refresh_credentials()
@@ -250,14 +297,25 @@ class Mind:
             if actor is not None:
                 actor.append(data)
 
-    async def _recover(self) -> None:
+    async def _recover(self, only: str | None = None) -> None:
         """After a crash: open runs become ``interrupted`` (I11), open requests
-        get a terminal result, and ``seq`` continues from the store."""
-        await recover_tools(self.store, self.actor, self.now())
+        get a terminal result, and ``seq`` continues from the store.
+
+        In cluster mode nothing is recovered at start (other nodes own their
+        conversations): each conversation is, when a node takes it over
+        (``only``: that one)."""
+        if self.cluster is not None and only is None:
+            return
+        await recover_tools(self.store, self.actor, self.now(), only=only)
         for row in await self.store.open_runs():
+            if only is not None and row.conversation_id != only:
+                continue
             actor = await self.actor(row.conversation_id)
             await actor.interrupt_recovered(row)
-        leftovers = await self.store.open_requests()
+        leftovers = [
+            r for r in await self.store.open_requests()
+            if only is None or r.conversation_id == only
+        ]
         if leftovers:
             now = self.now()
             tx = WriteTx(
@@ -302,6 +360,8 @@ class Mind:
                 await self._local_hand_task
         # No timer fires any more (TTLs, graces, deadlines, maintenance).
         self.scheduler.close()
+        if self.cluster is not None:  # give the leases back: others take over at once
+            await self.cluster.close()
         for task in list(self._background):
             task.cancel()
         close = getattr(self.agent, "aclose", None)
@@ -335,6 +395,9 @@ class Mind:
                         f"no conversation {conversation_id}",
                         field="conversation_id",
                     )
+                fence = None
+                if self.cluster is not None:
+                    fence = await self._claim(conversation_id)
                 head = await self.store.head_seq(conversation_id)
                 releasing = self._releasing.get(conversation_id)
                 if releasing is not None:  # its window is being dropped: after that
@@ -343,11 +406,15 @@ class Mind:
                 if epoch != row.epoch:
                     # Continuity lost (a restart of the in-process journal):
                     # cursors of the old epoch get epoch_changed from now on.
-                    await self.store.write(WriteTx(epochs=[(conversation_id, epoch)]))
+                    await self.store.write(WriteTx(epochs=[(conversation_id, epoch)], fence=fence))
                     row = dataclasses.replace(row, epoch=epoch)
                 actor = ConversationActor(self.env, row, head, epoch)
+                actor.fence = fence
                 self._actors[conversation_id] = actor
                 self._idle.set(actor, actor.idle_since() + self.unload_idle_s)
+                if fence is not None:
+                    # Taken over: close what the previous owner left open.
+                    await self._recover(only=conversation_id)
                 loading.set_result(actor)
             except BaseException as exc:
                 loading.set_exception(exc)
@@ -357,6 +424,86 @@ class Mind:
                 del self._loading[conversation_id]
             return actor
         return await asyncio.shield(loading)
+
+    async def _claim(self, conversation_id: str) -> Fence:
+        """Cluster mode: take the conversation's lease and claim its token in
+        the Store (a write with only a fence): from that commit on, no write
+        of an earlier owner lands. Raises NotOwner when another node owns it."""
+        assert self.cluster is not None
+        lease = await self.cluster.take(conversation_id)
+        fence = Fence(conversation_id, lease.fence)
+        try:
+            await self.store.write(WriteTx(fence=fence))
+        except FencedOut:
+            self.cluster.lost(conversation_id)
+            raise Unavailable("the conversation changed owner while loading; retry") from None
+        return fence
+
+    async def view(self, conversation_id: str) -> ConversationView:
+        """What a subscription or a read follows: the conversation's actor,
+        or in cluster mode, when another node owns it, this node's replica."""
+        actor = self._actors.get(conversation_id)
+        if actor is not None:
+            actor.used_at = self.clock()
+            return actor
+        cluster = self.cluster
+        if cluster is None:
+            return await self.actor(conversation_id)
+        replica = cluster.replicas.get(conversation_id)
+        if replica is not None and not replica.unloaded:
+            return replica  # type: ignore[no-any-return]
+        owner = await cluster.owner_of(conversation_id)
+        if owner is None or owner == self.node_id:
+            try:
+                return await self.actor(conversation_id)
+            except NotOwner:
+                pass  # taken by another node meanwhile: follow it
+        if await self.store.get_conversation(conversation_id) is None:
+            raise NotFound(
+                ErrorCode.CONVERSATION_NOT_FOUND,
+                f"no conversation {conversation_id}",
+                field="conversation_id",
+            )
+        return await cluster.replica(conversation_id)
+
+    def owned(self, conversation_id: str) -> ConversationActor | None:
+        """The conversation's actor if it is loaded here (and so owned)."""
+        return self._actors.get(conversation_id)
+
+    def step_down(self, conversation_id: str) -> None:
+        """Cluster mode: another node owns the conversation now (a lease lost,
+        a write refused for its fencing token). The actor never writes again,
+        its running chat is left to the new owner, and its followers move to
+        a replica (or to a new actor, should the conversation be free)."""
+        if self.cluster is not None:
+            self.cluster.lost(conversation_id)
+        actor = self._actors.pop(conversation_id, None)
+        if actor is None:
+            return
+        actor.unloaded = True
+        self._idle.discard(actor)
+        run = actor.run
+        if run is not None:
+            actor.stop(run, "interrupted", "another node took the conversation over")
+        listeners = list(actor.subscribers.values())
+        actor.subscribers.clear()
+        if listeners:
+            self.spawn(self._follow_elsewhere(conversation_id, listeners), "follow elsewhere")
+
+    async def _follow_elsewhere(self, conversation_id: str, listeners: list[Any]) -> None:
+        try:
+            view = await self.view(conversation_id)
+        except Exception as exc:
+            log.warning("could not follow %s after stepping down: %s", conversation_id, exc)
+            for listener in listeners:  # their Faces resume from their cursors
+                close = getattr(listener.session, "close", None)
+                if close is not None:
+                    close(CloseCode.RESTARTING, "the conversation moved; resume")
+            return
+        for listener in listeners:
+            owner = getattr(listener, "owner", None)
+            if owner is not None:
+                owner.move(conversation_id, view)
 
     def is_loaded(self, conversation_id: str) -> bool:
         return conversation_id in self._actors
@@ -401,7 +548,7 @@ class Mind:
         return len(releases)
 
     def _release(self, conversation_id: str) -> asyncio.Task[None]:
-        task = self.spawn(self.journal.release(conversation_id), "release a journal window")
+        task = self.spawn(self._release_window(conversation_id), "release a journal window")
         self._releasing[conversation_id] = task
 
         def released(_: object) -> None:
@@ -410,6 +557,11 @@ class Mind:
 
         task.add_done_callback(released)
         return task
+
+    async def _release_window(self, conversation_id: str) -> None:
+        await self.journal.release(conversation_id)
+        if self.cluster is not None:
+            await self.cluster.give_back(conversation_id)
 
     async def create_conversation(
         self, record: RequestRecord, name: str | None
@@ -450,15 +602,21 @@ class Mind:
         Reliable on a connection; a Face that was away re-reads the list it
         keeps (``face.conversation.list``, ``face.approval.list``) after every
         (re)connect, so nothing is missed."""
-        shared: Message | None = None
+        message = to_message(news)
+        self.announce_message(message)
+        if self.cluster is not None:  # every node's Faces hear it
+            self.cluster.announce(message)
+
+    def announce_message(self, message: Message) -> None:
+        """Send a session-level message to every welcomed Face of this node
+        that may read conversations."""
         for session in list(self.sessions):
             principal_id = session.principal_id
             if principal_id is None or not isinstance(session, FaceLink):
                 continue  # not welcomed yet (it reads the lists after its hello), or a Hand
             credential = self.credential(principal_id)
             if credential is not None and SESSIONS_READ in credential.scopes:
-                shared = shared or to_message(news)
-                session.send(shared)
+                session.send(message)
 
     def pending_approvals(self) -> list[ApprovalPending]:
         """Every approval still waiting for a decision, in every conversation,
@@ -600,6 +758,8 @@ class Mind:
             await self.refresh_credentials()
             self.tick_sessions(now)
             await self.unload_idle(now)
+            if self.cluster is not None:
+                await self.cluster.maintain()
             if now - self._last_prune > 60.0:
                 self._last_prune = now
                 await self.store.prune_requests(now, self.config.requests)

@@ -21,7 +21,7 @@ actor's publication (which sets ``published`` and pushes to live
 subscriptions) is synchronous too, so every event is either at or below
 that seq — read by the replay — or after it — pushed live: no gap, no
 overlap. A read that finds the journal behind ``published`` (appends in
-flight to a remote journal) waits for them (``ConversationActor.journaled``).
+flight to a remote journal) waits for them (``ConversationView.journaled``).
 
 :class:`Subscriptions` is everything one connection subscribed to, whatever
 its transport: ``face.subscribe`` plans each conversation (exact replay from
@@ -33,19 +33,20 @@ connection is only a :class:`Sink`: it sends what it is given, and flushes
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 from halfpi.core import wire
-from halfpi.core.cursor import parse_cursor
-from halfpi.core.events import Accepted, Reset, to_message
+from halfpi.core.cursor import encode_cursor, parse_cursor
+from halfpi.core.events import Accepted, Reset, Snapshot, to_message
 from halfpi.core.outbound import PROGRESS, RELIABLE, Message, OutboundQueue
 from halfpi.core.replay import Exact, plan_resume
-from halfpi.errors import InvalidRequest, Unavailable
+from halfpi.errors import CloseCode, InvalidRequest, Unavailable
 from halfpi.journal.base import Journal, JournalEntry, message_of, prefix_of
-from halfpi.mind.actor import ConversationActor
+from halfpi.mind.actor import Listener
 
 log = logging.getLogger("halfpi.mind")
 
@@ -55,12 +56,48 @@ FRAME_SLACK = 12  # a frame beyond its prefix and body: event_seq digits, a brac
 # A subscribe planned while one of its conversations was unloaded is planned
 # again (the new actor is the writer); after this many, ``unavailable``.
 PLAN_ATTEMPTS = 3
+# A subscription moved to another view (cluster mode) is planned again this
+# many times before its connection is closed (its Face then resumes).
+FOLLOW_ATTEMPTS = 5
 
 # What ``face.subscribe.transient_types`` may name (docs/protocol.md §6):
 # ``face.run.progress`` is reserved for background tasks.
 TRANSIENT_TYPES = ("face.chat.delta", "face.chat.tool.progress", "face.run.progress")
 
-ActorOf = Callable[[str], Awaitable[ConversationActor]]
+
+class ConversationView(Protocol):
+    """What a subscription follows: a conversation's actor (this node writes
+    it) or, in cluster mode, its replica (another node does,
+    ``mind/replica.py``)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def epoch(self) -> str: ...
+
+    @property
+    def published(self) -> int: ...
+
+    @property
+    def unloaded(self) -> bool: ...
+
+    def cursor(self, seq: int) -> str: ...
+
+    def add_listener(self, key: object, listener: Listener) -> None: ...
+
+    def remove_listener(self, key: object) -> None: ...
+
+    async def journaled(self) -> None: ...
+
+    async def durable_after(
+        self, after_seq: int, until: int, limit: int
+    ) -> tuple[list[Message], int]: ...
+
+    async def snapshot(self, messages_limit: int, detail_mode: str) -> Snapshot: ...
+
+
+ActorOf = Callable[[str], Awaitable[ConversationView]]
 Spawn = Callable[[Coroutine[Any, Any, None], str], object]
 
 
@@ -86,6 +123,7 @@ class Subscription:
         "durable_until",
         "fetching",
         "live",
+        "owner",
         "pos",
         "read",
         "session",
@@ -95,15 +133,18 @@ class Subscription:
     def __init__(
         self,
         session: Any,
-        actor: ConversationActor,
+        actor: ConversationView,
         *,
         pos: int,
         transient_types: frozenset[str] | None,
         detail_mode: str,
         durable_until: int = 0,
+        owner: Subscriptions | None = None,
     ) -> None:
         self.session = session  # anything with send(Message)
         self.actor = actor
+        # The connection's subscriptions (a replica re-plans through it).
+        self.owner = owner
         self.pos = pos  # the last seq handed to the connection (or skipped for it)
         self.read = pos  # the seq read up to (into the buffer)
         # Up to here, the durable events come from the Store (the journal
@@ -227,12 +268,12 @@ class Subscriptions:
         cursors: dict[str, Any],
         detail_mode: str,
         actor_of: ActorOf,
-    ) -> tuple[list[tuple[ConversationActor, int, int]], dict[str, str], list[Message]] | None:
+    ) -> tuple[list[tuple[ConversationView, int, int]], dict[str, str], list[Message]] | None:
         """Each conversation's plan: ``(actor, pos, durable_until)``, its mode
         and the snapshots/resets to send first. None if a conversation was
         unloaded meanwhile (its actor no longer writes: plan again)."""
         limit = self.snapshot_messages
-        plans: list[tuple[ConversationActor, int, int]] = []
+        plans: list[tuple[ConversationView, int, int]] = []
         modes: dict[str, str] = {}
         followups: list[Message] = []
         for cid in dict.fromkeys(p.conversation_ids):
@@ -273,7 +314,7 @@ class Subscriptions:
 
     def install(
         self,
-        actor: ConversationActor,
+        actor: ConversationView,
         pos: int,
         transient_types: frozenset[str] | None,
         detail_mode: str,
@@ -291,6 +332,7 @@ class Subscriptions:
             transient_types=transient_types,
             detail_mode=detail_mode,
             durable_until=durable_until,
+            owner=self,
         )
         self.by_conversation[actor.id] = sub
         actor.add_listener(self.sink, sub)
@@ -300,6 +342,62 @@ class Subscriptions:
             return
         self.replaying.append(sub)
         self._fetch(sub)
+
+    def move(self, conversation_id: str, view: ConversationView) -> None:
+        """The conversation is now read through ``view`` (cluster mode: this
+        node took it over, or its replica resynced): follow it from where
+        this connection got, exactly or with a ``face.reset`` (I4)."""
+        sub = self.by_conversation.get(conversation_id)
+        if sub is None or self.sink.closed:
+            return
+        cursor = encode_cursor(sub.actor.epoch, sub.pos)
+        self.drop(conversation_id)
+        self.spawn(
+            self._follow(view, cursor, sub.transient_types, sub.detail_mode), "move subscription"
+        )
+
+    async def _follow(
+        self,
+        view: ConversationView,
+        cursor: str,
+        transient_types: frozenset[str] | None,
+        detail_mode: str,
+    ) -> None:
+        cid = view.id
+        for attempt in range(FOLLOW_ATTEMPTS):
+            try:
+                window = await self.journal.window(cid)
+                plan = plan_resume(
+                    parse_cursor(cursor),
+                    epoch=view.epoch,
+                    floor=window.floor,
+                    head=view.published,
+                    settled=window.settled,
+                )
+                if isinstance(plan, Exact):
+                    if cid not in self.by_conversation and not self.sink.closed:
+                        durable_until = plan.durable_until or 0
+                        self.install(
+                            view, plan.after_seq, transient_types, detail_mode, durable_until
+                        )
+                    return
+                snap = await view.snapshot(self.snapshot_messages, detail_mode)
+                break
+            except Exception as exc:
+                log.warning("could not follow %s again (%s); trying again", cid, exc)
+                await asyncio.sleep(0.1 * 2**attempt)  # a backoff between attempts
+        else:
+            # Never a silent gap: a connection that cannot be brought back on
+            # the log is closed, and its Face resumes from its cursors.
+            close = getattr(self.sink, "close", None)
+            if close is not None:
+                close(CloseCode.RESTARTING, "the conversation moved; resume")
+            return
+        if self.sink.closed or cid in self.by_conversation:
+            return
+        reset = Reset(conversation_id=cid, reason=plan.reason.value, snapshot=snap)
+        self.sink.send(to_message(reset))
+        self.install(view, parse_cursor(snap.cursor).seq, transient_types, detail_mode)
 
     def drop(self, conversation_id: str) -> None:
         sub = self.by_conversation.pop(conversation_id, None)
@@ -418,9 +516,7 @@ class Subscriptions:
         no longer holds what follows ``sub.read``."""
         actor = sub.actor
         if sub.read < sub.durable_until:
-            messages, sub.read = await actor.durable_after(
-                sub.read, sub.durable_until, STORE_BATCH
-            )
+            messages, sub.read = await actor.durable_after(sub.read, sub.durable_until, STORE_BATCH)
             return list(messages)
         cid = sub.conversation_id
         journal = self.journal

@@ -205,7 +205,7 @@ class ToolCalls:
         if tool not in config.approval_required:
             return False
         own = dict(config.hand_approval)
-        return not (hand_id == "local" and config.local_hand and tool in own)
+        return not (hand_id == config.local_hand_label and config.local_hand and tool in own)
 
     async def _unavailable(
         self, actor: ConversationActor, run: ChatRun, call: ToolCallRow, why: str

@@ -354,6 +354,12 @@ class Store(Protocol):
         event or its seq reservation, whichever is higher (0 if none)."""
         ...
 
+    async def fence_of(self, conversation_id: str) -> int:
+        """The highest fencing token a write of the conversation carried (0:
+        none; always 0 where the backend does not fence). A node taking the
+        conversation over asks its lease for a larger one."""
+        ...
+
     async def messages(
         self, conversation_id: str, *, limit: int, before_seq: int | None, max_seq: int | None
     ) -> MessagePage: ...

@@ -265,6 +265,9 @@ class PostgresStore:
     async def head_seq(self, conversation_id: str) -> int:
         return await self._read(sql.head_seq, conversation_id)
 
+    async def fence_of(self, conversation_id: str) -> int:
+        return await self._read(sql.fence_of, conversation_id)
+
     async def messages(
         self, conversation_id: str, *, limit: int, before_seq: int | None, max_seq: int | None
     ) -> MessagePage:

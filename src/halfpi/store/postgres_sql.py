@@ -45,6 +45,7 @@ __all__ = [
     "credentials",
     "credentials_version",
     "events",
+    "fence_of",
     "head_seq",
     "insert_events",
     "lookup_request",
@@ -527,6 +528,13 @@ async def head_seq(conn: Conn, conversation_id: str) -> int:
         " COALESCE((SELECT MAX(seq) FROM events WHERE conversation_id = $1), 0),"
         " COALESCE((SELECT seq_reserved FROM conversations WHERE conversation_id = $1), 0))",
         conversation_id,
+    )
+    return int(value or 0)
+
+
+async def fence_of(conn: Conn, conversation_id: str) -> int:
+    value = await conn.fetchval(
+        "SELECT fence FROM conversation_fences WHERE conversation_id = $1", conversation_id
     )
     return int(value or 0)
 

@@ -227,6 +227,9 @@ class SQLiteStore:
     async def head_seq(self, conversation_id: str) -> int:
         return await self._read(partial(sql.head_seq, conversation_id=conversation_id))
 
+    async def fence_of(self, conversation_id: str) -> int:
+        return 0  # one Mind per home: nothing to fence
+
     async def messages(
         self, conversation_id: str, *, limit: int, before_seq: int | None, max_seq: int | None
     ) -> MessagePage:

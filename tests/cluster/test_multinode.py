@@ -193,7 +193,7 @@ async def test_every_node_of_a_cluster_runs_its_own_local_hand(tmp_path: Path) -
             while True:
                 request_id = await face.command("face.hand.list")
                 hands = (await face.reply(request_id))["payload"]["data"]["hands"]
-                if any(h["hand_id"] == "local" and h["connected"] for h in hands):
+                if any(h["hand_id"] == f"local-{name}" and h["connected"] for h in hands):
                     break
                 await asyncio.sleep(0.05)  # polling a condition with a deadline
 
@@ -368,11 +368,14 @@ async def kill_round(cluster: Cluster, rng: random.Random,
     asker = viewers[rng.choice(survivors).name]
     result = await chat_admitted(asker.face, cid, f"/pace 1 after round {round_}", next_id)
     assert result["payload"]["status"] == "succeeded", result
-    assert await first_seq_of(cluster, cid, next_id) == ended[0][0] + 1
     for viewer in viewers.values():
         await viewer.face.expect(lambda f: is_terminal_event(f, next_id), 20)
 
     truth = await cluster.events(cid)
+    # A take-over may skip the seqs the dead owner had reserved (docs/cluster.md),
+    # never reuse one: the next chat comes right after the end, above all seen.
+    next_first = await first_seq_of(cluster, cid, next_id)
+    assert truth[truth.index(ended[0]) + 1][0] == next_first, truth
     for viewer in viewers.values():
         viewer.check_against(truth, cid)
         await viewer.face.close()

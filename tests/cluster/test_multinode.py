@@ -11,12 +11,13 @@ import asyncio
 import os
 import random
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+import websockets
 
 from tests.support.client import FaceClient, seq_of
 from tests.support.cluster import Cluster, Node, running_cluster
@@ -96,6 +97,26 @@ async def terminal_in_store(cluster: Cluster, conversation_id: str,
     return [(int(r["seq"]), str(r["type"])) for r in rows]
 
 
+async def ended_in_store(cluster: Cluster, conversation_id: str, request_id: str,
+                         timeout: float = 20.0) -> tuple[int, str]:
+    """The chat's terminal event, once PostgreSQL has it (polled, with a deadline)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not (ended := await terminal_in_store(cluster, conversation_id, request_id)):
+        assert loop.time() < deadline, f"{request_id} never ended in the Store"
+        await asyncio.sleep(0.05)  # polling a condition with a deadline
+    assert len(ended) == 1, f"terminal events of {request_id} in the Store: {ended}"
+    return ended[0]
+
+
+def reached(request_id: str, seq: int) -> Callable[[Frame], bool]:
+    """A Face has caught up with a chat's end: its terminal event, or a
+    ``face.reset`` whose snapshot is at or past it."""
+    return lambda f: is_terminal_event(f, request_id) or (
+        f["type"] == "face.reset" and seq_of(f["payload"]["snapshot"]["cursor"]) >= seq
+    )
+
+
 async def first_seq_of(cluster: Cluster, conversation_id: str, request_id: str) -> int:
     rows = await cluster.sql(
         "SELECT min(seq) AS seq FROM events WHERE conversation_id = $1"
@@ -123,6 +144,7 @@ class Viewer:
     face: FaceClient
     start: str  # the cursor it started from
     frames: list[Frame] = field(default_factory=list)  # of its earlier connections
+    moves: int = 0  # connections the Mind closed with 1012
 
     def all_frames(self) -> list[Frame]:
         return self.frames + self.face.seen
@@ -152,6 +174,23 @@ class Viewer:
         if accepted["payload"]["conversations"][conversation_id] == "reset":
             await self.face.expect(lambda f: f["type"] == "face.reset")
         return accepted
+
+    async def until(self, cluster: Cluster, node: Node, conversation_id: str,
+                    predicate: Callable[[Frame], bool], timeout: float = 20.0) -> Frame:
+        """The next frame matching ``predicate``; a connection the Mind
+        closes with 1012 (the conversation moved; resume) is resumed on
+        ``node`` from the cursor, as a Face does."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            try:
+                return await self.face.expect(predicate, max(0.1, deadline - loop.time()))
+            except websockets.ConnectionClosed as exc:
+                code = exc.rcvd.code if exc.rcvd is not None else None
+                if code != 1012 or loop.time() > deadline:
+                    raise
+                self.moves += 1
+                await self.move(cluster, node, conversation_id)
 
     def check_against(self, truth: list[tuple[int, str]], conversation_id: str) -> None:
         """What the Face holds is the truth: every durable event after its
@@ -346,40 +385,38 @@ async def kill_round(cluster: Cluster, rng: random.Random,
     restarting[victim.name] = asyncio.create_task(victim.start())
 
     survivors = [n for n in live if n is not victim]
+    homes = {name: cluster[name] for name in viewers}  # where each Face is connected
     if victim.name in viewers:
         cut = viewers[victim.name]
-        await cut.move(cluster, rng.choice(survivors), cid)
+        homes[victim.name] = rng.choice(survivors)
+        await cut.move(cluster, homes[victim.name], cid)
         if cut is sender:  # the Face re-sends what it cannot know was admitted
-            result = await chat_admitted(cut.face, cid, content, chat_id)
-            assert result["payload"]["status"] in ("interrupted", "succeeded"), result
-    for viewer in viewers.values():
-        await viewer.face.expect(lambda f: is_terminal_event(f, chat_id), 20)
-
-    ended = await terminal_in_store(cluster, cid, chat_id)
-    assert len(ended) == 1, f"terminal events of the chat in the Store: {ended}"
-    if 0 <= point < REPLY_WORDS:
-        stored = await cluster.sql(
-            "SELECT count(*) AS n FROM events WHERE conversation_id = $1 AND type = "
-            "'chat.completed'", cid)
-        assert ended[0][1] == "chat.interrupted" or stored[0]["n"] == 1, ended
+            resent = await chat_admitted(cut.face, cid, content, chat_id)
+            outcome = {"interrupted": "chat.interrupted", "succeeded": "chat.completed"}
+            assert outcome.get(resent["payload"]["status"]) == (
+                await ended_in_store(cluster, cid, chat_id))[1], resent
+    ended = await ended_in_store(cluster, cid, chat_id)
+    for name, viewer in viewers.items():
+        await viewer.until(cluster, homes[name], cid, reached(chat_id, ended[0]))
 
     # The conversation goes on, from the next seq.
     next_id = f"n{round_}"
     asker = viewers[rng.choice(survivors).name]
     result = await chat_admitted(asker.face, cid, f"/pace 1 after round {round_}", next_id)
     assert result["payload"]["status"] == "succeeded", result
-    for viewer in viewers.values():
-        await viewer.face.expect(lambda f: is_terminal_event(f, next_id), 20)
+    next_end = seq_of(result["payload"]["data"]["cursor"])
+    for name, viewer in viewers.items():
+        await viewer.until(cluster, homes[name], cid, reached(next_id, next_end))
 
     truth = await cluster.events(cid)
     # A take-over may skip the seqs the dead owner had reserved (docs/cluster.md),
     # never reuse one: the next chat comes right after the end, above all seen.
     next_first = await first_seq_of(cluster, cid, next_id)
-    assert truth[truth.index(ended[0]) + 1][0] == next_first, truth
+    assert truth[truth.index(ended) + 1][0] == next_first, truth
     for viewer in viewers.values():
         viewer.check_against(truth, cid)
         await viewer.face.close()
-    return ended[0][1]
+    return ended[1]
 
 
 # -- an owner paused past its lease ------------------------------------------------
@@ -472,11 +509,12 @@ async def test_I4_redis_restarted_mid_conversation_gives_resuming_faces_a_reset_
         assert goes_on["payload"]["status"] == "succeeded", goes_on
         assert goes_on["payload"]["content"] == "four five"
         # The Face that stayed on b through the restart: the chat, or a reset; no gap.
-        await on_b.expect(lambda f: is_terminal_event(f, "m2"), 20)
+        await watcher.until(cluster, cluster["b"], cid,
+                            reached("m2", seq_of(goes_on["payload"]["data"]["cursor"])))
 
     truth = await cluster.events(cid)
     assert [t for _, t in truth].count("chat.message") == 2
     m1_ended = await terminal_in_store(cluster, cid, "m1")
     assert await first_seq_of(cluster, cid, "m2") > m1_ended[0][0]
     assert durable(resumed.seen, cid) == [e for e in truth if e[0] > snapshot_seq]
-    watcher.check_against(truth, cid)
+    watcher.check_against(truth, cid)  # (if it was closed with 1012: resumed from its cursor)

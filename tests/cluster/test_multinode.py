@@ -332,10 +332,11 @@ async def test_kill_9_of_the_owner_mid_chat_interrupts_the_chat_and_every_face_c
         try:
             async with asyncio.timeout(150):
                 for round_ in range(ROUNDS):
+                    story: list[str] = []
                     try:
-                        outcomes[await kill_round(cluster, rng, restarting, round_)] += 1
+                        outcomes[await kill_round(cluster, rng, restarting, round_, story)] += 1
                     except BaseException as exc:
-                        exc.add_note(f"round {round_} of seed {seed}")
+                        exc.add_note(f"round {round_} of seed {seed}: {'; '.join(story)}")
                         raise
         finally:
             for task in restarting.values():
@@ -345,7 +346,8 @@ async def test_kill_9_of_the_owner_mid_chat_interrupts_the_chat_and_every_face_c
 
 
 async def kill_round(cluster: Cluster, rng: random.Random,
-                     restarting: dict[str, asyncio.Task[Node]], round_: int) -> str:
+                     restarting: dict[str, asyncio.Task[Node]], round_: int,
+                     story: list[str]) -> str:
     """One conversation, a Face on every live node, a chat cut by ``kill -9``
     of its owner at a random point; the outcome the Store recorded."""
     for name, task in list(restarting.items()):
@@ -381,6 +383,8 @@ async def kill_round(cluster: Cluster, rng: random.Random,
                 lambda f: f["type"] == "face.chat.delta"
                 and f["payload"]["text"].strip() == f"r{round_}w{point - 1}", 20)
         victim, _, _ = await other_node(cluster, cid)
+    story.append(f"conversation {cid}, faces on {sorted(viewers)}, chat sent on "
+                 f"{sender_node.name}, kill point {point}, node {victim.name} killed")
     victim.kill()
     restarting[victim.name] = asyncio.create_task(victim.start())
 
@@ -396,17 +400,25 @@ async def kill_round(cluster: Cluster, rng: random.Random,
             assert outcome.get(resent["payload"]["status"]) == (
                 await ended_in_store(cluster, cid, chat_id))[1], resent
     ended = await ended_in_store(cluster, cid, chat_id)
+    story.append(f"the chat ended {ended} in the Store")
     for name, viewer in viewers.items():
+        story.append(f"the Face first on {name} (now on {homes[name].name}) waits for it")
         await viewer.until(cluster, homes[name], cid, reached(chat_id, ended[0]))
+        story.pop()
 
     # The conversation goes on, from the next seq.
     next_id = f"n{round_}"
-    asker = viewers[rng.choice(survivors).name]
+    asker_node = rng.choice(survivors)
+    asker = viewers[asker_node.name]
+    story.append(f"the next chat sent by the Face on {asker_node.name}")
     result = await chat_admitted(asker.face, cid, f"/pace 1 after round {round_}", next_id)
     assert result["payload"]["status"] == "succeeded", result
     next_end = seq_of(result["payload"]["data"]["cursor"])
+    story.append(f"the next chat ended at seq {next_end}")
     for name, viewer in viewers.items():
+        story.append(f"the Face first on {name} (now on {homes[name].name}) waits for it")
         await viewer.until(cluster, homes[name], cid, reached(next_id, next_end))
+        story.pop()
 
     truth = await cluster.events(cid)
     # A take-over may skip the seqs the dead owner had reserved (docs/cluster.md),

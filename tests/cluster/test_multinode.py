@@ -137,6 +137,16 @@ async def other_node(cluster: Cluster, conversation_id: str) -> tuple[Node, Node
     return owner, other, holder[1]
 
 
+def summary(frames: list[Frame]) -> list[str]:
+    """Frames in brief, for failure messages."""
+    return [
+        " ".join(str(x) for x in (f["type"], f["payload"].get("seq", ""),
+                                  f["payload"].get("type", ""), f["payload"].get("reason", ""),
+                                  f["payload"].get("cursor", "")) if x)
+        for f in frames
+    ]
+
+
 @dataclass
 class Viewer:
     """One Face's view of a conversation across its connections (nodes)."""
@@ -185,6 +195,9 @@ class Viewer:
         while True:
             try:
                 return await self.face.expect(predicate, max(0.1, deadline - loop.time()))
+            except TimeoutError as exc:
+                exc.add_note(f"{self.moves} moves; last frames: {summary(self.all_frames()[-8:])}")
+                raise
             except websockets.ConnectionClosed as exc:
                 code = exc.rcvd.code if exc.rcvd is not None else None
                 if code != 1012 or loop.time() > deadline:

@@ -16,6 +16,8 @@ from halfpi.core.states import (
     CHAT_TERMINAL,
     CONNECTION,
     MACHINES,
+    OUTBOX,
+    OUTBOX_TERMINAL,
     REQUEST,
     REQUEST_TERMINAL,
     RUN,
@@ -57,6 +59,13 @@ EXPECTED: dict[str, tuple[str, dict[str, set[str]]]] = {
         },
     ),
     "approval": ("pending", {"pending": {"allowed", "denied", "expired", "cancelled"}}),
+    "outbox": (
+        "queued",
+        {
+            "queued": {"running", "dead", *RUN_END},
+            "running": set(RUN_END),
+        },
+    ),
 }
 
 
@@ -66,8 +75,8 @@ def _allowed(machine: Machine) -> set[tuple[str, str]]:
 
 def test_every_machine_is_listed_once() -> None:
     assert [m.name for m in MACHINES] == ["chat", "request", "connection", "run", "task",
-                                          "approval"]
-    assert (CHAT, REQUEST, CONNECTION, RUN, TASK, APPROVAL) == MACHINES
+                                          "approval", "outbox"]
+    assert (CHAT, REQUEST, CONNECTION, RUN, TASK, APPROVAL, OUTBOX) == MACHINES
 
 
 @pytest.mark.parametrize("machine", MACHINES, ids=lambda m: m.name)
@@ -112,6 +121,16 @@ def test_chat_states() -> None:
     assert {s for s in CHAT.states if CHAT.is_terminal(s)} == TERMINAL
     assert not CHAT.is_terminal("running")
     assert not CHAT.is_terminal("cancel_requested")
+
+
+def test_the_outbox_knows_every_task_state_and_dead_ends_only_an_undelivered_task() -> None:
+    assert OUTBOX.states == TASK.states | {"dead"}
+    assert {s for s in OUTBOX.states if OUTBOX.is_terminal(s)} == RUN_END | {"dead"}
+    assert frozenset(RUN_END | {"dead"}) == OUTBOX_TERMINAL
+    assert OUTBOX.check("queued", "dead") == "dead"
+    with pytest.raises(IllegalTransition):
+        OUTBOX.check("running", "dead")
+    assert not OUTBOX.first_terminal_wins("dead", "succeeded")
 
 
 def test_request_states() -> None:

@@ -19,6 +19,9 @@ from tests.support.cli import face_add, face_revoke
 from tests.support.client import FaceClient
 from tests.support.mind import LocalMind, MindProcess, local_mind
 
+# Also against a two-node cluster behind a round-robin proxy (DESIGN §10).
+pytestmark = pytest.mark.servers("native", "asgi", "cluster")
+
 Frame = dict[str, Any]
 KiB = 1024
 MiB = 1024 * KiB
@@ -96,6 +99,9 @@ async def test_frame_over_the_size_limit_is_invalid_request(lmind: LocalMind) ->
     await face.close()
 
 
+# A proxy in the way cannot relay the close: the Mind resets the connection
+# while the client is still sending (unread data), and the reset drops it.
+@pytest.mark.servers("native", "asgi")
 async def test_frame_over_the_hard_limit_closes_1009(lmind: LocalMind) -> None:
     face = await FaceClient.connect(lmind.url, lmind.token)
     try:
@@ -255,6 +261,7 @@ async def test_second_hello_is_refused_and_the_connection_stays(lmind: LocalMind
     await face.close()
 
 
+@pytest.mark.servers("native", "asgi")  # adds credentials in the home
 async def test_token_of_a_revoked_credential_closes_4001_at_hello(lmind: LocalMind) -> None:
     home = lmind.config.home
     added = await face_add(home, "laptop")
@@ -272,6 +279,7 @@ async def test_token_of_a_revoked_credential_closes_4001_at_hello(lmind: LocalMi
     assert not [f for f in refused.seen if f["type"] == "face.welcome"]
 
 
+@pytest.mark.servers("native", "asgi")  # adds credentials in the home
 async def test_observer_is_forbidden_transparent_detail_and_chat(lmind: LocalMind) -> None:
     operator = await FaceClient.connect(lmind.url, lmind.token)
     cid = await operator.create_conversation()

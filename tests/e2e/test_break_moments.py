@@ -31,6 +31,7 @@ import pytest
 import websockets
 
 from tests.support.client import FaceClient, seq_of
+from tests.support.cluster_mind import ClusterMind, started_mind, stop_mind
 from tests.support.fake_openai import MODEL, FakeModel
 from tests.support.mind import MindProcess
 from tests.support.proxy import FaultProxy, cut_on
@@ -42,7 +43,9 @@ from tests.support.stream import (
     positioned,
 )
 
-pytestmark = pytest.mark.e2e
+# Also against a two-node cluster behind a round-robin proxy: every
+# reconnect lands on the other node (DESIGN §10).
+pytestmark = [pytest.mark.e2e, pytest.mark.servers("native", "asgi", "cluster")]
 
 Frame = dict[str, Any]
 REPLIES = ("face.accepted", "face.result", "face.error")
@@ -68,13 +71,11 @@ def mind_proc(
     extra: tuple[str, ...] = ()
     if agent_kind == "openai":
         extra = ("--agent", "openai", "--model", MODEL, "--base-url", model.base_url)
-    proc = MindProcess(tmp_path / "home", server=server_kind, extra_args=extra)
-    (tmp_path / "home").mkdir()
-    proc.start()
+    proc = started_mind(tmp_path / "home", server_kind, extra_args=extra)
     try:
         yield proc
     finally:
-        proc.kill()
+        stop_mind(proc)
 
 
 def asked(model: FakeModel, content: str) -> int:
@@ -408,15 +409,26 @@ async def test_I11_kill_9_mid_chat_interrupts_it_and_keeps_what_was_committed(
     # The model was asked once, before the crash; never again after it.
     assert asked(model, crash["content"]) == (1 if agent_kind == "openai" else 0)
 
-    # An old cursor: the journal's window died with the process. Honest reset.
     sub = await face.subscribe(cid, since=old_cursor)
     assert sub["type"] == "face.accepted", sub
-    assert sub["payload"]["conversations"] == {cid: "reset"}
-    reset = await face.expect(lambda f: f["type"] == "face.reset")
-    assert reset["payload"]["conversation_id"] == cid
-    assert reset["payload"]["reason"] == "epoch_changed"
-    snap = reset["payload"]["snapshot"]
-    assert snap["epoch"] != old_cursor.rpartition(".")[0]
+    if isinstance(mind_proc, ClusterMind):
+        # The journal outlived the node (it is in Redis): the old cursor
+        # resumes exactly — the durable events from PostgreSQL below the new
+        # owner's settle point — up to the interruption.
+        assert sub["payload"]["conversations"] == {cid: "exact"}
+        event = await face.expect(lambda f: is_event(f, "chat.interrupted", "q-crash"))
+        assert event["payload"]["seq"] == interrupted_seq
+        rid = await face.command("face.conversation.snapshot", conversation_id=cid)
+        snap = (await face.reply(rid, ("face.snapshot", "face.error")))["payload"]
+        assert snap["epoch"] == old_cursor.rpartition(".")[0]
+    else:
+        # An old cursor: the journal's window died with the process. Honest reset.
+        assert sub["payload"]["conversations"] == {cid: "reset"}
+        reset = await face.expect(lambda f: f["type"] == "face.reset")
+        assert reset["payload"]["conversation_id"] == cid
+        assert reset["payload"]["reason"] == "epoch_changed"
+        snap = reset["payload"]["snapshot"]
+        assert snap["epoch"] != old_cursor.rpartition(".")[0]
     assert seq_of(snap["cursor"]) == interrupted_seq
     assert snap["pending_chats"] == []
     got = [(m["role"], m["request_id"], m["content"]) for m in snap["messages"]]
@@ -449,6 +461,7 @@ async def test_I11_kill_9_mid_chat_interrupts_it_and_keeps_what_was_committed(
     await probe.close()
 
 
+@pytest.mark.servers("native", "asgi")  # reads the SQLite file itself
 async def test_I11_kill_9_mid_reply_keeps_the_text_saved_so_far(
     mind_proc: MindProcess,
 ) -> None:

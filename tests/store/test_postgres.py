@@ -17,11 +17,17 @@ import asyncpg
 import pytest
 
 from halfpi.core.requests import RequestRecord
-from halfpi.errors import FencedOut, StoreError
-from halfpi.store.base import Fence, RunRow, StoredEvent, TxOutcome, WriteTx
+from halfpi.errors import FencedOut, StoreError, TerminalExists
+from halfpi.store import postgres_schema
+from halfpi.store.base import Fence, RunRow, StoredEvent, TaskRow, TaskUpdate, TxOutcome, WriteTx
 from halfpi.store.postgres import PostgresStore
 from halfpi.store.postgres_schema import FENCED_OUT, SCHEMA_VERSION
-from tests.support.postgres import hold_postgres_writer, pg_url  # noqa: F401  (a fixture)
+from tests.store.postgres_schema_v1 import SCHEMA_V1
+from tests.support.postgres import (  # noqa: F401  (pg_url: a fixture)
+    fresh_database,
+    hold_postgres_writer,
+    pg_url,
+)
 
 
 def event(conv: str, seq: int) -> StoredEvent:
@@ -196,6 +202,46 @@ async def test_I5_a_request_admitted_on_one_node_is_found_on_another(
     assert not again.committed and isinstance(again.existing, RequestRecord)
 
 
+# -- the background tasks' outbox, shared by every node (I10) ----------------------------
+
+
+async def test_I10_a_task_ended_on_two_nodes_at_once_keeps_the_first_end(
+    nodes: tuple[PostgresStore, PostgresStore],
+    pg_url: str,  # noqa: F811
+) -> None:
+    """One node's end of a task is in flight (its transaction holds the row)
+    when another node ends it otherwise: the second waits for the first,
+    then the database refuses it, reading the row the first one left."""
+    a, b = nodes
+    task = TaskRow("k_1", "dl_1", "c_1", "h_1", "laptop", "exec_command", {"argv": ["ls"]},
+                   None, "sha256:x", "summary", "p_1", "r_1", 2.0, 2.0)
+    await a.write(WriteTx(tasks=[task]))
+    await a.write(WriteTx(task_updates=[TaskUpdate("k_1", 3.0, state="running")]))
+    first = await asyncpg.connect(pg_url)
+    try:
+        tr = first.transaction()
+        await tr.start()
+        await first.execute(
+            "UPDATE tasks SET state = 'succeeded', exit_code = 0 WHERE task_id = 'k_1'"
+        )
+        second = b.write(WriteTx(
+            task_updates=[TaskUpdate("k_1", 4.0, state="cancelled")],
+            events=[StoredEvent("c_1", 1, "task.changed", b'{"task_id":"k_1"}', 4.0)],
+        ))
+        deadline = time.monotonic() + 30
+        while not await first.fetchval("SELECT count(*) FROM pg_locks WHERE NOT granted"):
+            assert time.monotonic() < deadline, "the second end never waited for the first"
+            await asyncio.sleep(0.01)  # polling a condition with a deadline
+        await tr.commit()
+    finally:
+        await first.close()
+    with pytest.raises(TerminalExists):
+        await second
+    got = await b.get_task("k_1")
+    assert got is not None and (got.state, got.exit_code) == ("succeeded", 0)
+    assert await b.head_seq("c_1") == 0
+
+
 # -- the schema -------------------------------------------------------------------
 
 
@@ -250,6 +296,135 @@ async def test_a_newer_schema_is_refused_in_one_line_and_left_untouched(
         assert await conn.fetchval("SELECT count(*) FROM events") == 1
     finally:
         await conn.close()
+
+
+# Every released schema, by version: a new version freezes the previous
+# one's statements as tests/store/postgres_schema_vN.py and adds it here.
+FROZEN = {1: SCHEMA_V1}
+
+
+def test_every_earlier_schema_version_has_its_frozen_copy() -> None:
+    assert sorted(FROZEN) == list(range(1, SCHEMA_VERSION))
+    assert len(postgres_schema.UPGRADES) == SCHEMA_VERSION - 1
+
+
+async def shape(url: str) -> dict[str, Any]:
+    """What a database is made of (version, columns in order, constraints,
+    indexes, triggers, our functions); not its rows."""
+    conn = await asyncpg.connect(url)
+    try:
+        here = "table_schema = current_schema()"
+        return {
+            "version": await conn.fetchval(
+                "SELECT value FROM meta WHERE key = 'schema_version'"
+            ),
+            "columns": [tuple(r) for r in await conn.fetch(
+                "SELECT table_name, ordinal_position, column_name, data_type, is_nullable,"
+                f" column_default FROM information_schema.columns WHERE {here}"
+                " ORDER BY table_name, ordinal_position"
+            )],
+            "constraints": sorted(tuple(r) for r in await conn.fetch(
+                "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid)"
+                " FROM pg_constraint WHERE connamespace = current_schema()::regnamespace"
+            )),
+            "indexes": sorted(tuple(r) for r in await conn.fetch(
+                "SELECT tablename, indexname, indexdef FROM pg_indexes"
+                " WHERE schemaname = current_schema()"
+            )),
+            "triggers": sorted(tuple(r) for r in await conn.fetch(
+                "SELECT tgrelid::regclass::text, tgname, pg_get_triggerdef(oid)"
+                " FROM pg_trigger WHERE NOT tgisinternal"
+            )),
+            "functions": sorted(tuple(r) for r in await conn.fetch(
+                "SELECT proname, prosrc FROM pg_proc"
+                " WHERE pronamespace = current_schema()::regnamespace"
+            )),
+        }
+    finally:
+        await conn.close()
+
+
+async def frozen_database(url: str, version: int) -> None:
+    """A database as a node of schema ``version`` left it, with a few rows:
+    a conversation, its log, a chat that ended."""
+    conn = await asyncpg.connect(url)
+    try:
+        async with conn.transaction():
+            for statement in FROZEN[version]:
+                await conn.execute(statement)
+            await conn.execute(
+                "INSERT INTO meta (key, value) VALUES ('schema_version', $1)", str(version)
+            )
+            await conn.execute(
+                "INSERT INTO conversations VALUES ('c_1', 'old', 1.0, 'p_1', 7, 'e1')"
+            )
+            await conn.execute(
+                "INSERT INTO events VALUES ('c_1', 1, 'chat.completed', '{\"run_id\":\"run_1\"}',"
+                " 1.0, 'chat:run_1')"
+            )
+            await conn.execute(
+                "INSERT INTO runs VALUES ('run_1', 'c_1', 'r_1', 'p_1', 'succeeded', 1.0, 2.0,"
+                " 'hi', NULL)"
+            )
+    finally:
+        await conn.close()
+
+
+async def test_a_version_1_database_upgrades_in_place_to_the_shape_of_a_new_one(
+    pg_url: str,  # noqa: F811
+) -> None:
+    """Version 2 adds the background tasks' outbox: a version 1 database
+    gets it empty, keeps every row and every rule it had, and its tasks
+    then move by the outbox's table like a new database's."""
+    new = PostgresStore(fresh_database())
+    await new.open()  # creates the schema
+    await new.close()
+    new_url = new.url
+    await frozen_database(pg_url, 1)
+    store = PostgresStore(pg_url)
+    await store.open()
+    try:
+        assert await shape(pg_url) == await shape(new_url)
+        assert (await shape(pg_url))["version"] == str(SCHEMA_VERSION) == "2"
+        row = await store.get_conversation("c_1")
+        assert row is not None and (row.name, row.epoch) == ("old", "e1")
+        assert await store.head_seq("c_1") == 7
+        with pytest.raises(TerminalExists):
+            await store.write(WriteTx(events=[StoredEvent(
+                "c_1", 8, "chat.interrupted", b'{"run_id":"run_1"}', 8.0)]))
+        assert await store.list_tasks(limit=10) == []
+        task = TaskRow("k_1", "dl_1", "c_1", "h_1", "laptop", "exec_command", {"argv": ["ls"]},
+                       None, "sha256:x", "summary", "p_1", "r_1", 2.0, 2.0)
+        await store.write(WriteTx(tasks=[task]))
+        assert await store.due_tasks(2.0, 10) == [task]
+        await store.write(WriteTx(task_updates=[TaskUpdate("k_1", 3.0, state="lost")]))
+        with pytest.raises(TerminalExists):
+            await store.write(WriteTx(task_updates=[TaskUpdate("k_1", 4.0, state="succeeded")]))
+    finally:
+        await store.close()
+
+
+async def test_a_failed_upgrade_leaves_the_database_as_it_was(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    await frozen_database(pg_url, 1)
+    before = await shape(pg_url)
+
+    async def broken(conn: Any) -> None:
+        await conn.execute("CREATE TABLE half_done (x INT)")
+        raise asyncpg.DiskFullError("no space left on device")
+
+    monkeypatch.setattr(postgres_schema, "UPGRADES", (broken,))
+    store = PostgresStore(pg_url)
+    with pytest.raises(StoreError, match="no space left") as caught:
+        await store.open()
+    assert "\n" not in str(caught.value)
+    assert await shape(pg_url) == before
+    monkeypatch.undo()
+    again = PostgresStore(pg_url)
+    await again.open()
+    await again.close()
+    assert (await shape(pg_url))["version"] == str(SCHEMA_VERSION)
 
 
 async def test_a_lost_connection_fails_the_batch_and_the_next_write_reconnects(

@@ -19,7 +19,7 @@ import pytest
 from halfpi import cli
 from halfpi.errors import StoreError, TerminalExists
 from halfpi.store import sqlite_schema
-from halfpi.store.base import MessageRow, RunRow, StoredEvent, WriteTx
+from halfpi.store.base import MessageRow, RunRow, StoredEvent, TaskRow, TaskUpdate, WriteTx
 from halfpi.store.sqlite import SQLiteStore
 from halfpi.store.sqlite_schema import SCHEMA_VERSION
 from tests.store.schema_v0 import SCHEMA_V0
@@ -27,9 +27,12 @@ from tests.store.schema_v1 import SCHEMA_V1
 from tests.store.schema_v2 import SCHEMA_V2
 from tests.store.schema_v3 import SCHEMA_V3
 from tests.store.schema_v4 import SCHEMA_V4
+from tests.store.schema_v5 import SCHEMA_V5
 
 # Every released schema, by version. A new version adds its frozen copy here.
-FROZEN = {0: SCHEMA_V0, 1: SCHEMA_V1, 2: SCHEMA_V2, 3: SCHEMA_V3, 4: SCHEMA_V4}
+FROZEN = {
+    0: SCHEMA_V0, 1: SCHEMA_V1, 2: SCHEMA_V2, 3: SCHEMA_V3, 4: SCHEMA_V4, 5: SCHEMA_V5,
+}
 
 
 def version(path: Path) -> int:
@@ -308,6 +311,41 @@ async def test_a_version_2_database_keeps_its_conversations_which_have_no_epoch_
         await store.write(WriteTx(epochs=[("c_1", "e1")]))
         row = await store.get_conversation("c_1")
         assert row is not None and row.epoch == "e1"
+    finally:
+        await store.close()
+
+
+async def test_a_version_4_database_keeps_its_rows_and_gains_the_task_outbox(
+    tmp_path: Path,
+) -> None:
+    """Version 5 adds the background tasks' outbox: an older database gets
+    the table empty, keeps what it had, and its tasks then move by the
+    outbox's table like a new database's."""
+    path = tmp_path / "halfpi.db"
+    frozen_database(path, 4)
+    conn = sqlite3.connect(path)
+    conn.execute("INSERT INTO conversations VALUES ('c_1', 'old', 1.0, 'p_1', 7, 'e1')")
+    conn.execute(
+        "INSERT INTO events VALUES ('c_1', 1, 'chat.message', '{\"n\":1}', 1.0, NULL)"
+    )
+    conn.commit()
+    conn.close()
+    store = SQLiteStore(path)
+    await store.open()
+    try:
+        assert version(path) == SCHEMA_VERSION == 5
+        row = await store.get_conversation("c_1")
+        assert row is not None and (row.name, row.epoch) == ("old", "e1")
+        assert [e.seq for e in await store.events("c_1", 0, 10)] == [1]
+        assert await store.list_tasks(limit=10) == []
+        task = TaskRow("k_1", "dl_1", "c_1", "h_1", "laptop", "exec_command", {"argv": ["ls"]},
+                       None, "sha256:x", "summary", "p_1", "r_1", 2.0, 2.0)
+        await store.write(WriteTx(tasks=[task], events=[StoredEvent(
+            "c_1", 2, "task.changed", b'{"task_id":"k_1"}', 2.0)]))
+        assert await store.due_tasks(2.0, 10) == [task]
+        await store.write(WriteTx(task_updates=[TaskUpdate("k_1", 3.0, state="lost")]))
+        with pytest.raises(TerminalExists):
+            await store.write(WriteTx(task_updates=[TaskUpdate("k_1", 4.0, state="succeeded")]))
     finally:
         await store.close()
 

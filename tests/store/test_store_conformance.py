@@ -27,7 +27,8 @@ import pytest
 
 from halfpi.config import Config, RequestRetention
 from halfpi.core.requests import RequestRecord, Tombstone, replay_frames
-from halfpi.errors import LabelInUse, StoreError, TerminalExists
+from halfpi.core.tasks import task_digest
+from halfpi.errors import HalfpiError, LabelInUse, StoreError, TerminalExists
 from halfpi.mind import auth
 from halfpi.store.base import (
     ApprovalRow,
@@ -39,6 +40,8 @@ from halfpi.store.base import (
     RunRow,
     Store,
     StoredEvent,
+    TaskRow,
+    TaskUpdate,
     ToolCallRow,
     ToolRunRow,
     TxOutcome,
@@ -1092,6 +1095,305 @@ async def test_tool_runs_round_trip_and_open_ones_are_unfinished(store: Any) -> 
     await commit(store, WriteTx(tool_runs=[done]))
     assert await store.get_tool_run("tr_1") == done
     assert await store.open_tool_runs() == []
+
+
+# -- the background tasks' outbox (DESIGN §8) ------------------------------------------
+
+
+def task_row(
+    task_id: str = "k_1",
+    *,
+    delivery_id: str | None = None,
+    conv: str = "c_1",
+    hand: str = "h_1",
+    created: float = 100.0,
+    due: float | None = None,
+    request_id: str = "r_1",
+) -> TaskRow:
+    args = {"command": "make test", "env": {"CI": "1"}, "n": [1, 2.5, None]}
+    return TaskRow(
+        task_id=task_id,
+        delivery_id=delivery_id or f"dl_{task_id}",
+        conversation_id=conv,
+        hand_id=hand,
+        hand_label=f"label of {hand}",
+        tool="exec_command",
+        args=args,
+        timeout_s=600.0,
+        digest=task_digest("exec_command", args, 600.0),
+        detail_mode="transparent",
+        principal_id="p_1",
+        request_id=request_id,
+        created_at=created,
+        next_attempt_at=created if due is None else due,
+        approved=True,
+    )
+
+
+def task_event(seq: int, task_id: str = "k_1", state: str = "queued") -> StoredEvent:
+    return outcome("task.changed", seq, task_id=task_id, state=state)
+
+
+async def test_a_task_is_created_with_its_admission_and_its_event_in_one_transaction(
+    store: Any,
+) -> None:
+    task = task_row()
+    first = await commit(
+        store, WriteTx(admit=record(), tasks=[task], events=[task_event(1)])
+    )
+    assert first.committed
+    assert await store.get_task("k_1") == task
+    assert await store.task_for_delivery("dl_k_1") == task
+    assert task.state == "queued" and task.attempts == 0 and task.updated_at == 100.0
+    assert [e.type for e in await store.events("c_1", 0, 10)] == ["task.changed"]
+    assert await store.get_task("k_404") is None
+    assert await store.task_for_delivery("dl_404") is None
+
+
+async def test_I5_a_replayed_admission_creates_no_second_task(store: Any) -> None:
+    await commit(store, WriteTx(admit=record(), tasks=[task_row("k_1")], events=[task_event(1)]))
+    again = await commit(
+        store,
+        WriteTx(admit=record(), tasks=[task_row("k_2")], events=[task_event(2, "k_2")]),
+    )
+    assert not again.committed
+    assert await store.get_task("k_2") is None
+    assert [t.task_id for t in await store.list_tasks(limit=10)] == ["k_1"]
+    assert await store.head_seq("c_1") == 1
+
+
+async def test_a_task_in_a_write_that_fails_is_not_created(store: Any) -> None:
+    await commit(store, WriteTx(events=[stored("c_1", 1)]))
+    with pytest.raises(StoreError):
+        await commit(store, WriteTx(admit=record(), tasks=[task_row()], events=[task_event(1)]))
+    assert await store.get_task("k_1") is None
+    assert await store.get_request("p_1", "r_1") is None
+    assert await store.due_tasks(1_000.0, 10) == []
+
+
+async def test_a_delivery_id_belongs_to_one_task_only(store: Any, backend: Backend) -> None:
+    first = task_row("k_1", delivery_id="dl_same")
+    await commit(store, WriteTx(admit=record("r_1"), tasks=[first], events=[task_event(1)]))
+    async with backend.hold_writer(store):
+        second = store.write(
+            WriteTx(
+                admit=record("r_2"),
+                tasks=[task_row("k_2", delivery_id="dl_same", request_id="r_2")],
+                events=[task_event(2, "k_2")],
+            )
+        )
+        other = store.write(
+            WriteTx(tasks=[task_row("k_3", request_id="r_3")], events=[task_event(3, "k_3")])
+        )
+    results = await asyncio.gather(second, other, return_exceptions=True)
+    assert isinstance(results[0], StoreError) and not isinstance(results[0], TerminalExists)
+    assert isinstance(results[1], TxOutcome) and results[1].committed
+    # The refused write left nothing behind: no task, no admission, no event.
+    assert await store.get_task("k_2") is None
+    assert await store.get_request("p_1", "r_2") is None
+    assert await store.task_for_delivery("dl_same") == first
+    assert [e.seq for e in await store.events("c_1", 0, 10)] == [1, 3]
+
+
+async def test_a_task_id_is_created_once(store: Any) -> None:
+    await commit(store, WriteTx(tasks=[task_row("k_1")]))
+    with pytest.raises(StoreError):
+        await commit(store, WriteTx(tasks=[task_row("k_1", delivery_id="dl_other")]))
+    assert await store.task_for_delivery("dl_other") is None
+
+
+async def test_a_task_moves_by_its_table_from_delivery_to_its_end(store: Any) -> None:
+    task = task_row()
+    await commit(store, WriteTx(tasks=[task]))
+    receipt = {"delivery_id": "dl_k_1", "task_id": "ht_1", "state": "queued",
+               "deduplicated": False, "received_at": 5.0}
+    await commit(store, WriteTx(task_updates=[TaskUpdate(
+        "k_1", 101.0, attempts=1, next_attempt_at=103.0, delivered_at=101.5,
+        hand_task_id="ht_1", answer=receipt)]))
+    await commit(store, WriteTx(task_updates=[TaskUpdate(
+        "k_1", 102.0, state="running", started_at=6.0, delivered_at=999.0)]))
+    ended = TaskUpdate("k_1", 110.0, state="succeeded", ended_at=9.0, exit_code=0,
+                       log_bytes=12, log_truncated=False)
+    await commit(store, WriteTx(task_updates=[ended], events=[task_event(1, state="succeeded")]))
+    got = await store.get_task("k_1")
+    assert got == dataclasses.replace(
+        task, state="succeeded", attempts=1, next_attempt_at=103.0, updated_at=110.0,
+        delivered_at=101.5, hand_task_id="ht_1", answer=receipt, started_at=6.0,
+        ended_at=9.0, exit_code=0, log_bytes=12, log_truncated=False,
+    )
+    assert got is not None and got.terminal
+
+
+async def test_I10_the_first_terminal_state_of_a_task_wins(store: Any) -> None:
+    await commit(store, WriteTx(tasks=[task_row()]))
+    await commit(store, WriteTx(task_updates=[TaskUpdate("k_1", 101.0, state="running")]))
+    await commit(store, WriteTx(task_updates=[TaskUpdate(
+        "k_1", 110.0, state="succeeded", ended_at=9.0, exit_code=0)]))
+    won = await store.get_task("k_1")
+    # The same end again (a Hand re-sending its snapshot) is harmless and
+    # changes nothing of the outcome; the answer it carries is recorded.
+    await commit(store, WriteTx(task_updates=[TaskUpdate(
+        "k_1", 120.0, state="succeeded", ended_at=12.0, exit_code=3, error="late",
+        answer={"again": True})]))
+    again = await store.get_task("k_1")
+    assert again == dataclasses.replace(won, updated_at=120.0, answer={"again": True})
+    # Another end is refused, with everything its write carried.
+    for contradiction in ("cancelled", "lost", "failed"):
+        with pytest.raises(TerminalExists):
+            await commit(store, WriteTx(
+                task_updates=[TaskUpdate("k_1", 130.0, state=contradiction, ended_at=13.0)],
+                events=[task_event(1, state=contradiction)],
+            ))
+    assert await store.get_task("k_1") == again
+    assert await store.head_seq("c_1") == 0
+
+
+async def test_I10_a_cancel_racing_a_completion_in_one_group_commit_converges(
+    store: Any, backend: Backend
+) -> None:
+    await commit(store, WriteTx(tasks=[task_row()]))
+    await commit(store, WriteTx(task_updates=[TaskUpdate("k_1", 101.0, state="running")]))
+    async with backend.hold_writer(store):
+        done = store.write(WriteTx(
+            task_updates=[TaskUpdate("k_1", 110.0, state="succeeded", exit_code=0)],
+            events=[task_event(1, state="succeeded")],
+        ))
+        cancel = store.write(WriteTx(
+            task_updates=[TaskUpdate("k_1", 111.0, state="cancelled")],
+            events=[task_event(2, state="cancelled")],
+        ))
+    results = await asyncio.gather(done, cancel, return_exceptions=True)
+    assert isinstance(results[0], TxOutcome) and results[0].committed
+    assert isinstance(results[1], TerminalExists)
+    got = await store.get_task("k_1")
+    assert got is not None and (got.state, got.exit_code) == ("succeeded", 0)
+    assert [e.seq for e in await store.events("c_1", 0, 10)] == [1]
+
+
+async def test_a_task_move_its_table_does_not_allow_fails_its_write(store: Any) -> None:
+    await commit(store, WriteTx(tasks=[task_row()]))
+    await commit(store, WriteTx(task_updates=[TaskUpdate("k_1", 101.0, state="running")]))
+    for backwards in ("queued", "dead"):
+        with pytest.raises(StoreError) as refused:
+            await commit(store, WriteTx(task_updates=[TaskUpdate("k_1", 102.0, state=backwards)]))
+        assert not isinstance(refused.value, TerminalExists)
+    got = await store.get_task("k_1")
+    assert got is not None and (got.state, got.updated_at) == ("running", 101.0)
+
+
+async def test_a_dead_task_stays_dead_when_a_hand_reports_it_late(store: Any) -> None:
+    await commit(store, WriteTx(tasks=[task_row()]))
+    await commit(store, WriteTx(task_updates=[TaskUpdate(
+        "k_1", 130.0, state="dead", attempts=3, ended_at=130.0, error="no Hand acknowledged")]))
+    assert await store.due_tasks(1_000.0, 10) == []
+    with pytest.raises(TerminalExists):
+        await commit(store, WriteTx(task_updates=[TaskUpdate("k_1", 140.0, state="running")]))
+    got = await store.get_task("k_1")
+    assert got is not None and (got.state, got.attempts) == ("dead", 3)
+
+
+async def test_a_task_a_hand_acknowledged_never_dies(store: Any) -> None:
+    """Once a Hand has a task it is the authority: the outbox cannot give
+    up on it, even when the receipt's write and the outbox's race."""
+    await commit(store, WriteTx(tasks=[task_row()]))
+    await commit(store, WriteTx(task_updates=[TaskUpdate("k_1", 101.0, delivered_at=101.0)]))
+    with pytest.raises(StoreError) as refused:
+        await commit(store, WriteTx(task_updates=[TaskUpdate("k_1", 102.0, state="dead")]))
+    assert not isinstance(refused.value, TerminalExists)
+    # Nor in the very write that says it was delivered.
+    await commit(store, WriteTx(tasks=[task_row("k_2")]))
+    with pytest.raises(StoreError):
+        await commit(store, WriteTx(task_updates=[
+            TaskUpdate("k_2", 102.0, state="dead", delivered_at=102.0)]))
+    assert [(t.task_id, t.state) for t in await store.list_tasks(limit=10)] == [
+        ("k_2", "queued"), ("k_1", "queued")]
+
+
+async def test_an_update_of_an_unknown_task_changes_nothing(store: Any) -> None:
+    outcome_ = await commit(store, WriteTx(task_updates=[TaskUpdate("k_404", 1.0, state="lost")]))
+    assert outcome_.committed
+    assert await store.get_task("k_404") is None
+
+
+def test_an_update_to_an_unknown_state_is_refused_before_the_store_is_touched() -> None:
+    with pytest.raises(HalfpiError):
+        TaskUpdate("k_1", 1.0, state="exploded")
+
+
+async def test_due_tasks_are_the_undelivered_open_ones_most_overdue_first(store: Any) -> None:
+    rows = [
+        task_row("k_a", created=100.0, due=105.0),
+        task_row("k_b", created=101.0, due=102.0),
+        task_row("k_c", created=102.0, due=105.0),  # same time as k_a: the older first
+        task_row("k_d", created=103.0, due=200.0),  # not yet
+        task_row("k_e", created=104.0, due=101.0),  # delivered below
+        task_row("k_f", created=105.0, due=101.0),  # dead below
+        task_row("k_g", created=106.0, due=104.0, conv="c_2", hand="h_2"),
+    ]
+    await commit(store, WriteTx(tasks=rows))
+    await commit(store, WriteTx(task_updates=[
+        TaskUpdate("k_e", 110.0, delivered_at=110.0, hand_task_id="ht_e"),
+        TaskUpdate("k_f", 110.0, state="dead", ended_at=110.0),
+    ]))
+    assert [t.task_id for t in await store.due_tasks(150.0, 10)] == ["k_b", "k_g", "k_a", "k_c"]
+    assert [t.task_id for t in await store.due_tasks(104.0, 10)] == ["k_b", "k_g"]
+    assert await store.due_tasks(101.0, 10) == []
+    # Paging: the dispatcher takes a page, records its attempts (which moves
+    # them later), and the next call gives the next page.
+    page = await store.due_tasks(150.0, 2)
+    assert [t.task_id for t in page] == ["k_b", "k_g"]
+    await commit(store, WriteTx(task_updates=[
+        TaskUpdate(t.task_id, 150.0, attempts=t.attempts + 1, next_attempt_at=152.0)
+        for t in page
+    ]))
+    assert [t.task_id for t in await store.due_tasks(150.0, 2)] == ["k_a", "k_c"]
+    assert [t.task_id for t in await store.due_tasks(152.0, 10)] == ["k_a", "k_c", "k_b", "k_g"]
+
+
+async def test_tasks_list_newest_first_by_conversation_hand_and_state_in_pages(
+    store: Any,
+) -> None:
+    rows = [
+        task_row(f"k_{n}", conv="c_1" if n % 2 else "c_2", hand="h_1" if n < 4 else "h_2",
+                 created=100.0 + n)
+        for n in range(6)
+    ]
+    rows.append(task_row("k_6", created=105.0))  # created with k_5: the higher id first
+    await commit(store, WriteTx(tasks=rows))
+    await commit(store, WriteTx(task_updates=[TaskUpdate("k_1", 120.0, state="running"),
+                                              TaskUpdate("k_2", 120.0, state="lost")]))
+
+    async def ids(**query: Any) -> list[str]:
+        return [t.task_id for t in await store.list_tasks(**query)]
+
+    assert await ids(limit=10) == ["k_6", "k_5", "k_4", "k_3", "k_2", "k_1", "k_0"]
+    assert await ids(limit=3) == ["k_6", "k_5", "k_4"]
+    assert await ids(limit=3, before="k_4") == ["k_3", "k_2", "k_1"]
+    assert await ids(limit=3, before="k_1") == ["k_0"]
+    assert await ids(limit=3, before="k_0") == []
+    assert await ids(limit=10, conversation_id="c_1") == ["k_6", "k_5", "k_3", "k_1"]
+    assert await ids(limit=10, hand_id="h_1") == ["k_6", "k_3", "k_2", "k_1", "k_0"]
+    assert await ids(limit=10, conversation_id="c_1", hand_id="h_1") == ["k_6", "k_3", "k_1"]
+    assert await ids(limit=10, states=["queued", "running"]) == ["k_6", "k_5", "k_4", "k_3",
+                                                                  "k_1", "k_0"]
+    assert await ids(limit=10, states=["lost"]) == ["k_2"]
+    assert await ids(limit=10, states=[]) == []
+    assert await ids(limit=2, before="k_5", hand_id="h_2") == ["k_4"]
+    assert await ids(limit=10, conversation_id="c_none") == []
+
+
+async def test_the_outbox_survives_a_restart(backend: Backend) -> None:
+    first = backend.make()
+    await first.open()
+    await commit(first, WriteTx(admit=record(), tasks=[task_row()], events=[task_event(1)]))
+    await first.close()
+    second = backend.make()
+    await second.open()
+    try:
+        assert [t.task_id for t in await second.due_tasks(100.0, 10)] == ["k_1"]
+        assert await second.get_task("k_1") == task_row()
+    finally:
+        await second.close()
 
 
 # -- the suite covers the seam --------------------------------------------------------

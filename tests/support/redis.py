@@ -65,12 +65,22 @@ class RedisServer:
             self.proc = None
 
 
-def _server() -> Iterator[RedisServer]:
+def require_redis_server() -> None:
+    """Skip (or, with HALFPI_REDIS=required, fail) without ``redis-server``."""
     if shutil.which("redis-server") is None:
         why = "redis-server is not installed (apt-get install redis-server)"
         if REQUIRED:
             pytest.fail(f"HALFPI_REDIS=required but {why}")
         pytest.skip(why)
+
+
+def free_port() -> int:
+    """A free port of 127.0.0.1 for a server of one's own."""
+    return _free_port()
+
+
+def _server() -> Iterator[RedisServer]:
+    require_redis_server()
     server = RedisServer(_free_port(), tempfile.mkdtemp(prefix="halfpi-redis-"))
     server.start()
     try:

@@ -104,6 +104,17 @@ class Leases:
         done = await self.client.eval(_RELEASE, 1, lease_key(lease.conversation_id), lease.value)
         return bool(done)
 
+    async def holders(self, conversation_ids: list[str]) -> dict[str, str | None]:
+        """Who owns each conversation now (one round trip): node id or None."""
+        if not conversation_ids:
+            return {}
+        raws = await self.client.mget([lease_key(c) for c in conversation_ids])
+        owners: dict[str, str | None] = {}
+        for conversation_id, raw in zip(conversation_ids, raws, strict=True):
+            text = raw.decode() if isinstance(raw, bytes) else raw
+            owners[conversation_id] = None if text is None else str(text).rpartition("|")[0]
+        return owners
+
     async def holder(self, conversation_id: str) -> Lease | None:
         """Who holds the conversation now (where to forward its commands)."""
         raw = await self.client.get(lease_key(conversation_id))

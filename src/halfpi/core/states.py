@@ -128,6 +128,24 @@ APPROVAL_TERMINAL = frozenset({"allowed", "denied", "expired", "cancelled"})
 # An approval (DESIGN §7): the first valid decision wins (I10).
 APPROVAL = Machine("approval", "pending", _table({"pending": set(APPROVAL_TERMINAL)}))
 
+OUTBOX_TERMINAL = TASK_TERMINAL | {"dead"}
+
+# The Mind's record of a background task, its outbox row (DESIGN §8): the
+# Hand's states as the Hand last reported them, plus ``dead``: the outbox
+# gave up delivering a task no Hand ever acknowledged (its attempts were all
+# spent). Once a Hand has the task it is the authority, and no task it runs
+# is ever declared dead.
+OUTBOX = Machine(
+    "outbox",
+    TASK.initial,
+    _table(
+        {
+            "queued": {"running", "dead", *TASK_TERMINAL},
+            "running": set(TASK_TERMINAL),
+        }
+    ),
+)
+
 # The event a chat's terminal status publishes to every subscriber.
 CHAT_EVENT_FOR_STATUS: Mapping[str, str] = {
     "succeeded": "chat.completed",
@@ -137,7 +155,7 @@ CHAT_EVENT_FOR_STATUS: Mapping[str, str] = {
     "interrupted": "chat.interrupted",
 }
 
-MACHINES = (CHAT, REQUEST, CONNECTION, RUN, TASK, APPROVAL)
+MACHINES = (CHAT, REQUEST, CONNECTION, RUN, TASK, APPROVAL, OUTBOX)
 
 
 def render_docs() -> str:

@@ -145,6 +145,12 @@ class Listener(Protocol):
     @property
     def session(self) -> Receiver: ...
 
+    @property
+    def owner(self) -> Any:
+        """The connection's subscriptions (``Subscriptions``): where a
+        subscription is moved from, when its conversation changes hands."""
+        ...
+
     def wants(self, message: Message) -> bool: ...
 
 

@@ -76,6 +76,9 @@ Dispatch = Callable[["Mind", Any, str, Any], Awaitable[None]]
 
 log = logging.getLogger("halfpi.cluster")
 
+# What ends a forwarded command for its caller: nothing follows these.
+FINAL = frozenset({"face.result", "face.error"})
+
 # A forwarded command's late answers (a chat's face.result) still reach its
 # connection for this long after the command itself was answered.
 FORWARD_KEEP_S = 3600.0
@@ -141,6 +144,7 @@ class _Forward:
     caller: Replier
     done: asyncio.Future[Envelope]
     at: float = field(default_factory=time.monotonic)
+    answered: bool = False  # its face.result (or face.error) reached the caller
 
 
 class RemoteCaller:
@@ -332,11 +336,15 @@ class ClusterNode:
         owner's lease is gone is taken over (its followers move to the new
         actor); every ``lease_ms`` the chats left open by a dead node are
         swept (their conversation taken, and so closed)."""
+        followed = []
         for conversation_id, replica in list(self.replicas.items()):
-            if not replica.subscribers:
+            if replica.subscribers:
+                followed.append(conversation_id)
+            else:
                 await self.drop_replica(conversation_id)
-                continue
-            if await self.owner_of(conversation_id) is None:
+        owners = await self.leases.holders(followed)
+        for conversation_id in followed:
+            if owners.get(conversation_id) is None:
                 await self._take_over(conversation_id)
         now = time.monotonic()
         if now - self._last_sweep >= self.mind.config.lease_ms / 1000.0:
@@ -356,11 +364,14 @@ class ClusterNode:
         if replica is None:
             return
         replica.unloaded = True
-        await self.bus.unlisten(fanout_channel(conversation_id))
+        moves = []
         for sub in list(replica.subscribers.values()):
-            owner = getattr(sub, "owner", None)
+            owner = sub.owner
             if owner is not None:
-                owner.move(conversation_id, actor)
+                moves.append((owner, owner.position(conversation_id)))
+        await self.bus.unlisten(fanout_channel(conversation_id))
+        for owner, pos in moves:
+            owner.move(conversation_id, actor, pos)
 
     async def _sweep(self) -> None:
         for row in await self.mind.store.open_runs():
@@ -433,12 +444,20 @@ class ClusterNode:
         kind = envelope.kind
         if kind == "msg":
             pending = self._forwards.get(envelope.id)
-            if pending is not None and not pending.caller.closed:
+            if pending is None:
+                return
+            if not pending.caller.closed:
                 pending.caller.send(Message(envelope.type, envelope.body))
+            if envelope.type in FINAL:
+                pending.answered = True
+                if pending.done.done():  # a chat's result, after the command
+                    del self._forwards[envelope.id]
         elif kind == "done":
             pending = self._forwards.get(envelope.id)
             if pending is not None and not pending.done.done():
                 pending.done.set_result(envelope)
+                if pending.answered or envelope.error_code:
+                    del self._forwards[envelope.id]
         elif kind in ("cmd", "snap"):
             self.mind.spawn(self._serve(envelope), "forwarded command")
 

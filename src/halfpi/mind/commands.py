@@ -195,7 +195,7 @@ async def approval_list(mind: Mind, caller: Caller, p: wire.ApprovalList) -> Non
     """Every approval waiting for a decision, across conversations (summaries:
     a Face re-reads this after a reconnect, then follows
     ``face.approval.pending`` / ``face.approval.settled``)."""
-    succeeded(caller, p.request_id, ApprovalPage(approvals=mind.pending_approvals()))
+    succeeded(caller, p.request_id, ApprovalPage(approvals=await mind.waiting_approvals()))
 
 
 async def task_cancel(mind: Mind, caller: Caller, p: wire.TaskCancel) -> None:

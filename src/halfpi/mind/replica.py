@@ -178,15 +178,19 @@ class Replica:
             followed = None
         held = self._resyncing or []
         self._resyncing = None
+        # Where each connection got, before the head moves on.
+        moves = []
+        for sub in list(self.subscribers.values()):
+            owner = sub.owner
+            if owner is not None:
+                moves.append((owner, owner.position(self.id)))
         if followed is not None:
             epoch, head = followed
             if epoch == self.epoch:
                 self.published = max(head, self.published)
             else:  # a new epoch: every subscription's cursor resets
                 self.epoch, self.published = epoch, head
-        for sub in list(self.subscribers.values()):
-            owner = getattr(sub, "owner", None)
-            if owner is not None:
-                owner.move(self.id, self)
+        for owner, pos in moves:
+            owner.move(self.id, self, pos)
         if held:
             self.receive(held)

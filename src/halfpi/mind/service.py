@@ -53,6 +53,7 @@ from halfpi.mind.approvals import Approvals
 from halfpi.mind.auth import CredentialCache, SharedReread, make_credential, write_token_file
 from halfpi.mind.chat import ChatDriver
 from halfpi.mind.hands import HandRegistry
+from halfpi.mind.records import approval_pending
 from halfpi.mind.recovery import recover_tools
 from halfpi.mind.registry import Registry
 from halfpi.mind.scheduler import Scheduler
@@ -485,25 +486,31 @@ class Mind:
         run = actor.run
         if run is not None:
             actor.stop(run, "interrupted", "another node took the conversation over")
-        listeners = list(actor.subscribers.values())
+        # Where each connection got, taken now: a commit still in flight may
+        # publish on this actor, but to nobody (the new view replays it).
+        listeners = [
+            (sub, sub.owner.position(conversation_id))
+            for sub in actor.subscribers.values()
+            if sub.owner is not None
+        ]
         actor.subscribers.clear()
         if listeners:
             self.spawn(self._follow_elsewhere(conversation_id, listeners), "follow elsewhere")
 
-    async def _follow_elsewhere(self, conversation_id: str, listeners: list[Any]) -> None:
+    async def _follow_elsewhere(
+        self, conversation_id: str, listeners: list[tuple[Any, int | None]]
+    ) -> None:
         try:
             view = await self.view(conversation_id)
         except Exception as exc:
             log.warning("could not follow %s after stepping down: %s", conversation_id, exc)
-            for listener in listeners:  # their Faces resume from their cursors
+            for listener, _ in listeners:  # their Faces resume from their cursors
                 close = getattr(listener.session, "close", None)
                 if close is not None:
                     close(CloseCode.RESTARTING, "the conversation moved; resume")
             return
-        for listener in listeners:
-            owner = getattr(listener, "owner", None)
-            if owner is not None:
-                owner.move(conversation_id, view)
+        for listener, pos in listeners:
+            listener.owner.move(conversation_id, view, pos)
 
     def is_loaded(self, conversation_id: str) -> bool:
         return conversation_id in self._actors
@@ -617,6 +624,15 @@ class Mind:
             credential = self.credential(principal_id)
             if credential is not None and SESSIONS_READ in credential.scopes:
                 session.send(message)
+
+    async def waiting_approvals(self) -> list[ApprovalPending]:
+        """:meth:`pending_approvals`; in cluster mode every node's, read from
+        the Store (each node holds only its own conversations' in memory)."""
+        if self.cluster is None:
+            return self.pending_approvals()
+        rows = list(await self.store.open_approvals())  # undecided
+        rows.sort(key=lambda r: (r.created_at, r.approval_id))
+        return [approval_pending(r) for r in rows]
 
     def pending_approvals(self) -> list[ApprovalPending]:
         """Every approval still waiting for a decision, in every conversation,

@@ -343,14 +343,25 @@ class Subscriptions:
         self.replaying.append(sub)
         self._fetch(sub)
 
-    def move(self, conversation_id: str, view: ConversationView) -> None:
+    def position(self, conversation_id: str) -> int | None:
+        """The last seq of the conversation handed to this connection (a live
+        subscription has been handed everything its view published)."""
+        sub = self.by_conversation.get(conversation_id)
+        if sub is None:
+            return None
+        return sub.actor.published if sub.live else sub.pos
+
+    def move(self, conversation_id: str, view: ConversationView, pos: int | None = None) -> None:
         """The conversation is now read through ``view`` (cluster mode: this
         node took it over, or its replica resynced): follow it from where
-        this connection got, exactly or with a ``face.reset`` (I4)."""
+        this connection got (``pos``, taken when the old view stopped;
+        default: now), exactly or with a ``face.reset`` (I4)."""
         sub = self.by_conversation.get(conversation_id)
         if sub is None or self.sink.closed:
             return
-        cursor = encode_cursor(sub.actor.epoch, sub.pos)
+        if pos is None:
+            pos = sub.actor.published if sub.live else sub.pos
+        cursor = encode_cursor(sub.actor.epoch, pos)
         self.drop(conversation_id)
         self.spawn(
             self._follow(view, cursor, sub.transient_types, sub.detail_mode), "move subscription"

@@ -19,7 +19,8 @@ import msgspec
 
 from halfpi.config import RequestRetention
 from halfpi.core.requests import RequestRecord, Tombstone
-from halfpi.core.states import CHAT_EVENT_FOR_STATUS, REQUEST, RUN_TERMINAL
+from halfpi.core.states import CHAT_EVENT_FOR_STATUS, OUTBOX, REQUEST, RUN_TERMINAL
+from halfpi.errors import IllegalTransition
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +237,89 @@ class ToolRunRow:
 
 
 @dataclass(frozen=True, slots=True)
+class TaskRow:
+    """A background task in the Mind's durable outbox (DESIGN §8, docs/hands.md).
+
+    Created (``WriteTx.tasks``) in the transaction that admits its request
+    and writes its event, in state ``queued``, due at ``next_attempt_at``.
+    Then changed only by :class:`TaskUpdate`: the dispatcher's attempts, the
+    Hand's receipts, refusals and updates. ``args`` is what is delivered,
+    kept whole for a redelivery after a restart (a Face is to be shown it
+    only as projected by ``detail_mode``); ``digest`` is :func:`halfpi.core.tasks.task_digest`
+    of tool, args and timeout. Times are the Mind's clock."""
+
+    task_id: str
+    delivery_id: str
+    conversation_id: str
+    hand_id: str  # the Hand's principal
+    hand_label: str
+    tool: str
+    args: Any
+    timeout_s: float | None
+    digest: str
+    detail_mode: str
+    principal_id: str  # who asked, and the request that admitted it
+    request_id: str
+    created_at: float
+    next_attempt_at: float
+    state: str = OUTBOX.initial
+    approved: bool = False  # a human allowed it (sent with each delivery)
+    attempts: int = 0
+    updated_at: float | None = None  # None: created_at
+    delivered_at: float | None = None  # the first receipt: the Hand has it
+    hand_task_id: str | None = None  # the Hand's own id for it
+    answer: Any = None  # the Hand's last receipt or refusal, as it sent it
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    error: str | None = None
+    log_bytes: int | None = None
+    log_truncated: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.updated_at is None:
+            object.__setattr__(self, "updated_at", self.created_at)
+
+    @property
+    def terminal(self) -> bool:
+        return OUTBOX.is_terminal(self.state)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskUpdate:
+    """A change to one task's outbox row: each field given (not None) is
+    set, the others stay; ``at`` becomes its ``updated_at``.
+
+    The Store applies it by the outbox's state table (``core.states.OUTBOX``),
+    in the database: a move the table does not allow fails the write, and
+    once the task is terminal its outcome (state, times, exit code, error,
+    log size, attempts) never changes again — the same terminal state again
+    is harmless, another one fails the whole write with
+    :class:`~halfpi.errors.TerminalExists` (I10: the first terminal state
+    wins). ``answer`` and ``at`` are always recorded; ``delivered_at`` keeps
+    the first one given. An update of an unknown task changes nothing."""
+
+    task_id: str
+    at: float
+    state: str | None = None
+    attempts: int | None = None
+    next_attempt_at: float | None = None
+    delivered_at: float | None = None
+    hand_task_id: str | None = None
+    answer: Any = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    error: str | None = None
+    log_bytes: int | None = None
+    log_truncated: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.state is not None and self.state not in OUTBOX.states:
+            raise IllegalTransition(f"outbox: {self.state!r} is not a task state")
+
+
+@dataclass(frozen=True, slots=True)
 class FinishedRequest:
     """Moves an accepted request record to its terminal result."""
 
@@ -281,6 +365,10 @@ class WriteTx:
     tool_calls: Sequence[ToolCallRow] = ()
     approvals: Sequence[ApprovalRow] = ()
     tool_runs: Sequence[ToolRunRow] = ()
+    # background tasks: new outbox rows (a task id or delivery id already
+    # there fails the write), then changes to rows (applied after the new ones)
+    tasks: Sequence[TaskRow] = ()
+    task_updates: Sequence[TaskUpdate] = ()
     # (conversation_id, seq): seqs up to it may be shown (DESIGN I2, across restarts)
     seq_reservations: Sequence[tuple[str, int]] = ()
     # (conversation_id, name): a rename or an automatic title
@@ -386,6 +474,33 @@ class Store(Protocol):
     async def open_tool_calls(self) -> Sequence[ToolCallRow]: ...
 
     async def open_tool_runs(self) -> Sequence[ToolRunRow]: ...
+
+    async def get_task(self, task_id: str) -> TaskRow | None: ...
+
+    async def task_for_delivery(self, delivery_id: str) -> TaskRow | None:
+        """The task a delivery id belongs to (a Hand's receipt names it)."""
+        ...
+
+    async def list_tasks(
+        self,
+        *,
+        limit: int,
+        before: str | None = None,
+        conversation_id: str | None = None,
+        hand_id: str | None = None,
+        states: Sequence[str] | None = None,
+    ) -> list[TaskRow]:
+        """Tasks newest first (``created_at``, then ``task_id``), filtered by
+        conversation, Hand and states when given; ``before`` is the
+        ``task_id`` of the last task of the previous page."""
+        ...
+
+    async def due_tasks(self, now: float, limit: int) -> list[TaskRow]:
+        """The deliveries that are due: tasks no Hand has acknowledged
+        (``delivered_at`` unset), not terminal, ``next_attempt_at <= now``;
+        the most overdue first (``next_attempt_at``, ``created_at``,
+        ``task_id``), at most ``limit``."""
+        ...
 
     async def open_runs(self) -> Sequence[RunRow]:
         """Runs that were not terminal when the Mind stopped (for recovery)."""

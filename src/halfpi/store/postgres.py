@@ -21,7 +21,7 @@ import collections
 import contextlib
 import dataclasses
 import operator
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -38,6 +38,7 @@ from halfpi.store.base import (
     MessagePage,
     RunRow,
     StoredEvent,
+    TaskRow,
     ToolCallRow,
     ToolRunRow,
     TxOutcome,
@@ -290,6 +291,26 @@ class PostgresStore:
 
     async def get_tool_run(self, run_id: str) -> ToolRunRow | None:
         return await self._read(sql.tool_run, run_id)
+
+    async def get_task(self, task_id: str) -> TaskRow | None:
+        return await self._read(sql.task, task_id)
+
+    async def task_for_delivery(self, delivery_id: str) -> TaskRow | None:
+        return await self._read(sql.task_for_delivery, delivery_id)
+
+    async def list_tasks(
+        self,
+        *,
+        limit: int,
+        before: str | None = None,
+        conversation_id: str | None = None,
+        hand_id: str | None = None,
+        states: Sequence[str] | None = None,
+    ) -> list[TaskRow]:
+        return await self._read(sql.list_tasks, limit, before, conversation_id, hand_id, states)
+
+    async def due_tasks(self, now: float, limit: int) -> list[TaskRow]:
+        return await self._read(sql.due_tasks, now, limit)
 
     async def open_approvals(self) -> list[ApprovalRow]:
         return await self._read(sql.open_approvals)

@@ -19,16 +19,22 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from halfpi.store import outbox
+
 # Schema versions (meta.schema_version), this backend's own sequence:
 #   1  the first: the SQLite schema at its version 4, plus conversation_fences
+#   2  the background tasks' outbox (tasks; SQLite's version 5), its states
+#      guarded by a trigger drawn from core.states.OUTBOX
 # A new version: change SCHEMA, append its upgrade to UPGRADES and add a test
 # that upgrades a database made by the previous one.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # SQLSTATEs our own functions raise (class "HP": halfpi), mapped by the Store
 # to TerminalExists and FencedOut.
 TERMINAL_REFUSAL = "HPI10"
 FENCED_OUT = "HPFEN"
+# A task's move its table does not allow: a plain write failure.
+TASK_MOVE_REFUSAL = "HPSTM"
 
 # Any fixed number: the advisory lock nodes take while creating or upgrading.
 SCHEMA_LOCK = 0x68616C66
@@ -54,6 +60,63 @@ BEGIN
     RAISE EXCEPTION 'halfpi: this run already has its outcome' USING ERRCODE = '{TERMINAL_REFUSAL}';
 END $$
 """
+
+# The background tasks' outbox (DESIGN §8; store/outbox.py): one row per
+# task, created with its admission, its state moved only as the outbox's
+# table allows, the first terminal state standing (I10).
+TASKS: tuple[str, ...] = (
+    f"""CREATE TABLE tasks (
+        task_id TEXT PRIMARY KEY,
+        delivery_id TEXT NOT NULL,
+        conversation_id TEXT NOT NULL,
+        hand_id TEXT NOT NULL,
+        hand_label TEXT NOT NULL,
+        tool TEXT NOT NULL,
+        args TEXT,
+        timeout_s DOUBLE PRECISION,
+        digest TEXT NOT NULL,
+        detail_mode TEXT NOT NULL,
+        principal_id TEXT NOT NULL,
+        request_id TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        next_attempt_at DOUBLE PRECISION NOT NULL,
+        state TEXT NOT NULL CONSTRAINT tasks_state CHECK (state IN ({outbox.STATES})),
+        approved BOOLEAN NOT NULL,
+        attempts BIGINT NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL,
+        delivered_at DOUBLE PRECISION,
+        hand_task_id TEXT,
+        answer TEXT,
+        started_at DOUBLE PRECISION,
+        ended_at DOUBLE PRECISION,
+        exit_code BIGINT,
+        error TEXT,
+        log_bytes BIGINT,
+        log_truncated BOOLEAN,
+        CONSTRAINT tasks_delivery_id UNIQUE (delivery_id)
+    )""",
+    "CREATE INDEX tasks_by_time ON tasks (created_at, task_id)",
+    "CREATE INDEX tasks_by_conversation ON tasks (conversation_id, created_at, task_id)",
+    "CREATE INDEX tasks_by_hand ON tasks (hand_id, created_at, task_id)",
+    "CREATE INDEX tasks_due ON tasks (next_attempt_at, created_at, task_id)"
+    f" WHERE delivered_at IS NULL AND state IN ({outbox.OPEN_STATES})",
+    f"""CREATE OR REPLACE FUNCTION halfpi_task_moves() RETURNS TRIGGER
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF OLD.state IN ({outbox.TERMINAL_STATES}) THEN
+        RAISE EXCEPTION 'halfpi: task % already has its outcome (%)', OLD.task_id, OLD.state
+            USING ERRCODE = '{TERMINAL_REFUSAL}';
+    END IF;
+    IF OLD.state || '>' || NEW.state NOT IN ({outbox.ALLOWED_MOVES})
+        OR (NEW.state = '{outbox.DEAD}' AND NEW.delivered_at IS NOT NULL) THEN
+        RAISE EXCEPTION 'halfpi: task % cannot move from % to %', OLD.task_id, OLD.state,
+            NEW.state USING ERRCODE = '{TASK_MOVE_REFUSAL}';
+    END IF;
+    RETURN NEW;
+END $$""",
+    "CREATE TRIGGER tasks_move_by_their_table BEFORE UPDATE ON tasks FOR EACH ROW"
+    " WHEN (NEW.state IS DISTINCT FROM OLD.state) EXECUTE FUNCTION halfpi_task_moves()",
+)
 
 _ENDED = (
     ("runs", "finished_at"),
@@ -221,10 +284,19 @@ SCHEMA: tuple[str, ...] = (
         " EXECUTE FUNCTION halfpi_first_outcome_stands()"
         for table, ended in _ENDED
     ),
+    *TASKS,
 )
 
-# UPGRADES[n - 1] takes a database from version n to n + 1 (none yet).
-UPGRADES: tuple[Callable[[Any], Awaitable[None]], ...] = ()
+
+async def _upgrade_1_to_2(conn: Any) -> None:
+    """The background tasks' outbox: a new table (empty), its indexes and
+    the trigger that moves its states by their table."""
+    for statement in TASKS:
+        await conn.execute(statement)
+
+
+# UPGRADES[n - 1] takes a database from version n to n + 1.
+UPGRADES: tuple[Callable[[Any], Awaitable[None]], ...] = (_upgrade_1_to_2,)
 assert len(UPGRADES) == SCHEMA_VERSION - 1
 
 

@@ -17,6 +17,7 @@ import msgspec
 from halfpi.config import RequestRetention
 from halfpi.core.requests import Finished, RequestRecord, Tombstone, prunable
 from halfpi.errors import LabelInUse
+from halfpi.store import outbox
 from halfpi.store.base import (
     COMMITTED,
     TERMINAL_EVENT_TYPES,
@@ -28,6 +29,7 @@ from halfpi.store.base import (
     MessageRow,
     RunRow,
     StoredEvent,
+    TaskRow,
     ToolCallRow,
     ToolRunRow,
     TxOutcome,
@@ -44,10 +46,12 @@ __all__ = [
     "conversations",
     "credentials",
     "credentials_version",
+    "due_tasks",
     "events",
     "fence_of",
     "head_seq",
     "insert_events",
+    "list_tasks",
     "lookup_request",
     "message_page",
     "open_approvals",
@@ -58,6 +62,8 @@ __all__ = [
     "prune_requests",
     "revoke_credential",
     "run_for_request",
+    "task",
+    "task_for_delivery",
     "tool_history",
     "tool_run",
 ]
@@ -377,9 +383,29 @@ async def apply_tx(conn: Conn, tx: WriteTx) -> TxOutcome:
     ):
         if rows:
             await conn.executemany(_upsert_sql(table, fields), [_params(r, fields) for r in rows])
+    if tx.tasks:
+        await conn.executemany(_INSERT_TASK, [outbox.row_params(t) for t in tx.tasks])
+    if tx.task_updates:
+        await conn.executemany(
+            _UPDATE_TASK,
+            [tuple(outbox.update_params(u).values()) for u in tx.task_updates],
+        )
     if tx.events:
         await insert_events(conn, tx.events)
     return COMMITTED
+
+
+_TASK_COLUMNS = ", ".join(outbox.FIELDS)
+_INSERT_TASK = (
+    f"INSERT INTO tasks ({_TASK_COLUMNS})"
+    f" VALUES ({', '.join(f'${i}' for i in range(1, len(outbox.FIELDS) + 1))})"
+)
+# update_params' keys, in order, are the parameters $1, $2, …
+_UPDATE_ORDER = ("task_id", "at", *(name for name, _ in outbox.UPDATED_FIELDS))
+_UPDATE_TASK = (
+    f"UPDATE tasks SET {outbox.set_clause(lambda name: f'${_UPDATE_ORDER.index(name) + 1}')}"
+    " WHERE task_id = $1"
+)
 
 
 async def insert_events(conn: Conn, events: Sequence[StoredEvent]) -> None:
@@ -636,3 +662,70 @@ async def events(conn: Conn, conversation_id: str, after_seq: int, limit: int) -
         limit,
     )
     return [StoredEvent(r[0], r[1], r[2], r[3].encode(), r[4]) for r in rows]
+
+
+# -- the background tasks' outbox -----------------------------------------------------
+
+
+async def task(conn: Conn, task_id: str) -> TaskRow | None:
+    row = await conn.fetchrow(f"SELECT {_TASK_COLUMNS} FROM tasks WHERE task_id = $1", task_id)
+    return outbox.task_from_row(row) if row else None
+
+
+async def task_for_delivery(conn: Conn, delivery_id: str) -> TaskRow | None:
+    row = await conn.fetchrow(
+        f"SELECT {_TASK_COLUMNS} FROM tasks WHERE delivery_id = $1", delivery_id
+    )
+    return outbox.task_from_row(row) if row else None
+
+
+async def list_tasks(
+    conn: Conn,
+    limit: int,
+    before: str | None,
+    conversation_id: str | None,
+    hand_id: str | None,
+    states: Sequence[str] | None,
+) -> list[TaskRow]:
+    """Newest first; ``before`` is the last task of the previous page."""
+    if states is not None and not states:
+        return []
+    where: list[str] = []
+    params: list[Any] = []
+
+    def given(value: Any) -> str:
+        params.append(value)
+        return f"${len(params)}"
+
+    if conversation_id is not None:
+        where.append(f"conversation_id = {given(conversation_id)}")
+    if hand_id is not None:
+        where.append(f"hand_id = {given(hand_id)}")
+    if states is not None:
+        where.append(f"state = ANY({given(list(states))}::text[])")
+    if before is not None:
+        where.append(
+            "(created_at, task_id) <"
+            f" (SELECT created_at, task_id FROM tasks WHERE task_id = {given(before)})"
+        )
+    rows = await conn.fetch(
+        f"SELECT {_TASK_COLUMNS} FROM tasks"
+        f"{' WHERE ' + ' AND '.join(where) if where else ''}"
+        f" ORDER BY created_at DESC, task_id DESC LIMIT {given(limit)}",
+        *params,
+    )
+    return [outbox.task_from_row(r) for r in rows]
+
+
+async def due_tasks(conn: Conn, now: float, limit: int) -> list[TaskRow]:
+    """Undelivered, open, due at ``now``: the most overdue first (the
+    conditions are the ``tasks_due`` index's)."""
+    rows = await conn.fetch(
+        f"SELECT {_TASK_COLUMNS} FROM tasks"
+        f" WHERE delivered_at IS NULL AND state IN ({outbox.OPEN_STATES})"
+        " AND next_attempt_at <= $1"
+        " ORDER BY next_attempt_at, created_at, task_id LIMIT $2",
+        now,
+        limit,
+    )
+    return [outbox.task_from_row(r) for r in rows]

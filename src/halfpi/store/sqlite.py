@@ -18,7 +18,7 @@ import contextlib
 import queue
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -36,6 +36,7 @@ from halfpi.store.base import (
     MessagePage,
     RunRow,
     StoredEvent,
+    TaskRow,
     ToolCallRow,
     ToolRunRow,
     TxOutcome,
@@ -265,6 +266,35 @@ class SQLiteStore:
 
     async def get_tool_run(self, run_id: str) -> ToolRunRow | None:
         return await self._read(partial(sql.tool_run, run_id=run_id))
+
+    async def get_task(self, task_id: str) -> TaskRow | None:
+        return await self._read(partial(sql.task, task_id=task_id))
+
+    async def task_for_delivery(self, delivery_id: str) -> TaskRow | None:
+        return await self._read(partial(sql.task_for_delivery, delivery_id=delivery_id))
+
+    async def list_tasks(
+        self,
+        *,
+        limit: int,
+        before: str | None = None,
+        conversation_id: str | None = None,
+        hand_id: str | None = None,
+        states: Sequence[str] | None = None,
+    ) -> list[TaskRow]:
+        return await self._read(
+            partial(
+                sql.list_tasks,
+                limit=limit,
+                before=before,
+                conversation_id=conversation_id,
+                hand_id=hand_id,
+                states=None if states is None else list(states),
+            )
+        )
+
+    async def due_tasks(self, now: float, limit: int) -> list[TaskRow]:
+        return await self._read(partial(sql.due_tasks, now=now, limit=limit))
 
     async def open_approvals(self) -> list[ApprovalRow]:
         return await self._read(sql.open_approvals)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from halfpi.errors import StoreError
+from halfpi.store import outbox
 from halfpi.store.base import TERMINAL_EVENT_TYPES, StoredEvent, terminal_of
 
 log = logging.getLogger("halfpi.store")
@@ -31,10 +32,12 @@ log = logging.getLogger("halfpi.store")
 #   3  a reply keeps the tokens its model used (messages.usage, JSON)
 #   4  each conversation's journal epoch is the Store's (conversations.epoch,
 #      NULL until a Mind first loads the conversation)
+#   5  the background tasks' outbox (tasks), its states guarded by triggers
+#      drawn from core.states.OUTBOX
 # A new version: change SCHEMA, append its upgrade to UPGRADES, freeze the
 # new schema as tests/store/schema_vN.py, and add a row to the table in
 # docs/operations.md.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # The refusal raised by the triggers; the Store maps it (and the unique
 # index's violation) to TerminalExists.
@@ -56,6 +59,56 @@ ONE_OUTCOME_PER_RUN = (
         )
     ),
 )
+
+# The background tasks' outbox (DESIGN §8; store/outbox.py): one row per
+# task, created with its admission, its state moved only as the outbox's
+# table allows, the first terminal state standing (I10).
+TASKS = f"""
+CREATE TABLE IF NOT EXISTS tasks (
+    task_id TEXT PRIMARY KEY,
+    delivery_id TEXT NOT NULL UNIQUE,
+    conversation_id TEXT NOT NULL,
+    hand_id TEXT NOT NULL,
+    hand_label TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    args TEXT,
+    timeout_s REAL,
+    digest TEXT NOT NULL,
+    detail_mode TEXT NOT NULL,
+    principal_id TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    next_attempt_at REAL NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ({outbox.STATES})),
+    approved INTEGER NOT NULL,
+    attempts INTEGER NOT NULL,
+    updated_at REAL NOT NULL,
+    delivered_at REAL,
+    hand_task_id TEXT,
+    answer TEXT,
+    started_at REAL,
+    ended_at REAL,
+    exit_code INTEGER,
+    error TEXT,
+    log_bytes INTEGER,
+    log_truncated INTEGER
+);
+CREATE INDEX IF NOT EXISTS tasks_by_time ON tasks (created_at, task_id);
+CREATE INDEX IF NOT EXISTS tasks_by_conversation ON tasks (conversation_id, created_at, task_id);
+CREATE INDEX IF NOT EXISTS tasks_by_hand ON tasks (hand_id, created_at, task_id);
+CREATE INDEX IF NOT EXISTS tasks_due ON tasks (next_attempt_at, created_at, task_id)
+    WHERE delivered_at IS NULL AND state IN ({outbox.OPEN_STATES});
+CREATE TRIGGER IF NOT EXISTS tasks_first_outcome_stands
+    BEFORE UPDATE ON tasks
+    WHEN OLD.state IN ({outbox.TERMINAL_STATES}) AND NEW.state IS NOT OLD.state
+    BEGIN SELECT RAISE(ABORT, '{TERMINAL_REFUSAL}'); END;
+CREATE TRIGGER IF NOT EXISTS tasks_move_by_their_table
+    BEFORE UPDATE ON tasks
+    WHEN OLD.state NOT IN ({outbox.TERMINAL_STATES}) AND NEW.state IS NOT OLD.state
+    AND (OLD.state || '>' || NEW.state NOT IN ({outbox.ALLOWED_MOVES})
+        OR (NEW.state = '{outbox.DEAD}' AND NEW.delivered_at IS NOT NULL))
+    BEGIN SELECT RAISE(ABORT, '{outbox.MOVE_REFUSAL}'); END;
+"""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -201,7 +254,7 @@ CREATE TABLE IF NOT EXISTS tool_runs (
 );
 CREATE INDEX IF NOT EXISTS tool_runs_open ON tool_runs (status) WHERE finished_at IS NULL;
 INSERT OR IGNORE INTO meta (key, value) VALUES ('credentials_version', '0');
-""" + "\n".join(f"{statement};" for statement in ONE_OUTCOME_PER_RUN)
+""" + "\n".join(f"{statement};" for statement in ONE_OUTCOME_PER_RUN) + TASKS
 
 
 def connect(path: Path, *, synchronous: str = "FULL") -> sqlite3.Connection:
@@ -372,11 +425,20 @@ def _upgrade_3_to_4(conn: sqlite3.Connection) -> None:
     log.info("upgraded the database schema from version 3 to 4")
 
 
+def _upgrade_4_to_5(conn: sqlite3.Connection) -> None:
+    """The background tasks' outbox: a new table (empty), its indexes and
+    the triggers that move its states by their table."""
+    for statement in _statements(TASKS):
+        conn.execute(statement)
+    log.info("upgraded the database schema from version 4 to 5")
+
+
 # UPGRADES[n] takes a database from version n to n + 1.
 UPGRADES: tuple[Callable[[sqlite3.Connection], None], ...] = (
     _upgrade_0_to_1,
     _upgrade_1_to_2,
     _upgrade_2_to_3,
     _upgrade_3_to_4,
+    _upgrade_4_to_5,
 )
 assert len(UPGRADES) == SCHEMA_VERSION

@@ -19,6 +19,7 @@ import msgspec
 from halfpi.config import RequestRetention
 from halfpi.core.requests import Finished, RequestRecord, Tombstone, prunable
 from halfpi.errors import LabelInUse
+from halfpi.store import outbox
 from halfpi.store.base import (
     COMMITTED,
     TERMINAL_EVENT_TYPES,
@@ -29,6 +30,7 @@ from halfpi.store.base import (
     MessageRow,
     RunRow,
     StoredEvent,
+    TaskRow,
     ToolCallRow,
     ToolRunRow,
     TxOutcome,
@@ -45,10 +47,12 @@ __all__ = [
     "conversations",
     "credentials",
     "credentials_version",
+    "due_tasks",
     "events",
     "head_seq",
     "insert_events",
     "is_terminal_refusal",
+    "list_tasks",
     "lookup_request",
     "message_page",
     "open_approvals",
@@ -59,6 +63,8 @@ __all__ = [
     "prune_requests",
     "revoke_credential",
     "run_for_request",
+    "task",
+    "task_for_delivery",
     "tool_history",
     "tool_run",
 ]
@@ -336,9 +342,22 @@ def apply_tx(conn: sqlite3.Connection, tx: WriteTx) -> TxOutcome:
     ):
         if rows:
             conn.executemany(_upsert_sql(table, fields), [_params(r, fields) for r in rows])
+    if tx.tasks:
+        conn.executemany(_INSERT_TASK, [outbox.row_params(t) for t in tx.tasks])
+    if tx.task_updates:
+        conn.executemany(_UPDATE_TASK, [outbox.update_params(u) for u in tx.task_updates])
     if tx.events:
         insert_events(conn, tx.events)
     return COMMITTED
+
+
+_TASK_COLUMNS = ", ".join(outbox.FIELDS)
+_INSERT_TASK = (
+    f"INSERT INTO tasks ({_TASK_COLUMNS}) VALUES ({', '.join('?' for _ in outbox.FIELDS)})"
+)
+_UPDATE_TASK = (
+    f"UPDATE tasks SET {outbox.set_clause(lambda name: f':{name}')} WHERE task_id = :task_id"
+)
 
 
 def insert_events(conn: sqlite3.Connection, events: Sequence[StoredEvent]) -> None:
@@ -360,6 +379,7 @@ def insert_events(conn: sqlite3.Connection, events: Sequence[StoredEvent]) -> No
 
 
 def is_terminal_refusal(exc: sqlite3.Error) -> bool:
+    # (a task's second outcome is refused with the same words as a run's)
     """True if ``exc`` is the database refusing a second outcome for a run."""
     text = str(exc)
     return isinstance(exc, sqlite3.IntegrityError) and (
@@ -644,3 +664,69 @@ def events(
         (conversation_id, after_seq, limit),
     ).fetchall()
     return [StoredEvent(r[0], r[1], r[2], r[3].encode(), r[4]) for r in rows]
+
+
+# -- the background tasks' outbox -------------------------------------------------
+
+
+def task(conn: sqlite3.Connection, task_id: str) -> TaskRow | None:
+    row = conn.execute(
+        f"SELECT {_TASK_COLUMNS} FROM tasks WHERE task_id = ?", (task_id,)
+    ).fetchone()
+    return outbox.task_from_row(row) if row else None
+
+
+def task_for_delivery(conn: sqlite3.Connection, delivery_id: str) -> TaskRow | None:
+    row = conn.execute(
+        f"SELECT {_TASK_COLUMNS} FROM tasks WHERE delivery_id = ?", (delivery_id,)
+    ).fetchone()
+    return outbox.task_from_row(row) if row else None
+
+
+def list_tasks(
+    conn: sqlite3.Connection,
+    limit: int,
+    before: str | None,
+    conversation_id: str | None,
+    hand_id: str | None,
+    states: Sequence[str] | None,
+) -> list[TaskRow]:
+    """Newest first; ``before`` is the last task of the previous page."""
+    if states is not None and not states:
+        return []
+    where: list[str] = []
+    params: list[Any] = []
+    if conversation_id is not None:
+        where.append("conversation_id = ?")
+        params.append(conversation_id)
+    if hand_id is not None:
+        where.append("hand_id = ?")
+        params.append(hand_id)
+    if states is not None:
+        where.append(f"state IN ({', '.join('?' for _ in states)})")
+        params.extend(states)
+    if before is not None:
+        where.append(
+            "(created_at, task_id) < (SELECT created_at, task_id FROM tasks WHERE task_id = ?)"
+        )
+        params.append(before)
+    rows = conn.execute(
+        f"SELECT {_TASK_COLUMNS} FROM tasks"
+        f"{' WHERE ' + ' AND '.join(where) if where else ''}"
+        " ORDER BY created_at DESC, task_id DESC LIMIT ?",
+        (*params, limit),
+    ).fetchall()
+    return [outbox.task_from_row(r) for r in rows]
+
+
+def due_tasks(conn: sqlite3.Connection, now: float, limit: int) -> list[TaskRow]:
+    """Undelivered, open, due at ``now``: the most overdue first (the
+    conditions are the ``tasks_due`` index's)."""
+    rows = conn.execute(
+        f"SELECT {_TASK_COLUMNS} FROM tasks"
+        f" WHERE delivered_at IS NULL AND state IN ({outbox.OPEN_STATES})"
+        " AND next_attempt_at <= ?"
+        " ORDER BY next_attempt_at, created_at, task_id LIMIT ?",
+        (now, limit),
+    ).fetchall()
+    return [outbox.task_from_row(r) for r in rows]

@@ -190,6 +190,9 @@ class Viewer:
         """The next frame matching ``predicate``; a connection the Mind
         closes with 1012 (the conversation moved; resume) is resumed on
         ``node`` from the cursor, as a Face does."""
+        for frame in self.all_frames():  # already here (maybe taken by another wait)
+            if predicate(frame):
+                return frame
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:

@@ -45,6 +45,14 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
         yield c
 
 
+@pytest.fixture
+async def pair(tmp_path: Path) -> AsyncIterator[Cluster]:
+    """Nodes a and b (a cluster starts slowly on a loaded machine: no more
+    nodes than a test needs)."""
+    async with running_cluster(tmp_path / "cluster", ("a", "b"), local_hand=False) as c:
+        yield c
+
+
 # -- helpers -------------------------------------------------------------------
 
 
@@ -242,8 +250,9 @@ async def test_three_nodes_on_one_database_welcome_the_same_face_credential(
 
 
 async def test_every_node_of_a_cluster_runs_its_own_local_hand(tmp_path: Path) -> None:
-    async with running_cluster(tmp_path / "cluster") as cluster, asyncio.timeout(30):
-        for name in ("a", "b", "c"):
+    async with running_cluster(tmp_path / "cluster", ("a", "b")) as cluster, \
+            asyncio.timeout(30):
+        for name in ("a", "b"):
             face = await cluster.face(name)
             while True:
                 request_id = await face.command("face.hand.list")
@@ -259,10 +268,10 @@ WORDS = " ".join(f"w{i}" for i in range(60))
 
 
 async def test_I4_a_face_cut_mid_reply_on_one_node_resumes_exactly_on_another(
-    cluster: Cluster,
+    pair: Cluster,
 ) -> None:
     async with asyncio.timeout(60):
-        stay, cut = await cluster.face("a"), await cluster.face("a")
+        stay, cut = await pair.face("a"), await pair.face("a")
         cid = await stay.create_conversation()
         start = await subscribe_with_snapshot(stay, cid)
         await subscribe_with_snapshot(cut, cid)
@@ -273,7 +282,7 @@ async def test_I4_a_face_cut_mid_reply_on_one_node_resumes_exactly_on_another(
         before = positioned(cut.seen, cid)
         cursor = before[-1]["payload"]["cursor"]
 
-        moved = await cluster.face("b")
+        moved = await pair.face("b")
         accepted = await moved.subscribe(cid, since=cursor)
         assert accepted["type"] == "face.accepted", accepted
         assert accepted["payload"]["replay"] == "exact", accepted
@@ -288,7 +297,7 @@ async def test_I4_a_face_cut_mid_reply_on_one_node_resumes_exactly_on_another(
     assert delta_text(stay.seen, "long") == WORDS
     assert done["payload"] == {**stayed["payload"], "event_seq": done["payload"]["event_seq"]}
     assert done["payload"]["data"]["content"] == WORDS
-    truth = await cluster.events(cid)
+    truth = await pair.events(cid)
     assert durable(stay.seen, cid) == [e for e in truth if e[0] > seq_of(start)]
     assert durable(cut.seen + moved.seen, cid) == durable(stay.seen, cid)
 
@@ -451,15 +460,15 @@ async def kill_round(cluster: Cluster, rng: random.Random,
 
 
 async def test_an_owner_paused_past_its_lease_writes_nothing_after_the_take_over_and_steps_down(
-    cluster: Cluster,
+    pair: Cluster,
 ) -> None:
     async with asyncio.timeout(60):
-        warm = await cluster.face("a")
+        warm = await pair.face("a")
         cid = await warm.create_conversation()
         assert (await warm.chat_to_end(cid, "warm up", "warm"))["payload"]["status"] == \
             "succeeded"
-        owner, other, fence = await other_node(cluster, cid)
-        on_owner, on_other = await cluster.face(owner), await cluster.face(other)
+        owner, other, fence = await other_node(pair, cid)
+        on_owner, on_other = await pair.face(owner), await pair.face(other)
         for face in (on_owner, on_other):
             await subscribe_with_snapshot(face, cid)
         # A reply that would end within the pause: the paused owner wakes with
@@ -472,9 +481,9 @@ async def test_an_owner_paused_past_its_lease_writes_nothing_after_the_take_over
         owner.pause()
         taken = await chat_admitted(on_other, cid, "/pace 1 taken over", "taken", 20)
         assert taken["payload"]["status"] == "succeeded", taken
-        holder = await cluster.lease_holder(cid)
+        holder = await pair.lease_holder(cid)
         assert holder is not None and holder[0] != owner.name and holder[1] > fence, holder
-        before = await cluster.events(cid)
+        before = await pair.events(cid)
         owner.resume()
 
         # The woken node follows the new owner: its Face learns the truth ...
@@ -484,11 +493,11 @@ async def test_an_owner_paused_past_its_lease_writes_nothing_after_the_take_over
         after = await chat_admitted(on_owner, cid, "/pace 1 and on", "woken", 20)
         assert after["payload"]["status"] == "succeeded", after
 
-    assert await cluster.lease_holder(cid) == holder  # it did not take the lease back
-    truth = await cluster.events(cid)
-    woken = [e for e in truth if e[0] >= await first_seq_of(cluster, cid, "woken")]
+    assert await pair.lease_holder(cid) == holder  # it did not take the lease back
+    truth = await pair.events(cid)
+    woken = [e for e in truth if e[0] >= await first_seq_of(pair, cid, "woken")]
     assert truth == before + woken, f"written after the take-over: {truth[len(before):]}"
-    assert [t for _, t in await terminal_in_store(cluster, cid, "paused")] == [
+    assert [t for _, t in await terminal_in_store(pair, cid, "paused")] == [
         "chat.interrupted"]
     # Nothing of the paused chat reached a Face after the take-over.
     interrupted = next(f for f in on_other.seen if is_terminal_event(f, "paused"))
@@ -497,7 +506,7 @@ async def test_an_owner_paused_past_its_lease_writes_nothing_after_the_take_over
     assert not late, late
     seqs = covered_seqs(positioned(on_other.seen, cid))
     assert seqs == sorted(set(seqs)), seqs
-    reply = await cluster.sql(
+    reply = await pair.sql(
         "SELECT status, content FROM messages WHERE conversation_id = $1 AND request_id = $2"
         " AND role = 'assistant'", cid, "paused")
     assert [r["status"] for r in reply] == ["interrupted"], reply
@@ -508,10 +517,10 @@ async def test_an_owner_paused_past_its_lease_writes_nothing_after_the_take_over
 
 
 async def test_I4_redis_restarted_mid_conversation_gives_resuming_faces_a_reset_and_chat_goes_on(
-    cluster: Cluster,
+    pair: Cluster,
 ) -> None:
     async with asyncio.timeout(60):
-        on_a, on_b = await cluster.face("a"), await cluster.face("b")
+        on_a, on_b = await pair.face("a"), await pair.face("b")
         cid = await on_a.create_conversation()
         watcher = Viewer(on_b, await subscribe_with_snapshot(on_b, cid))
         start_a = await subscribe_with_snapshot(on_a, cid)
@@ -521,9 +530,9 @@ async def test_I4_redis_restarted_mid_conversation_gives_resuming_faces_a_reset_
         await on_a.close()
         cursor = last_cursor(on_a.seen, cid, start_a)
 
-        await cluster.restart_redis()
+        await pair.restart_redis()
 
-        resumed = await cluster.face("c")
+        resumed = await pair.face("b")
         accepted = await resumed.subscribe(cid, since=cursor)
         assert accepted["type"] == "face.accepted", accepted
         assert accepted["payload"]["conversations"][cid] == "reset", accepted  # said, not "exact"
@@ -537,12 +546,12 @@ async def test_I4_redis_restarted_mid_conversation_gives_resuming_faces_a_reset_
         assert goes_on["payload"]["status"] == "succeeded", goes_on
         assert goes_on["payload"]["content"] == "four five"
         # The Face that stayed on b through the restart: the chat, or a reset; no gap.
-        await watcher.until(cluster, cluster["b"], cid,
+        await watcher.until(pair, pair["b"], cid,
                             reached("m2", seq_of(goes_on["payload"]["data"]["cursor"])))
 
-    truth = await cluster.events(cid)
+    truth = await pair.events(cid)
     assert [t for _, t in truth].count("chat.message") == 2
-    m1_ended = await terminal_in_store(cluster, cid, "m1")
-    assert await first_seq_of(cluster, cid, "m2") > m1_ended[0][0]
+    m1_ended = await terminal_in_store(pair, cid, "m1")
+    assert await first_seq_of(pair, cid, "m2") > m1_ended[0][0]
     assert durable(resumed.seen, cid) == [e for e in truth if e[0] > snapshot_seq]
     watcher.check_against(truth, cid)  # (if it was closed with 1012: resumed from its cursor)

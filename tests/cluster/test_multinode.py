@@ -187,7 +187,14 @@ class Viewer:
         cursor, _ = self.walk(conversation_id)
         self.frames += self.face.seen
         self.face = await cluster.face(node)
-        accepted = await self.face.subscribe(conversation_id, since=cursor)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20
+        # While the owner is dead and its lease not yet expired the answer may
+        # be `unavailable` (retryable): a Face asks again.
+        while (accepted := await self.face.subscribe(conversation_id, since=cursor))[
+                "type"] == "face.error" and accepted["payload"]["code"] in RETRYABLE:
+            assert loop.time() < deadline, accepted
+            await asyncio.sleep(0.05)  # polling a condition (the owner moved) with a deadline
         assert accepted["type"] == "face.accepted", accepted
         if accepted["payload"]["conversations"][conversation_id] == "reset":
             await self.face.expect(lambda f: f["type"] == "face.reset")

@@ -7,6 +7,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
 
 from halfpi.cluster.bus import Bus
@@ -14,10 +15,13 @@ from halfpi.cluster.lease import Leases
 from halfpi.core.cluster_keys import fanout_channel
 from halfpi.core.outbound import RELIABLE
 from halfpi.journal.base import JournalEntry
-from halfpi.journal.redis import FencedAppendError, RedisJournal, fanout_entries
+from halfpi.journal.redis import (
+    FencedAppendError,
+    RedisJournal,
+    fanout_entries,
+    msgpack_array,
+)
 from tests.support.redis import RedisServer, redis_server, redis_url  # noqa: F401
-
-pytestmark = pytest.mark.asyncio
 
 
 def entry(seq: int) -> JournalEntry:
@@ -124,3 +128,9 @@ async def test_I4_a_new_owner_settles_the_window_at_the_stores_head(
     assert await new.read_after(c, 2, 10) is None  # below the floor: the Store's to replay
     await appended(new, c, range(4097, 4099))
     assert await new.read_after(c, 4096, 10) == [entry(4097), entry(4098)]
+
+
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 65535, 65536])
+def test_a_fanout_batch_is_a_msgpack_array_of_the_entries_encoded_once(n: int) -> None:
+    items = [msgspec.msgpack.encode(entry(s)) for s in range(n)]
+    assert fanout_entries(msgpack_array(items)) == [entry(s) for s in range(n)]

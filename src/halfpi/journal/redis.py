@@ -66,9 +66,26 @@ _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(JournalEntry).decode
 _decode_many = msgspec.msgpack.Decoder(list[JournalEntry]).decode
 
+# Connections to Redis per node (the pub/sub link holds one), and how long a
+# command waits for a free one before it fails.
+POOL_CONNECTIONS = 64
+POOL_WAIT_S = 20.0
+
 
 class JournalLostError(Exception):
     """Redis no longer holds what the journal wrote (its data was lost)."""
+
+
+def msgpack_array(items: list[bytes]) -> bytes:
+    """A msgpack array of already-encoded items (no item encoded twice)."""
+    n = len(items)
+    if n < 16:
+        head = bytes((0x90 | n,))
+    elif n < 0x10000:
+        head = b"\xdc" + n.to_bytes(2, "big")
+    else:
+        head = b"\xdd" + n.to_bytes(4, "big")
+    return head + b"".join(items)
 
 
 def fanout_entries(payload: bytes) -> list[JournalEntry]:
@@ -122,19 +139,23 @@ class RedisJournal:
 
     @classmethod
     def from_url(cls, url: str, limits: JournalLimits | None = None) -> RedisJournal:
-        from redis.asyncio import Redis
+        from redis.asyncio import BlockingConnectionPool, Redis
         from redis.asyncio.retry import Retry
         from redis.backoff import ExponentialBackoff
         from redis.exceptions import ConnectionError as RedisConnectionError
 
         # A dropped connection (Redis restarted) is retried on a new one: what
         # the journal then finds is judged by the marker, not by the error.
-        client = Redis.from_url(
+        # A bounded pool that makes a caller wait for a free connection (not
+        # fail): a burst of Faces subscribing at once queues, never errs.
+        pool = BlockingConnectionPool.from_url(
             url,
+            max_connections=POOL_CONNECTIONS,
+            timeout=POOL_WAIT_S,
             retry=Retry(ExponentialBackoff(cap=0.5, base=0.01), 3),
             retry_on_error=[RedisConnectionError],
         )
-        return cls(client, limits)
+        return cls(Redis.from_pool(pool), limits)
 
     async def close(self) -> None:
         if self._writer is not None:
@@ -308,15 +329,8 @@ class RedisJournal:
             await self._write_fenced(batch)
             return
         pipe = self.client.pipeline(transaction=False)
-        maxlen = self.limits.events
         for conversation_id, entry, _ in batch:
-            pipe.xadd(
-                stream_key(conversation_id),
-                {"e": _encode(entry)},
-                id=f"{entry.seq}-0",
-                maxlen=maxlen,
-                approximate=True,
-            )
+            self._xadd(pipe, conversation_id, entry)
         try:
             results: list[Any] = await pipe.execute(raise_on_error=False)
         except Exception as exc:  # the connection: every entry of the batch failed
@@ -336,6 +350,15 @@ class RedisJournal:
             else:
                 future.set_result(None)
 
+    def _xadd(self, pipe: Any, conversation_id: str, entry: JournalEntry) -> None:
+        pipe.xadd(
+            stream_key(conversation_id),
+            {"e": _encode(entry)},
+            id=f"{entry.seq}-0",
+            maxlen=self.limits.events,
+            approximate=True,
+        )
+
     async def _write_fenced(
         self, batch: list[tuple[str, JournalEntry, asyncio.Future[None]]]
     ) -> None:
@@ -354,19 +377,14 @@ class RedisJournal:
             futures = [f for _, f in items]
             if token is None:
                 for entry, future in items:  # not owned here: plain appends
-                    pipe.xadd(
-                        stream_key(conversation_id),
-                        {"e": _encode(entry)},
-                        id=f"{entry.seq}-0",
-                        maxlen=maxlen,
-                        approximate=True,
-                    )
+                    self._xadd(pipe, conversation_id, entry)
                     order.append((conversation_id, [future], None))
                 continue
-            args: list[Any] = [token, maxlen, _encode([e for e, _ in items])]
-            for entry, _ in items:
+            encoded = [_encode(entry) for entry, _ in items]  # each entry once
+            args: list[Any] = [token, maxlen, msgpack_array(encoded)]
+            for (entry, _), body in zip(items, encoded, strict=True):
                 args.append(f"{entry.seq}-0")
-                args.append(_encode(entry))
+                args.append(body)
             await self._fenced_append(  # queued on the pipeline
                 keys=[
                     stream_key(conversation_id),

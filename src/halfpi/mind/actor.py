@@ -294,6 +294,18 @@ def stored_message(conversation_id: str, epoch: str, event: StoredEvent) -> Mess
     return message
 
 
+async def durable_after(
+    store: Store, conversation_id: str, epoch: str, after_seq: int, until: int, limit: int
+) -> tuple[list[Message], int]:
+    """The durable events of a conversation in ``(after_seq, until]`` from the
+    Store, at most ``limit``, rebuilt as they were sent live (with their
+    summary variant, I9); and the seq read up to (``until`` once all are read)."""
+    events = await store.events(conversation_id, after_seq, limit)
+    inside = [e for e in events if e.seq <= until]
+    read = inside[-1].seq if len(inside) == limit else until
+    return [stored_message(conversation_id, epoch, e) for e in inside], read
+
+
 class ConversationActor:
     def __init__(self, env: ActorEnv, row: ConversationRow, head: int, epoch: str) -> None:
         """``head``: the highest seq the conversation may have shown (the
@@ -380,13 +392,7 @@ class ConversationActor:
         """The durable events in ``(after_seq, until]`` from the Store, at
         most ``limit``, rebuilt as they were sent live (with their summary
         variant, I9); and the seq read up to (``until`` once all are read)."""
-        events = await self.env.store.events(self.id, after_seq, limit)
-        inside = [e for e in events if e.seq <= until]
-        read = inside[-1].seq if len(inside) == limit else until
-        return [self._stored_message(e) for e in inside], read
-
-    def _stored_message(self, event: StoredEvent) -> Message:
-        return stored_message(self.id, self.epoch, event)
+        return await durable_after(self.env.store, self.id, self.epoch, after_seq, until, limit)
 
     # -- the append API (I3) -----------------------------------------------------
 

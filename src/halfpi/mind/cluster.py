@@ -206,6 +206,7 @@ class ClusterNode:
         self.bus = Bus(journal.client)
         self.held: dict[str, Lease] = {}
         self.replicas: dict[str, Replica] = {}
+        self._making: dict[str, asyncio.Future[Replica]] = {}
         self._forwards: dict[str, _Forward] = {}
         self._renewer: asyncio.Task[None] | None = None
         self._last_sweep = float("-inf")
@@ -247,9 +248,14 @@ class ClusterNode:
             holder = await self.leases.holder(conversation_id)
             if holder is None:  # expired between the two calls: try once more
                 lease = await self.leases.acquire(conversation_id, at_least)
-            elif holder.node_id == self.node_id and holder.fence > at_least:
-                # Ours from before this process restarted (node ids are unique).
-                lease = holder
+            elif holder.node_id == self.node_id:
+                # A previous run of this node (killed, restarted at once) still
+                # holds it: it is ours again once that lease expires. Never
+                # adopted — a paused previous run would share its token.
+                raise Unavailable(
+                    "this node's previous run still holds the conversation for up to "
+                    f"{self.mind.config.lease_ms} ms; retry"
+                )
             if lease is None:
                 owner = holder.node_id if holder is not None else "?"
                 raise NotOwner(conversation_id, owner)
@@ -293,10 +299,19 @@ class ClusterNode:
     # -- following -----------------------------------------------------------------
 
     async def replica(self, conversation_id: str) -> Replica:
-        """This node's replica of a conversation another node owns."""
+        """This node's replica of a conversation another node owns (callers
+        at the same time share one making)."""
         replica = self.replicas.get(conversation_id)
         if replica is not None and not replica.unloaded:
             return replica
+        making = self._making.get(conversation_id)
+        if making is None:
+            making = asyncio.ensure_future(self._make_replica(conversation_id))
+            self._making[conversation_id] = making
+            making.add_done_callback(lambda _: self._making.pop(conversation_id, None))
+        return await asyncio.shield(making)
+
+    async def _make_replica(self, conversation_id: str) -> Replica:
         channel = fanout_channel(conversation_id)
 
         def on_entries(payload: bytes) -> None:
@@ -308,9 +323,6 @@ class ClusterNode:
         followed = await self.journal.follow(conversation_id)
         if followed is None:
             raise Unavailable("the conversation's owner has not opened it yet; retry")
-        replica = self.replicas.get(conversation_id)
-        if replica is not None and not replica.unloaded:
-            return replica  # made by a concurrent call meanwhile
         epoch, head = followed
         replica = Replica(
             conversation_id, epoch, head, self.journal, self.mind.store,
@@ -358,8 +370,8 @@ class ClusterNode:
     async def _take_over(self, conversation_id: str) -> None:
         try:
             actor = await self.mind.actor(conversation_id)
-        except NotOwner:
-            return  # another node was quicker: keep following it
+        except Unavailable:  # NotOwner: another node was quicker; keep following it
+            return
         replica = self.replicas.pop(conversation_id, None)
         if replica is None:
             return
@@ -378,7 +390,7 @@ class ClusterNode:
             cid = row.conversation_id
             if cid in self.held or await self.owner_of(cid) is not None:
                 continue
-            with contextlib.suppress(NotOwner):
+            with contextlib.suppress(Unavailable):  # NotOwner among them
                 await self.mind.actor(cid)
 
     # -- forwarding ----------------------------------------------------------------

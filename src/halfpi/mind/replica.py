@@ -33,7 +33,7 @@ from halfpi.core.events import Snapshot
 from halfpi.core.outbound import DELTA, RELIABLE, Message
 from halfpi.errors import Unavailable
 from halfpi.journal.base import JournalEntry, message_of
-from halfpi.mind.actor import Listener, stored_message
+from halfpi.mind.actor import Listener, durable_after
 
 if TYPE_CHECKING:
     from halfpi.journal.redis import RedisJournal
@@ -117,10 +117,7 @@ class Replica:
     async def durable_after(
         self, after_seq: int, until: int, limit: int
     ) -> tuple[list[Message], int]:
-        events = await self.store.events(self.id, after_seq, limit)
-        inside = [e for e in events if e.seq <= until]
-        read = inside[-1].seq if len(inside) == limit else until
-        return [stored_message(self.id, self.epoch, e) for e in inside], read
+        return await durable_after(self.store, self.id, self.epoch, after_seq, until, limit)
 
     async def snapshot(self, messages_limit: int, detail_mode: str) -> Snapshot:
         snap = await self._snapshot_of(self.id, messages_limit, detail_mode)

@@ -1,0 +1,109 @@
+"""A conversation followed on a node that does not own it (DESIGN §10, I4):
+two Mind nodes in this event loop on one PostgreSQL and one Redis."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from halfpi.config import Config
+from halfpi.journal.base import JournalEntry
+from halfpi.mind.replica import Replica
+from halfpi.mind.service import Mind
+from halfpi.process import running_mind
+from tests.support.client import FaceClient
+from tests.support.postgres import pg_url, postgres  # noqa: F401
+from tests.support.redis import RedisServer, redis_server  # noqa: F401
+
+pytestmark = pytest.mark.asyncio
+
+
+@contextlib.asynccontextmanager
+async def node(home: Path, name: str, store: str, redis: str) -> AsyncIterator[tuple[Mind, str]]:
+    config = Config(
+        home=home, port=0, scripted_delta_ms=0.0, local_hand=False, store_url=store,
+        journal_kind="redis", redis_url=redis, node_id=name, lease_ms=60_000,
+    )
+    async with running_mind(config, close_wait_s=1.0) as (mind, server):
+        yield mind, f"ws://127.0.0.1:{server.port}/v1/face"
+
+
+@pytest.fixture
+async def two_nodes(
+    tmp_path: Path, pg_url: str, redis_server: RedisServer  # noqa: F811
+) -> AsyncIterator[tuple[tuple[Mind, str], tuple[Mind, str], str]]:
+    async with node(tmp_path / "a", "a", pg_url, redis_server.url) as a:
+        token = replace(a[0].config).face_token_path.read_text().strip()
+        async with node(tmp_path / "b", "b", pg_url, redis_server.url) as b:
+            yield a, b, token
+
+
+def seqs(face: FaceClient, cid: str) -> list[int]:
+    return [f["payload"]["seq"] for f in face.events(cid)]
+
+
+async def test_I4_a_replica_that_misses_a_fanned_out_batch_replays_it_exactly(
+    two_nodes: tuple[tuple[Mind, str], tuple[Mind, str], str],
+) -> None:
+    (mind_a, url_a), (mind_b, url_b), token = two_nodes
+    owner = await FaceClient.connect(url_a, token)
+    cid = await owner.create_conversation()
+    await owner.subscribe(cid)  # node a owns it now
+    follower = await FaceClient.connect(url_b, token)
+    assert (await follower.subscribe(cid))["payload"]["replay"] == "live"
+    assert mind_b.cluster is not None and mind_a.cluster is not None
+    replica = mind_b.cluster.replicas[cid]
+    assert isinstance(replica, Replica)
+
+    # The pub/sub link loses the first batch of the next chat (as a dropped
+    # connection would): the next batch shows a skipped seq.
+    lost: list[list[JournalEntry]] = []
+    receive = replica.receive
+
+    def lossy(entries: list[JournalEntry]) -> None:
+        if not lost:
+            lost.append(entries)
+            return
+        receive(entries)
+
+    replica.receive = lossy  # type: ignore[method-assign]
+    words = " ".join(f"w{i}" for i in range(12))
+    result = await owner.chat_to_end(cid, f"/pace 5 {words}", "q1")
+    assert result["payload"]["status"] == "succeeded"
+    end = await follower.expect(
+        lambda f: f["type"] == "face.event" and f["payload"]["type"] == "chat.completed"
+    )
+    assert lost and lost[0]  # something was lost on the link
+    got = seqs(follower, cid)
+    assert got == list(range(1, end["payload"]["seq"] + 1))  # no gap, no duplicate
+    assert got == seqs(owner, cid)
+    text = "".join(f["payload"]["text"] for f in follower.events(cid)
+                   if f["type"] == "face.chat.delta")
+    assert text == result["payload"]["content"]  # the transient deltas too
+    await owner.close()
+    await follower.close()
+
+
+async def test_a_command_sent_to_a_node_that_does_not_own_the_conversation_runs_on_its_owner(
+    two_nodes: tuple[tuple[Mind, str], tuple[Mind, str], str],
+) -> None:
+    (mind_a, url_a), (mind_b, url_b), token = two_nodes
+    owner = await FaceClient.connect(url_a, token)
+    cid = await owner.create_conversation()
+    await owner.subscribe(cid)
+    other = await FaceClient.connect(url_b, token)
+    result = await other.chat_to_end(cid, "hello from b", "q-b")
+    assert result["payload"]["status"] == "succeeded"
+    assert mind_a.owned(cid) is not None and mind_b.owned(cid) is None
+    # The same request again, on either node: the same answer, one admission.
+    again: Any = await owner.chat_to_end(cid, "hello from b", "q-b")
+    assert again["payload"] == {**result["payload"], "event_seq": again["payload"]["event_seq"]}
+    messages = await mind_a.store.messages(cid, limit=10, before_seq=None, max_seq=None)
+    assert [m.content for m in messages.messages if m.role == "user"] == ["hello from b"]
+    await owner.close()
+    await other.close()

@@ -135,7 +135,7 @@ async def first_seq_of(cluster: Cluster, conversation_id: str, request_id: str) 
     return int(rows[0]["seq"])
 
 
-async def other_node(cluster: Cluster, conversation_id: str) -> tuple[Node, Node, int]:
+async def owner_of(cluster: Cluster, conversation_id: str) -> tuple[Node, Node, int]:
     """The conversation's owner (its lease holder in Redis), a node that is
     not, and the owner's fence."""
     holder = await cluster.lease_holder(conversation_id)
@@ -414,7 +414,7 @@ async def kill_round(cluster: Cluster, rng: random.Random,
             await sender.face.expect(
                 lambda f: f["type"] == "face.chat.delta"
                 and f["payload"]["text"].strip() == f"r{round_}w{point - 1}", 20)
-        victim, _, _ = await other_node(cluster, cid)
+        victim, _, _ = await owner_of(cluster, cid)
     story.append(f"conversation {cid}, faces on {sorted(viewers)}, chat sent on "
                  f"{sender_node.name}, kill point {point}, node {victim.name} killed")
     victim.kill()
@@ -474,7 +474,7 @@ async def test_an_owner_paused_past_its_lease_writes_nothing_after_the_take_over
         cid = await warm.create_conversation()
         assert (await warm.chat_to_end(cid, "warm up", "warm"))["payload"]["status"] == \
             "succeeded"
-        owner, other, fence = await other_node(pair, cid)
+        owner, other, fence = await owner_of(pair, cid)
         on_owner, on_other = await pair.face(owner), await pair.face(other)
         for face in (on_owner, on_other):
             await subscribe_with_snapshot(face, cid)

@@ -346,6 +346,36 @@ async def test_I5_a_chat_sent_to_one_node_and_retried_on_another_is_admitted_onc
     assert [t for _, t in await cluster.events(cid)].count("chat.message") == 1
 
 
+async def test_I4_a_face_resumed_on_a_survivor_before_the_take_over_follows_the_chat_after_it(
+    pair: Cluster,
+) -> None:
+    """The Face of a killed owner resumes on the other node at once (the lease
+    not yet expired); that node then takes the conversation over: the Face
+    gets the chat's end and what follows it, live."""
+    async with asyncio.timeout(90):
+        for round_ in range(4):
+            owner, other = (pair["a"], pair["b"]) if round_ % 2 == 0 else (pair["b"], pair["a"])
+            on_owner = await pair.face(owner)
+            cid = await on_owner.create_conversation()
+            viewer = Viewer(on_owner, await subscribe_with_snapshot(on_owner, cid))
+            chat_id, next_id = f"cut{round_}", f"then{round_}"
+            await on_owner.command("face.chat", chat_id, conversation_id=cid,
+                                   content="/pace 30 " + " ".join(f"w{i}" for i in range(10)))
+            await on_owner.expect(lambda f: f["type"] == "face.chat.delta"
+                                  and f["payload"]["text"].strip() == "w3", 20)
+            assert (await pair.lease_holder(cid) or ("",))[0] == owner.name
+            owner.kill()
+            await viewer.move(pair, other, cid)
+            ended = await ended_in_store(pair, cid, chat_id)
+            await viewer.until(pair, other, cid, reached(chat_id, ended[0]))
+            asker = await pair.face(other)
+            result = await chat_admitted(asker, cid, "/pace 1 and then", next_id)
+            await viewer.until(pair, other, cid,
+                               reached(next_id, seq_of(result["payload"]["data"]["cursor"])))
+            viewer.check_against(await pair.events(cid), cid)
+            await owner.start()
+
+
 # -- an owner killed -------------------------------------------------------------
 
 ROUNDS = 20

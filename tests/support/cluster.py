@@ -224,8 +224,8 @@ async def running_cluster(
     root: Path, names: tuple[str, ...] = ("a", "b", "c"), *,
     lease_ms: int = LEASE_MS, delta_ms: float = 5.0, local_hand: bool = True,
 ) -> AsyncIterator[Cluster]:
-    """A cluster of ``names`` nodes, stopped (all of it) when the block ends.
-    On a failure the nodes' logs are printed (pytest shows them)."""
+    """A cluster of ``names`` nodes, stopped (all of it) when the block ends;
+    then the nodes' logs are printed (pytest shows them when a test failed)."""
     require_redis_server()
     store_url = fresh_database()  # skips without PostgreSQL
     folder = tempfile.mkdtemp(prefix="halfpi-redis-")
@@ -239,14 +239,11 @@ async def running_cluster(
         cluster = Cluster(root, store_url, redis, credential, lease_ms, delta_ms, local_hand)
         if names:
             await cluster.add(*names)
-        try:
-            yield cluster
-        except BaseException:
-            print(cluster.logs())
-            raise
+        yield cluster
     finally:
         if cluster is not None:
             await cluster.stop()
+            print(cluster.logs())  # pytest shows it when the test failed
         redis.kill()
         shutil.rmtree(folder, ignore_errors=True)
 

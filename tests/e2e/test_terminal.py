@@ -72,7 +72,10 @@ class Tmux:
             await asyncio.sleep(0.05)
 
     def kill(self) -> None:
-        subprocess.run([*self.tmux, "kill-server", "-t", self.name], capture_output=True)
+        """The server of this session and its panes' processes (the Face):
+        nothing is left running after the test (``kill-server`` takes no
+        target: with one it fails and kills nothing)."""
+        subprocess.run([*self.tmux, "kill-server"], capture_output=True)
 
 
 def face_command(home: Path, url: str) -> str:

@@ -134,6 +134,10 @@ class RedisJournal:
         # down for that conversation).
         self._fences: dict[str, int] = {}
         self.on_fenced: Callable[[str], None] | None = None
+        # Who hears that an owned conversation's stream was lost (Redis lost
+        # its data, or the stream was rewritten under it): in cluster mode the
+        # node steps down and opens it again (a new epoch, an honest reset).
+        self.on_lost: Callable[[str], None] | None = None
         self.settle_on_open = False
         self._fenced_append: Any = None
 
@@ -231,7 +235,7 @@ class RedisJournal:
         (held_epoch, floor_b, settled_b), first, last = await pipe.execute()
         head = self._heads.get(conversation_id, 0)
         if held_epoch != epoch.encode():
-            self.lost.add(conversation_id)
+            self._mark_lost(conversation_id)
             return Window(epoch, head, head, 0)  # nothing is promised any more
         floor = int(floor_b)
         if first:
@@ -254,7 +258,7 @@ class RedisJournal:
         pipe.xrange(stream_key(conversation_id), f"{seq + 1}-0", "+", count=limit)
         (held_epoch, floor_b), first, rows = await pipe.execute()
         if held_epoch != epoch.encode():
-            self.lost.add(conversation_id)
+            self._mark_lost(conversation_id)
             return None
         floor = int(floor_b)
         if first:
@@ -265,7 +269,7 @@ class RedisJournal:
         expected = seq + 1
         for e in entries:
             if e.seq != expected:  # a gap: never serve it as continuous
-                self.lost.add(conversation_id)
+                self._mark_lost(conversation_id)
                 return None
             expected += 1
         return entries
@@ -281,6 +285,11 @@ class RedisJournal:
         pipe.delete(stream_key(conversation_id))
         pipe.hset(marker_key(conversation_id), mapping={"floor": head, "settled": head})
         await pipe.execute()
+
+    def _mark_lost(self, conversation_id: str) -> None:
+        self.lost.add(conversation_id)
+        if conversation_id in self._fences and self.on_lost is not None:
+            self.on_lost(conversation_id)
 
     # -- several nodes -------------------------------------------------------------
 
@@ -344,7 +353,7 @@ class RedisJournal:
         except Exception as exc:  # the connection: every entry of the batch failed
             error = JournalLostError(f"redis journal write failed: {exc}")
             for conversation_id, _, future in batch:
-                self.lost.add(conversation_id)
+                self._mark_lost(conversation_id)
                 if not future.done():
                     future.set_exception(error)
             return
@@ -353,7 +362,7 @@ class RedisJournal:
                 continue
             if isinstance(result, Exception):
                 # e.g. an id not above the stream's top: the stream is not ours
-                self.lost.add(conversation_id)
+                self._mark_lost(conversation_id)
                 future.set_exception(JournalLostError(f"redis journal write refused: {result}"))
             else:
                 future.set_result(None)
@@ -408,7 +417,7 @@ class RedisJournal:
         except Exception as exc:  # the connection: every entry of the batch failed
             error = JournalLostError(f"redis journal write failed: {exc}")
             for conversation_id, futures, _ in order:
-                self.lost.add(conversation_id)
+                self._mark_lost(conversation_id)
                 for future in futures:
                     if not future.done():
                         future.set_exception(error)
@@ -424,7 +433,7 @@ class RedisJournal:
                         if self.on_fenced is not None:
                             self.on_fenced(conversation_id)
                 else:
-                    self.lost.add(conversation_id)
+                    self._mark_lost(conversation_id)
                     failure = JournalLostError(f"redis journal write refused: {result}")
             for future in futures:
                 if future.done():

@@ -215,6 +215,7 @@ class ClusterNode:
         self._last_sweep = float("-inf")
         journal.settle_on_open = True
         journal.on_fenced = self._fenced
+        journal.on_lost = self._journal_lost
 
     async def start(self) -> None:
         self.bus.on_resync = self._resync_all
@@ -284,6 +285,12 @@ class ClusterNode:
     def _fenced(self, conversation_id: str) -> None:
         log.warning("journal append for %s refused: another node owns it", conversation_id)
         self.mind.step_down(conversation_id)
+
+    def _journal_lost(self, conversation_id: str) -> None:
+        if conversation_id in self.held:
+            log.warning("the journal of %s was lost: stepping down to open it again",
+                        conversation_id)
+            self.mind.step_down(conversation_id)
 
     async def _renew_loop(self) -> None:
         period = self.mind.config.lease_ms / 3000.0

@@ -214,6 +214,7 @@ def cmd_mind(args: argparse.Namespace) -> int:
         redis_url=args.redis,
         node_id=args.node_id,
         lease_ms=args.lease_ms,
+        metrics_token=_metrics_token(args.metrics_token_file),
     )
     if config.cluster and not config.node_id:
         print(
@@ -236,6 +237,21 @@ def cmd_mind(args: argparse.Namespace) -> int:
         print(f"halfpi: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _metrics_token(path: str | None) -> str | None:
+    """The scrape token in ``--metrics-token-file`` (its first line)."""
+    if path is None:
+        return None
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        raise UserError(f"cannot read the metrics token file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"the metrics token file {path} is not text") from None
+    if not token:
+        raise UserError(f"the metrics token file {path} is empty")
+    return token
 
 
 def _agent(args: argparse.Namespace, home: Path) -> tuple[str, ModelSettings | None]:
@@ -626,6 +642,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="ADDR",
         help="a proxy address whose X-Forwarded-For names the client (repeatable; default: none)",
+    )
+    mind.add_argument(
+        "--metrics-token-file",
+        metavar="FILE",
+        help="GET /metrics answers only 'Authorization: Bearer' with the token in FILE "
+        "(default: no token, like /healthz)",
     )
     _policy_flags(mind, "--hand-root", "--hand-approval", "the local Hand's")
     mind.add_argument(

@@ -7,22 +7,27 @@ scrape token when the Mind was given one (``--metrics-token-file``).
 
 from __future__ import annotations
 
+import hmac
 from typing import TYPE_CHECKING
 
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from halfpi.errors import ErrorCode, HalfpiError
+from halfpi.errors import ErrorCode, HalfpiError, Unauthorized
 from halfpi.gateway.http import spec
-from halfpi.gateway.http.door import Door
+from halfpi.gateway.http.door import Door, error_response
 from halfpi.mind.health import ReadinessProbe, probe_of
+from halfpi.mind.metrics import MindCollector
 
 if TYPE_CHECKING:
     from halfpi.mind.service import Mind
 
 HEALTHZ = "/healthz"
 READYZ = "/readyz"
+METRICS = "/metrics"
 
 _READY_SCHEMA = {
     "type": "object",
@@ -55,6 +60,16 @@ def describe() -> list[spec.Operation]:
             responses={200: spec.Body(_READY_SCHEMA, "ready")},
             errors=frozenset({ErrorCode.UNAVAILABLE}),
         ),
+        spec.Operation(
+            method="get", path=METRICS, operation_id="get_metrics",
+            summary="Prometheus metrics", tag="operations", public=True,
+            description="The Prometheus text format (`halfpi_*`, docs/operations.md). "
+                        "Without a face token; when the Mind has a metrics token "
+                        "(`--metrics-token-file`) only `Authorization: Bearer <metrics token>`.",
+            responses={200: spec.Body({"type": "string"}, "metrics (OpenMetrics when asked)",
+                                      "text/plain")},
+            errors=frozenset({ErrorCode.UNAUTHORIZED, ErrorCode.UNAVAILABLE}),
+        ),
     ]
 
 
@@ -65,6 +80,7 @@ class Ops:
     def __init__(self, door: Door) -> None:
         self.door = door
         self._probe: tuple[Mind, ReadinessProbe] | None = None
+        self._registry: tuple[Mind, CollectorRegistry] | None = None
 
     async def healthz(self, request: Request) -> Response:
         return PlainTextResponse("ok\n")
@@ -85,6 +101,30 @@ class Ops:
         return _not_ready(readiness.checks)
 
 
+    def registry(self, mind: Mind) -> CollectorRegistry:
+        if self._registry is None or self._registry[0] is not mind:
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(MindCollector(mind))
+            self._registry = (mind, registry)
+        return self._registry[1]
+
+    async def metrics(self, request: Request) -> Response:
+        try:
+            mind = self.door.mind()
+            expected = mind.config.metrics_token
+            if expected is not None:
+                scheme, _, given = request.headers.get("authorization", "").partition(" ")
+                if scheme.lower() != "bearer" or not hmac.compare_digest(
+                    given.strip().encode(), expected.encode()
+                ):
+                    raise Unauthorized("send Authorization: Bearer <metrics token>")
+        except HalfpiError as exc:
+            return error_response(exc)
+        # The format the scraper asks for (Accept): Prometheus text, or OpenMetrics.
+        encode, content_type = choose_encoder(request.headers.get("accept", ""))
+        return Response(encode(self.registry(mind)), headers={"Content-Type": content_type})
+
+
 def _not_ready(checks: dict[str, str]) -> Response:
     failed = ", ".join(f"{name}: {state}" for name, state in checks.items() if state != "ok")
     error = {"code": ErrorCode.UNAVAILABLE.value, "message": f"not ready ({failed})"}
@@ -97,4 +137,5 @@ def routes(door: Door) -> list[BaseRoute]:
     return [
         Route(HEALTHZ, ops.healthz, methods=["GET", "HEAD"]),
         Route(READYZ, ops.readyz, methods=["GET"]),
+        Route(METRICS, ops.metrics, methods=["GET"]),
     ]

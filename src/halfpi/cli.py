@@ -223,12 +223,10 @@ def cmd_mind(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     from halfpi.errors import HomeInUse
+    from halfpi.logs import configure
+
+    configure(args.log_level, args.log_format)
 
     try:
         with contextlib.suppress(KeyboardInterrupt):
@@ -601,6 +599,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=str.lower,
         choices=LOG_LEVELS,
         help="how much to log on stderr: %(choices)s (default info)",
+    )
+    mind.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="text lines, or JSON lines (ts, level, logger, message, and the conversation, "
+        "request and run ids when known) (default text)",
     )
     mind.add_argument(
         "--approval-ttl",

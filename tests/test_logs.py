@@ -56,7 +56,7 @@ def test_a_json_line_names_the_ids_bound_where_it_runs_and_in_tasks_started_ther
 
             inside = await asyncio.create_task(in_task())
             assert inside["conversation_id"] == "c_1" and inside["run_id"] == "run_1"
-            outside = line("outside %s" % "x")
+            outside = line("outside")
             assert outside == {**outside, "conversation_id": "c_1", "request_id": "r_1"}
             assert "run_id" not in outside  # the task's binding stayed in the task
         finally:

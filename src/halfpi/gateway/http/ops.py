@@ -101,7 +101,7 @@ class Ops:
         return _not_ready(readiness.checks)
 
 
-    def registry(self, mind: Mind) -> CollectorRegistry:
+    def collector_registry(self, mind: Mind) -> CollectorRegistry:
         if self._registry is None or self._registry[0] is not mind:
             registry = CollectorRegistry(auto_describe=False)
             registry.register(MindCollector(mind))
@@ -122,7 +122,8 @@ class Ops:
             return error_response(exc)
         # The format the scraper asks for (Accept): Prometheus text, or OpenMetrics.
         encode, content_type = choose_encoder(request.headers.get("accept", ""))
-        return Response(encode(self.registry(mind)), headers={"Content-Type": content_type})
+        body = encode(self.collector_registry(mind))
+        return Response(body, headers={"Content-Type": content_type})
 
 
 def _not_ready(checks: dict[str, str]) -> Response:

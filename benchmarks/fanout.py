@@ -49,7 +49,13 @@ checkpoints off (``checkpoint_s: null``, a Config field no command line
 exposes); the ratio is what the saving costs (``--no-checkpoint-cost``
 skips it).
 
+Metrics cost (``--metrics-cost BASE_SRC``, alone): this Mind, its
+``/metrics`` scraped every second, against the same Mind run from the
+sources of a checkout from before the metrics, ``--faces`` each,
+alternating; the ratio is what counting and scraping cost.
+
     python benchmarks/fanout.py [--quick] [--rounds N] [--servers native asgi] [--json PATH]
+    python benchmarks/fanout.py --metrics-cost /tmp/before/src --faces 1 10 --quick
 """
 
 from __future__ import annotations
@@ -326,7 +332,67 @@ async def checkpoint_cost(tmp: Path, count: int, rounds: int) -> list[dict[str, 
     ]
 
 
+async def _scrape_every(port: int, period_s: float, scrapes: list[int]) -> None:
+    """GET /metrics every ``period_s`` (a Prometheus scraping 15x as often
+    as its default), counting the scrapes that answered 200."""
+    while True:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        answer = await reader.read()
+        writer.close()
+        if answer.startswith(b"HTTP/1.1 200"):
+            scrapes[0] += 1
+        await asyncio.sleep(period_s)
+
+
+async def metrics_cost(tmp: Path, n: int, count: int, rounds: int,
+                       base_src: str) -> list[dict[str, Any]]:
+    """``n`` Faces: this tree's Mind, scraped every second, against the same
+    Mind built from ``base_src`` (a checkout from before the metrics, put
+    first on PYTHONPATH), the same chat, rounds alternating."""
+    counted = MindServer(tmp / f"mind-metrics-{n}", delta_ms=0).start()
+    plain = MindServer(tmp / f"mind-before-metrics-{n}", delta_ms=0,
+                       python=("env", f"PYTHONPATH={base_src}", sys.executable)).start()
+    runs: dict[str, list[dict[str, Any]]] = {"metrics": [], "before": []}
+    scrapes = [0]
+    scraper = asyncio.create_task(_scrape_every(int(counted.ready["port"]), 1.0, scrapes))
+    try:
+        on = await connect_mind(counted, n, PROCS[n], READ_PAUSE_S[n])
+        off = await connect_mind(plain, n, PROCS[n], READ_PAUSE_S[n])
+        on.name, off.name = "metrics", "before"
+        try:
+            for side in (on, off):
+                await chat_round(side, max(200, count // 4))
+            for index in range(rounds):
+                for side in (on, off) if index % 2 == 0 else (off, on):
+                    result = await chat_round(side, count)
+                    _check(result, f"{side.name} metrics")
+                    runs[side.name].append(result)
+        finally:
+            await on.close()
+            await off.close()
+    finally:
+        scraper.cancel()
+        await stop_all(counted, plain)
+    note = (f"{n} Faces, {count:,} deltas per round, {scrapes[0]} scrapes of /metrics; "
+            "baseline: the same Mind before the metrics")
+    return [
+        figure("fanout", f"metrics on, {n} Faces, {what}", "events/s", runs["metrics"],
+               runs["before"], key, note=note)
+        for key, what in (("chat_eps", "whole chat"), ("stream_eps", "delta stream"))
+    ]
+
+
 async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
+    if args.metrics_cost:
+        with workdir("halfpi-fanout-metrics-") as tmp:
+            rows: list[dict[str, Any]] = []
+            for n in args.faces:
+                rows += await metrics_cost(tmp, n, max(200, int(DELTAS[n] * args.scale)),
+                                           args.rounds, args.metrics_cost)
+        print(summary_table(rows, "Metrics: what counting and scraping cost "
+                                  "(ratio = with / before, same run)"))
+        return rows
     raise_nofile(8192)
     deltas = {n: max(200, int(c * args.scale)) for n, c in DELTAS.items()}
     sizes = [n for n in (1, 10, 100) if n in args.faces]
@@ -482,6 +548,9 @@ def main() -> None:
     parser.add_argument("--no-latency", action="store_true")
     parser.add_argument("--no-checkpoint-cost", action="store_true",
                         help="skip the Minds with and without text checkpoints")
+    parser.add_argument("--metrics-cost", metavar="BASE_SRC",
+                        help="only compare this Mind (scraped every second) with the one whose "
+                        "sources are BASE_SRC (a checkout from before the metrics), --faces each")
     parser.add_argument("--json", help="write the summary rows to this file")
     args = parser.parse_args()
     args.scale = 1 / 3 if args.quick else 1.0

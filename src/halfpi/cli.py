@@ -214,6 +214,7 @@ def cmd_mind(args: argparse.Namespace) -> int:
         redis_url=args.redis,
         node_id=args.node_id,
         lease_ms=args.lease_ms,
+        metrics_token=_metrics_token(args.metrics_token_file),
     )
     if config.cluster and not config.node_id:
         print(
@@ -222,12 +223,10 @@ def cmd_mind(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     from halfpi.errors import HomeInUse
+    from halfpi.logs import configure
+
+    configure(args.log_level, args.log_format)
 
     try:
         with contextlib.suppress(KeyboardInterrupt):
@@ -236,6 +235,21 @@ def cmd_mind(args: argparse.Namespace) -> int:
         print(f"halfpi: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _metrics_token(path: str | None) -> str | None:
+    """The scrape token in ``--metrics-token-file`` (its first line)."""
+    if path is None:
+        return None
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        raise UserError(f"cannot read the metrics token file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"the metrics token file {path} is not text") from None
+    if not token:
+        raise UserError(f"the metrics token file {path} is empty")
+    return token
 
 
 def _agent(args: argparse.Namespace, home: Path) -> tuple[str, ModelSettings | None]:
@@ -489,7 +503,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--version", action="version", version=f"halfpi {__version__}", help="print the version"
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{mind,face,hand}")
+    sub = parser.add_subparsers(dest="command", required=True,
+                                metavar="{mind,face,hand,backup,restore}")
     home_help = "data directory (default $HALFPI_HOME, else ~/.halfpi)"
     store_help = (
         "where the Mind keeps its truth: sqlite:///PATH (default sqlite:///HOME/halfpi.db) "
@@ -587,6 +602,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="how much to log on stderr: %(choices)s (default info)",
     )
     mind.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="text lines, or JSON lines (ts, level, logger, message, and the conversation, "
+        "request and run ids when known) (default text)",
+    )
+    mind.add_argument(
         "--approval-ttl",
         type=positive_seconds,
         default=Config(home=Path()).approval_ttl_s,
@@ -626,6 +648,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="ADDR",
         help="a proxy address whose X-Forwarded-For names the client (repeatable; default: none)",
+    )
+    mind.add_argument(
+        "--metrics-token-file",
+        metavar="FILE",
+        help="GET /metrics answers only 'Authorization: Bearer' with the token in FILE "
+        "(default: no token, like /healthz)",
     )
     _policy_flags(mind, "--hand-root", "--hand-approval", "the local Hand's")
     mind.add_argument(
@@ -828,7 +856,67 @@ def build_parser() -> argparse.ArgumentParser:
     hrev.add_argument("--home", metavar="DIR", help=home_help)
     hrev.add_argument("--store", type=store_url, metavar="URL", help=store_help)
     hrev.set_defaults(func=lambda a: _revoke(a, "hand"))
+
+    back = sub.add_parser(
+        "backup",
+        help="copy the home's database and files into a new folder, while the Mind runs",
+        description="Back up a home into the new folder DEST: the database (SQLite's online "
+        "backup API: the Mind keeps serving), the tokens, the stream key and the agent's "
+        "settings. DEST is as secret as the home (0700, files 0600). For a PostgreSQL store "
+        "it prints how to use pg_dump instead.",
+    )
+    back.add_argument("dest", metavar="DEST", help="a folder that does not exist yet")
+    back.add_argument("--home", metavar="DIR", help=home_help)
+    back.add_argument("--store", type=store_url, metavar="URL", help=store_help)
+    back.set_defaults(func=cmd_backup)
+    rest = sub.add_parser(
+        "restore",
+        help="restore a backup into a new or empty home",
+        description="Restore the backup folder SRC (made by halfpi backup) into --home, "
+        "which must be empty or not exist; then start halfpi mind on it. Faces resume with "
+        "a reset (epoch_changed); every request record is kept.",
+    )
+    rest.add_argument("src", metavar="SRC", help="a folder made by halfpi backup")
+    rest.add_argument("--home", metavar="DIR", help=home_help)
+    rest.add_argument("--store", type=store_url, metavar="URL", help=store_help)
+    rest.set_defaults(func=cmd_restore)
     return parser
+
+
+def cmd_backup(args: argparse.Namespace) -> int:
+    from halfpi.backup import PG_DUMP_GUIDANCE, BackupError, backup
+
+    config = Config(home=_home(args.home), store_url=args.store)
+    if config.postgres:
+        print(PG_DUMP_GUIDANCE, file=sys.stderr)
+        return EXIT_FAILURE
+    try:
+        taken = backup(config.home, config.db_path, Path(args.dest))
+    except BackupError as exc:
+        raise UserError(str(exc)) from None
+    except OSError as exc:
+        raise UserError(f"cannot back up into {args.dest}: {exc.strerror or exc}") from None
+    print(f"backed up {', '.join(taken.files)} (schema version {taken.schema}) "
+          f"into {taken.folder} in {taken.seconds:.2f} s", file=sys.stderr)
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    from halfpi.backup import PG_DUMP_GUIDANCE, BackupError, restore
+
+    config = Config(home=_home(args.home), store_url=args.store)
+    if config.postgres:
+        print(PG_DUMP_GUIDANCE, file=sys.stderr)
+        return EXIT_FAILURE
+    try:
+        taken = restore(Path(args.src), config.home, config.db_path)
+    except BackupError as exc:
+        raise UserError(str(exc)) from None
+    except OSError as exc:
+        raise UserError(f"cannot restore into {config.home}: {exc.strerror or exc}") from None
+    print(f"restored {', '.join(taken.files)} (schema version {taken.schema}) into "
+          f"{taken.folder}; start it with: halfpi mind --home {taken.folder}", file=sys.stderr)
+    return 0
 
 
 def _root_dir(value: str) -> str:

@@ -218,6 +218,10 @@ class Config:
     # asyncio protocol, or "asgi", the Starlette application under uvicorn
     # (docs/asgi.md). ``halfpi.process.SERVERS`` maps the names.
     server: str = "native"
+    # GET /metrics answers only a request with this bearer token when set
+    # (``--metrics-token-file``); None: it is served to anyone who can
+    # reach the port, as /healthz is (docs/operations.md).
+    metrics_token: str | None = None
 
     @property
     def tls(self) -> bool:

@@ -576,3 +576,17 @@ def test_emit_body_takes_the_next_event_seq_and_the_queue_learns_the_cursor_writ
     q.wrote("c1", "ep.7")
     assert q.event_seq == 2
     assert q.evict() == {"c1": "ep.7"}
+
+
+def test_a_queue_counts_what_it_merged_dropped_and_evicted_for_metrics() -> None:
+    q = OutboundQueue(TIGHT_TRANSIENT)
+    assert (q.coalesced, q.shed, q.evicted) == (0, 0, 0)
+    q.push(delta("c1", 1, "a"), pressured=False)
+    q.push(delta("c1", 2, "b"), pressured=True)
+    q.push(delta("c1", 3, "c"), pressured=True)
+    assert q.coalesced == 2
+    for seq in (4, 5, 6):
+        q.push(progress("c2", seq, "t1"), pressured=True)
+    assert q.shed == 2  # two transient places: one delta, one progress kept
+    q.evict()
+    assert q.evicted == 1

@@ -244,10 +244,13 @@ class OutboundQueue:
         "_gaps",
         "_items",
         "_last_by_conversation",
+        "coalesced",
         "event_seq",
+        "evicted",
         "limits",
         "reliable_bytes",
         "reliable_count",
+        "shed",
         "transient_bytes",
         "transient_count",
         "written_cursors",
@@ -261,6 +264,9 @@ class OutboundQueue:
         self.transient_count = 0
         self.transient_bytes = 0
         self.event_seq = 0
+        # For /metrics (mind/metrics.py): deltas merged, progress dropped,
+        # evictions; counted only where that work is done, never per message.
+        self.coalesced = self.shed = self.evicted = 0
         # conversation_id → cursor of the last message written (for face.evicted).
         self.written_cursors: dict[str, str] = {}
         # conversation_id → last queued message of it (coalescing may only
@@ -282,6 +288,7 @@ class OutboundQueue:
             tail = self._last_by_conversation.get(conv)
             if tail is not None and tail.kind == DELTA and tail.request_id == m.request_id:
                 if self._replace_tail(tail, merge_deltas(tail, m)):
+                    self.coalesced += 1
                     return self._fits()
         self._items.append(m)
         if conv is not None:
@@ -335,6 +342,7 @@ class OutboundQueue:
             item = items[index]
             if isinstance(item, Message) and item.kind == PROGRESS:
                 items[index] = DROPPED
+                self.shed += 1
                 self._account(item, -1)
                 if item.stream is not None:
                     self._gaps.add(item.stream)
@@ -402,6 +410,7 @@ class OutboundQueue:
 
     def evict(self) -> dict[str, str]:
         """Discard everything queued; return the cursors to resume from."""
+        self.evicted += 1
         self._items.clear()
         self._last_by_conversation.clear()
         self.reliable_count = self.reliable_bytes = 0

@@ -47,9 +47,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import WebSocketRoute
 from starlette.types import Receive, Scope, Send
 
 from halfpi.core.throttle import client_address
@@ -287,7 +285,6 @@ class AsgiGateway:
         self.close_timeout_s = CLOSE_TIMEOUT_S
         self.app = Starlette(
             routes=[
-                Route("/healthz", self._healthz, methods=["GET", "HEAD"]),
                 WebSocketRoute(FACE_PATH, _Endpoint(self, FaceSession)),
                 WebSocketRoute(HAND_PATH, _Endpoint(self, HandSession)),
                 *http.routes(Door(self.serving)),
@@ -321,9 +318,6 @@ class AsgiGateway:
         """The frame limit the WebSocket layer enforces (close 1009); frames
         between ``max_frame_bytes`` and this get a ``face.error`` instead."""
         return self.mind.config.max_frame_bytes * 4 if self.mind is not None else 0
-
-    async def _healthz(self, request: Request) -> Response:
-        return PlainTextResponse("ok\n")
 
     async def serve(
         self, scope: Scope, receive: Receive, send: Send, factory: SessionFactory

@@ -19,9 +19,6 @@ import logging
 
 import uvicorn
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
-from starlette.routing import Route
 from uvicorn.server import ServerState
 
 from halfpi.gateway import http
@@ -32,18 +29,12 @@ from halfpi.gateway.http.door import Door
 MAX_REQUEST_LINE = 8192
 
 
-async def _healthz(request: Request) -> Response:
-    return PlainTextResponse("ok\n")
-
-
 class HttpHandover:
     """The uvicorn side of the native server: its configuration, and the
     connections handed to it (for a bounded shutdown)."""
 
     def __init__(self, door: Door) -> None:
-        app = Starlette(
-            routes=[Route("/healthz", _healthz, methods=["GET", "HEAD"]), *http.routes(door)]
-        )
+        app = Starlette(routes=http.routes(door))
         self.config = uvicorn.Config(
             app,
             lifespan="off",  # the Mind is started by `halfpi mind`, not by the app

@@ -38,7 +38,7 @@ import dataclasses
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -78,6 +78,7 @@ from halfpi.core.timers import Timer
 from halfpi.core.titles import title_from_message
 from halfpi.errors import Busy, FencedOut, StoreError, TerminalExists, Unavailable
 from halfpi.journal.base import Journal, JournalEntry, entry_of, message_of
+from halfpi.mind.metrics import MindMetrics
 from halfpi.mind.records import message_entry, message_row, tool_record
 from halfpi.store.base import (
     ConversationRow,
@@ -127,6 +128,8 @@ class ActorEnv:
     # Cluster mode: a write was refused for its fencing token (another node
     # owns the conversation now): the Mind steps down for it.
     fenced_out: Callable[[str], None] | None = None
+    # What /metrics reads (mind/metrics.py): plain ints, counted here.
+    metrics: MindMetrics = field(default_factory=MindMetrics)
 
 
 class Receiver(Protocol):
@@ -523,6 +526,7 @@ class ConversationActor:
 
     def _publish(self, message: Message) -> None:
         self.published = message.seq
+        self.env.metrics.published += 1
         now = self.active_at = self.env.clock()
         # In seq order, not waited for: the journal keeps its order, and a
         # replay that needs the entry waits for it (``journaled``).
@@ -899,6 +903,13 @@ class ConversationActor:
         """The end is committed (and published, or known to stand): the chat
         leaves the pending list, the conversation is free, waiters learn it."""
         run.state = status
+        data = result.get("data")
+        self.env.metrics.chat_ended(
+            status,
+            self.now() - run.started_at,
+            result.get("error_code"),
+            data.get("usage") if isinstance(data, dict) else None,
+        )
         self.visible_runs.pop(run.request_id, None)
         if self.run is run:
             self.run = None

@@ -23,6 +23,7 @@ from halfpi.core.cursor import encode_cursor
 from halfpi.core.events import Limits, Welcome
 from halfpi.core.scopes import authorize
 from halfpi.errors import NotOwner, Unavailable
+from halfpi.logs import bind, unbind
 from halfpi.mind import cancels, commands
 from halfpi.mind.caller import Caller
 from halfpi.mind.cluster import conversation_of
@@ -111,6 +112,16 @@ async def handle(mind: Mind, caller: Caller, type_: str, payload: Any) -> None:
     command for a conversation another node owns runs there."""
     if mind.draining and type_ in wire.MUTATIONS:
         raise Unavailable("the Mind is shutting down; retry elsewhere or later")
+    # The command's ids in every log line it (and a chat it starts) writes.
+    bound = bind(conversation_id=getattr(payload, "conversation_id", None),
+                 request_id=getattr(payload, "request_id", None))
+    try:
+        await _handle(mind, caller, type_, payload)
+    finally:
+        unbind(bound)
+
+
+async def _handle(mind: Mind, caller: Caller, type_: str, payload: Any) -> None:
     cluster = mind.cluster
     if cluster is not None and type_ in FORWARDED:
         conversation_id = await conversation_of(mind, type_, payload)

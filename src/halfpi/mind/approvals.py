@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -74,6 +75,7 @@ class Approvals:
         self.ttl_s = ttl_s
         self.scheduler = scheduler
         self.live: dict[str, Approval] = {}
+        self.settled: Counter[str] = Counter()  # by terminal state, for /metrics
         # Session-level news (face.approval.pending / settled): set by the Mind.
         self.announce: Callable[[Outbound], None] = _nowhere
 
@@ -138,6 +140,7 @@ class Approvals:
         if not APPROVAL.first_terminal_wins(approval.state, state):
             return False
         approval.state = state
+        self.settled[state] += 1
         if approval.timer is not None:
             approval.timer.cancel()
         actor = approval.actor

@@ -18,6 +18,7 @@ from functools import partial
 
 from halfpi.agents.base import Agent, AgentFailed, ChatInput, Delta, Turn, Usage
 from halfpi.core.events import TokenUsage
+from halfpi.logs import bind
 from halfpi.mind.actor import ChatRun, ConversationActor
 from halfpi.mind.tools import ToolCalls
 
@@ -36,6 +37,8 @@ class ChatDriver:
     async def __call__(self, actor: ConversationActor, run: ChatRun) -> None:
         status, error_code, why = "succeeded", None, None
         used: Usage | None = None
+        # This task's log lines name the chat (its own context: no unbind).
+        bind(conversation_id=actor.id, request_id=run.request_id, run_id=run.run_id)
         try:
             chat = ChatInput(
                 actor.id,
@@ -65,6 +68,7 @@ class ChatDriver:
             log.exception("agent crashed in chat %s", run.run_id)
             status, error_code = "failed", "internal_error"
             why = "the agent failed unexpectedly (the Mind's log has the details)"
+        log.debug("chat %s ends %s", run.run_id, status)
         await actor.finish(run, status, error_code, why, usage=token_usage(used))
 
 

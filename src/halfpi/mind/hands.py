@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -143,6 +143,7 @@ class HandRegistry:
         # Terminal states of the latest runs, kept while their records commit:
         # a cancel that arrives just after the end learns the state that stands.
         self.ended: OrderedDict[str, str] = OrderedDict()
+        self.finished: Counter[str] = Counter()  # runs ended, by state, for /metrics
         # Called with (hand_id, connected, conversation ids with runs on it).
         self.on_presence: Callable[[str, bool, set[str]], None] | None = None
 
@@ -420,6 +421,7 @@ class HandRegistry:
         if not RUN.first_terminal_wins(run.state, status):
             return False
         run.state = status
+        self.finished[status] += 1
         if run.deadline is not None:
             run.deadline.cancel()
         if run.on_state is not None:

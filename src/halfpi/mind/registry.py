@@ -58,6 +58,8 @@ class Registry:
         self.clock = clock
         self._attached: dict[Key, set[Replier]] = {}
         self._locks: dict[Key, _Lock] = {}
+        # For /metrics: new requests, replays of a known one, conflicts.
+        self.admitted = self.replayed = self.conflicts = 0
 
     @contextlib.asynccontextmanager
     async def lock(self, key: Key) -> AsyncIterator[None]:
@@ -93,6 +95,7 @@ class Registry:
                 )
                 standing = await admit(record)
                 if standing is record:
+                    self.admitted += 1
                     return
                 existing = standing
             await self._replay(caller, key, existing, digest)
@@ -101,9 +104,11 @@ class Registry:
         self, caller: Replier, key: Key, existing: RequestRecord | Tombstone, digest: str
     ) -> None:
         if decide(existing, digest) is Decision.CONFLICT:
+            self.conflicts += 1
             raise RequestConflict(
                 "this request_id was used for a different command", field="request_id"
             )
+        self.replayed += 1
         for type_, body in replay_frames(existing):
             caller.send(message(type_, dict(body)))
         if isinstance(existing, RequestRecord) and not existing.terminal:

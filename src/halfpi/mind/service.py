@@ -673,6 +673,7 @@ class Mind:
                     address,
                     refused,
                 )
+            self.env.metrics.handshakes_throttled += 1
             raise RateLimited("too many failed handshakes from this address; retry later")
         if wait > 0:
             await self.scheduler.sleep(wait)
@@ -682,6 +683,7 @@ class Mind:
             credential = self.auth.authenticate(token, kind)
         if credential is None or (label is not None and credential.label != label):
             count = self.throttle.failed(address, self.now())
+            self.env.metrics.handshakes_failed[kind] += 1
             log.warning(
                 "handshake from %s failed: unknown or revoked %s credential "
                 "(failure %d from this address; its next check waits %.2f s)",
@@ -730,6 +732,8 @@ class Mind:
         self.session_deadlines.set(session, float("-inf"))
 
     def remove_session(self, session: Session) -> None:
+        if session in self.sessions:
+            self.env.metrics.session_closed(session)
         self.sessions.discard(session)
         self.session_deadlines.discard(session)
 

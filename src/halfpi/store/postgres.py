@@ -21,11 +21,13 @@ import collections
 import contextlib
 import dataclasses
 import operator
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from halfpi.config import RequestRetention
+from halfpi.core.metrics import COMMIT_BUCKETS, Histogram
 from halfpi.core.requests import RequestRecord, Tombstone
 from halfpi.errors import FencedOut, HalfpiError, StoreError, TerminalExists
 from halfpi.store import postgres_sql as sql
@@ -95,6 +97,7 @@ class PostgresStore:
         self._pool: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.batches = 0  # commits made, for tests and metrics
+        self.commit_seconds = Histogram(COMMIT_BUCKETS)  # each group commit, for /metrics
         self.closed = False
 
     # lifecycle
@@ -200,6 +203,7 @@ class PostgresStore:
         outcomes: _Outcomes = []
         merged: list[StoredEvent] = []
         fences: list[Fence] = []
+        started = time.perf_counter()
         tr = conn.transaction()
         await tr.start()
         try:
@@ -232,6 +236,7 @@ class PostgresStore:
             failure = StoreError(f"commit failed: {_line(exc)}")
             return [(future, failure) for _, future in batch]
         self.batches += 1
+        self.commit_seconds.observe(time.perf_counter() - started)
         return outcomes
 
     # reads

@@ -16,10 +16,13 @@ PostgreSQL triggers.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from halfpi.store import outbox
+
+log = logging.getLogger("halfpi.store")
 
 # Schema versions (meta.schema_version), this backend's own sequence:
 #   1  the first: the SQLite schema at its version 4, plus conversation_fences
@@ -346,6 +349,8 @@ async def init_schema(conn: Any) -> None:
         else:
             for upgrade in UPGRADES[found - 1 :]:
                 await upgrade(conn)
+            log.info("upgraded the PostgreSQL database from schema %d to %d",
+                     found, SCHEMA_VERSION)
         await conn.execute(
             "INSERT INTO meta (key, value) VALUES ('schema_version', $1)"
             " ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",

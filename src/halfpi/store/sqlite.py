@@ -18,6 +18,7 @@ import contextlib
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from halfpi.config import RequestRetention
+from halfpi.core.metrics import COMMIT_BUCKETS, Histogram
 from halfpi.core.requests import RequestRecord, Tombstone
 from halfpi.errors import StoreError, TerminalExists
 from halfpi.store import sqlite_sql as sql
@@ -78,6 +80,8 @@ class SQLiteStore:
         self._reader_conns: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self.batches = 0  # commits made, for tests and metrics
+        # Time of each group commit (written by the writer thread only).
+        self.commit_seconds = Histogram(COMMIT_BUCKETS)
         self.closed = False
 
     # lifecycle
@@ -158,6 +162,7 @@ class SQLiteStore:
         writes that can fail on their own (admissions) get a savepoint."""
         outcomes: list[tuple[asyncio.Future[TxOutcome], TxOutcome | BaseException]] = []
         merged: list[StoredEvent] = []
+        started = time.perf_counter()
         try:
             conn.execute("BEGIN IMMEDIATE")
             for tx, future in batch:
@@ -170,6 +175,7 @@ class SQLiteStore:
             _insert_merged(conn, merged)
             conn.execute("COMMIT")
             self.batches += 1
+            self.commit_seconds.observe(time.perf_counter() - started)
         except _RetryCarefully:
             conn.execute("ROLLBACK")
             raise

@@ -293,12 +293,16 @@ def open_database(
     try:
         prepare_private(path, own_folder=own_folder)
         conn = connect(path, synchronous=synchronous)
-        init_schema(conn)
+        upgraded_from = init_schema(conn)
     except (OSError, sqlite3.Error, StoreError) as exc:
         if conn is not None:
             conn.close()
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise StoreError(f"cannot open the database {path}: {why}") from exc
+    if upgraded_from is not None:
+        log.info(
+            "upgraded the database %s from schema %d to %d", path, upgraded_from, SCHEMA_VERSION
+        )
     return conn
 
 
@@ -311,12 +315,13 @@ ADDED_COLUMNS = (
 )
 
 
-def init_schema(conn: sqlite3.Connection) -> None:
+def init_schema(conn: sqlite3.Connection) -> int | None:
     """Create the schema, or upgrade an older one to :data:`SCHEMA_VERSION`
     (one transaction: all or nothing). A database written by a newer halfpi
-    is refused untouched."""
+    is refused untouched. Returns the version upgraded from (None: nothing
+    was upgraded, the database was current or new)."""
     if user_version(conn) == SCHEMA_VERSION:
-        return  # the usual start: nothing to write
+        return None  # the usual start: nothing to write
     conn.execute("BEGIN IMMEDIATE")
     try:
         found = user_version(conn)  # another process may have just upgraded it
@@ -325,6 +330,7 @@ def init_schema(conn: sqlite3.Connection) -> None:
                 f"its schema version {found} is newer than this halfpi understands"
                 f" ({SCHEMA_VERSION}): upgrade halfpi"
             )
+        upgraded_from = None
         if found < SCHEMA_VERSION:
             if found == 0 and not _has_table(conn, "events"):
                 for statement in _statements(SCHEMA):
@@ -332,11 +338,13 @@ def init_schema(conn: sqlite3.Connection) -> None:
             else:
                 for upgrade in UPGRADES[found:]:
                     upgrade(conn)
+                upgraded_from = found
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
         raise
+    return upgraded_from
 
 
 def user_version(conn: sqlite3.Connection) -> int:
@@ -396,7 +404,7 @@ def _upgrade_0_to_1(conn: sqlite3.Connection) -> None:
         )
     for statement in ONE_OUTCOME_PER_RUN:
         conn.execute(statement)
-    log.info("upgraded the database schema from version 0 to 1")
+    log.debug("upgrade step: schema 0 to 1")
 
 
 def _add_columns(conn: sqlite3.Connection, columns: tuple[tuple[str, str, str], ...]) -> None:
@@ -409,20 +417,20 @@ def _add_columns(conn: sqlite3.Connection, columns: tuple[tuple[str, str, str], 
 def _upgrade_1_to_2(conn: sqlite3.Connection) -> None:
     """A reply keeps its error code and its reason (every end is a message)."""
     _add_columns(conn, ADDED_COLUMNS[:2])
-    log.info("upgraded the database schema from version 1 to 2")
+    log.debug("upgrade step: schema 1 to 2")
 
 
 def _upgrade_2_to_3(conn: sqlite3.Connection) -> None:
     """A reply keeps the tokens its model used."""
     _add_columns(conn, ADDED_COLUMNS[2:3])
-    log.info("upgraded the database schema from version 2 to 3")
+    log.debug("upgrade step: schema 2 to 3")
 
 
 def _upgrade_3_to_4(conn: sqlite3.Connection) -> None:
     """Each conversation's epoch is stored (none yet: the first Mind to load
     a conversation writes one, as a restarted Mind always did in memory)."""
     conn.execute("ALTER TABLE conversations ADD COLUMN epoch TEXT")
-    log.info("upgraded the database schema from version 3 to 4")
+    log.debug("upgrade step: schema 3 to 4")
 
 
 def _upgrade_4_to_5(conn: sqlite3.Connection) -> None:
@@ -430,7 +438,7 @@ def _upgrade_4_to_5(conn: sqlite3.Connection) -> None:
     the triggers that move its states by their table."""
     for statement in _statements(TASKS):
         conn.execute(statement)
-    log.info("upgraded the database schema from version 4 to 5")
+    log.debug("upgrade step: schema 4 to 5")
 
 
 # UPGRADES[n] takes a database from version n to n + 1.

@@ -36,7 +36,7 @@ from starlette.routing import BaseRoute, Route
 from halfpi import __version__
 from halfpi.core import wire
 from halfpi.errors import ErrorCode
-from halfpi.gateway.http import agui, commands, durable, reads, spec, sse, web
+from halfpi.gateway.http import agui, commands, durable, ops, reads, spec, sse, web
 from halfpi.gateway.http.door import STATUS, Door
 
 REF = "#/components/schemas/{name}"
@@ -64,7 +64,7 @@ def describe() -> list[spec.Operation]:
 def operations() -> list[spec.Operation]:
     """Every route of the door, as its module describes it."""
     return [*commands.describe(), *reads.describe(), *sse.describe(), *web.describe(),
-            *describe(), *durable.describe(), *agui.describe()]
+            *describe(), *durable.describe(), *agui.describe(), *ops.describe()]
 
 
 def _is_type(schema: spec.Schema) -> bool:

@@ -1,0 +1,81 @@
+"""Operating a real ``halfpi mind`` process: readiness with a Redis
+journal, the dashboard's metrics (docs/operations.md, "Health and metrics")."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.client import FaceClient
+from tests.support.http_door import base_url
+from tests.support.mind import MindProcess
+from tests.support.redis import RedisServer, redis_server  # noqa: F401
+
+pytestmark = pytest.mark.e2e
+
+
+async def test_readiness_names_the_redis_journal_once_redis_is_gone(
+    tmp_path: Path, redis_server: RedisServer,  # noqa: F811
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    mind = MindProcess(home, extra_args=("--redis", redis_server.url)).start()
+    try:
+        async with httpx.AsyncClient(base_url=base_url(mind.url)) as client:
+            ready = await client.get("/readyz")
+            assert ready.status_code == 200, ready.text
+            assert ready.json()["checks"] == {"store": "ok", "journal": "ok"}
+            redis_server.kill()
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 15
+            while (ready := await client.get("/readyz")).status_code == 200:
+                assert loop.time() < deadline, "still ready without Redis"
+                await asyncio.sleep(0.1)  # the last answer is kept for 1 s
+            assert ready.status_code == 503
+            checks = ready.json()["checks"]
+            assert checks["store"] == "ok"
+            assert checks["journal"].startswith("unreachable"), checks
+            assert "redis://" not in ready.text
+    finally:
+        mind.kill()
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
+
+
+def dashboard_metrics() -> set[str]:
+    """Every halfpi_* name the dashboard's queries use."""
+    text = DOCS.read_text()
+    block = text.split("<!-- dashboard:begin -->", 1)[1].split("<!-- dashboard:end -->", 1)[0]
+    dashboard = json.loads(block.strip().removeprefix("```json").removesuffix("```"))
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    return {name for expr in exprs for name in re.findall(r"\bhalfpi_[a-z_]+", expr)}
+
+
+async def test_every_metric_of_the_dashboard_is_in_a_scrape_of_a_real_mind(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    mind = MindProcess(home).start()
+    try:
+        face = await FaceClient.connect(mind.url, mind.token)
+        cid = await face.create_conversation()
+        await face.chat_to_end(cid, "hello")
+        await face.close()
+        async with httpx.AsyncClient(base_url=base_url(mind.url)) as client:
+            scrape = (await client.get("/metrics")).text
+    finally:
+        mind.terminate()
+    types = {line.split()[2]: line.split()[3] for line in scrape.splitlines()
+             if line.startswith("# TYPE ")}
+    used = dashboard_metrics()
+    assert len(used) >= 20, used
+    for name in sorted(used):
+        family = re.sub(r"_(bucket|count|sum)$", "", name)
+        assert name in types or types.get(family) == "histogram", f"{name} is not scraped"

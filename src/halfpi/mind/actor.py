@@ -78,7 +78,7 @@ from halfpi.core.timers import Timer
 from halfpi.core.titles import title_from_message
 from halfpi.errors import Busy, FencedOut, StoreError, TerminalExists, Unavailable
 from halfpi.journal.base import Journal, JournalEntry, entry_of, message_of
-from halfpi.mind.metrics import MindMetrics
+from halfpi.mind.counters import MindMetrics
 from halfpi.mind.records import message_entry, message_row, tool_record
 from halfpi.store.base import (
     ConversationRow,

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -29,75 +28,11 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from halfpi import __version__
-from halfpi.core.metrics import CHAT_BUCKETS, Histogram
+from halfpi.core.metrics import Histogram
+from halfpi.mind.counters import profile_of, transport_of
 
 if TYPE_CHECKING:
     from halfpi.mind.service import Mind
-
-
-@dataclass(slots=True)
-class MindMetrics:
-    """What the Mind counts itself (the rest is read where it is kept)."""
-
-    # Messages published by conversation actors (each one once, whatever
-    # the number of subscribers): events and transient updates alike.
-    published: int = 0
-    chats: Counter[str] = field(default_factory=Counter)  # by terminal status
-    chat_seconds: Histogram = field(default_factory=lambda: Histogram(CHAT_BUCKETS))
-    # Tokens the model reported for ended replies: "prompt", "completion".
-    tokens: Counter[str] = field(default_factory=Counter)
-    # Replies that ended with an error code (provider_error, …), by code.
-    chat_errors: Counter[str] = field(default_factory=Counter)
-    evictions: Counter[str] = field(default_factory=Counter)  # by transport
-    handshakes_failed: Counter[str] = field(default_factory=Counter)  # by kind
-    handshakes_throttled: int = 0
-    # Totals of connections that closed (live ones are read from their queues).
-    closed_delivered: int = 0
-    closed_coalesced: int = 0
-    closed_shed: int = 0
-
-    def session_closed(self, session: object) -> None:
-        queue = getattr(session, "queue", None)
-        if queue is not None:
-            self.closed_delivered += queue.event_seq
-            self.closed_coalesced += queue.coalesced
-            self.closed_shed += queue.shed
-            if queue.evicted:
-                self.evictions[transport_of(session)] += 1
-
-    def chat_ended(
-        self, status: str, seconds: float, error_code: str | None, usage: dict[str, Any] | None
-    ) -> None:
-        self.chats[status] += 1
-        self.chat_seconds.observe(max(0.0, seconds))
-        if error_code:
-            self.chat_errors[error_code] += 1
-        if usage:
-            self.tokens["prompt"] += int(usage.get("prompt_tokens") or 0)
-            self.tokens["completion"] += int(usage.get("completion_tokens") or 0)
-
-
-# Each kind of connection by its class: what carries it.
-TRANSPORTS = {
-    "FaceSession": "websocket",
-    "HandSession": "websocket",
-    "SseStream": "sse",
-    "DurableSseStream": "durable_sse",
-    "DurableRead": "durable",
-}
-
-
-def transport_of(session: object) -> str:
-    name = TRANSPORTS.get(type(session).__name__, "other")
-    if name == "sse" and getattr(session, "framing", None) is not None:
-        return "agui"
-    return name
-
-
-def profile_of(session: object) -> str:
-    if type(session).__name__ == "HandSession":
-        return "hand"
-    return getattr(session, "profile", "") or "none"
 
 
 def _histogram(name: str, doc: str, histogram: Histogram) -> HistogramMetricFamily:

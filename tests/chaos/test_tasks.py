@@ -20,12 +20,13 @@ Then everything heals and settles, and:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
 import shlex
-from functools import partial
 from collections import Counter
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -166,10 +167,9 @@ async def run_schedule(world: World, client: FaceClient, index: int) -> None:
 
             with_start = rng.random() < 0.8
             if with_start:
-                try:
+                # Killed before it started (the wait ran out) is also a schedule.
+                with contextlib.suppress(AssertionError):
                     await until(started, 5, "the task to start")
-                except AssertionError:
-                    pass  # killed before it started: also a schedule
             assert world.hand is not None
             await asyncio.to_thread(world.hand.kill)
             world.start_hand()

@@ -1,5 +1,5 @@
 """Background tasks, the Mind's side (DESIGN §8): admitted with the chat,
-delivered from the outbox on the Mind's clock (2 s × 2ⁿ, 3 attempts, then
+delivered from the outbox on the Mind's clock (2 s * 2^n, 3 attempts, then
 ``dead``), the Hand's answers applied (first terminal wins, I10), ``stale``
 while the Hand is away, and ``face.task.*``.
 
@@ -277,3 +277,41 @@ async def test_an_unknown_task_is_task_not_found(tmp_path: Path) -> None:
         for command in ("face.task.get", "face.task.cancel", "face.task.log"):
             reply = await rig.reply(face, await rig.command(face, command, task_id="k_nope"))
             assert reply["payload"]["code"] == "task_not_found", command
+
+
+async def test_a_task_cancelled_before_its_receipt_is_stopped_on_the_hand_when_it_answers(
+    tmp_path: Path,
+) -> None:
+    async with fake_time_mind(tmp_path / "home") as rig:
+        hand = await rig.hand("dev")
+        face = await rig.face()
+        cid = await rig.conversation(face)
+        task_id = await start_task(rig, face, cid)
+        order = (await rig.take(hand, lambda f: f["type"] == "hand.task.deliver"))["payload"]
+        cancel = await rig.command(face, "face.task.cancel", task_id=task_id)
+        result = await rig.reply(face, cancel)
+        assert result["payload"]["data"]["outcome"] == "cancelled"
+        hand.send("hand.task.receipt", receipt(order, "h9"))
+        stop = await rig.take(hand, lambda f: f["type"] == "hand.task.cancel")
+        assert stop["payload"] == {"task_id": "h9"}
+        row = await rig.mind.store.get_task(task_id)
+        assert row is not None and row.state == "cancelled"
+
+
+async def test_a_dead_task_stays_dead_when_a_late_receipt_arrives(tmp_path: Path) -> None:
+    async with fake_time_mind(tmp_path / "home") as rig:
+        hand = await rig.hand("dev")
+        face = await rig.face()
+        cid = await rig.conversation(face)
+        task_id = await start_task(rig, face, cid)
+        order = (await rig.take(hand, lambda f: f["type"] == "hand.task.deliver"))["payload"]
+        hand.send("hand.task.refused", {"delivery_id": order["delivery_id"],
+                                        "code": "unavailable", "message": "no state"})
+        await rig.expect(face, task_event("task.completed", task_id=task_id, state="dead"))
+        hand.send("hand.task.update", update(order, "succeeded", exit_code=0))
+        hand.send("hand.task.receipt", receipt(order))
+        await rig.mind.tasks.terminal(task_id)  # the answers were applied
+        row = await rig.mind.store.get_task(task_id)
+        assert row is not None and row.state == "dead"
+        ends = [f for f in face.wire.frames if task_event("task.completed")(f)]
+        assert len(ends) == 1

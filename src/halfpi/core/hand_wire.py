@@ -3,11 +3,12 @@ and the limits the Mind enforces on what a Hand says (DESIGN §6, §8).
 
 Hand → Mind: ``hand.hello``, ``hand.checked``, ``hand.started``,
 ``hand.progress``, ``hand.result``, ``hand.ping`` and the background
-tasks' ``hand.task.receipt|refused|update|log_page``. Mind → Hand:
-``hand.welcome``, ``hand.check``, ``hand.run``, ``hand.cancel``,
-``hand.pong`` and ``hand.task.deliver|cancel|log``. Every run message carries the connection ``generation`` the
-Mind gave when it started (or adopted) the run; a message stamped with an
-older generation is refused (DESIGN §8).
+tasks' ``hand.task.receipt``, ``.refused``, ``.update``, ``.log_page``.
+Mind → Hand: ``hand.welcome``, ``hand.check``, ``hand.run``,
+``hand.cancel``, ``hand.pong`` and ``hand.task.deliver``, ``.cancel``,
+``.log``. Every run message carries the connection ``generation`` the Mind
+gave when it started (or adopted) the run; a message stamped with an older
+generation is refused (DESIGN §8).
 
 The Mind does not trust a Hand's numbers: :class:`ProgressBudget` and
 :func:`result_violation` say what a frame broke, if anything, and the Mind

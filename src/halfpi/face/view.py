@@ -21,7 +21,6 @@ from typing import Any
 import msgspec
 
 from halfpi.core.cursor import encode_cursor, parse_cursor
-from halfpi.core.states import OUTBOX
 from halfpi.core.events import (
     CHAT_END_EVENTS,
     ApprovalRequested,
@@ -40,6 +39,7 @@ from halfpi.core.events import (
     decode_event,
     present,
 )
+from halfpi.core.states import OUTBOX
 
 
 class Applied(enum.Enum):

@@ -8,7 +8,7 @@ the outbox dispatcher, the Hand's answers and the last known snapshot.
 - **Delivery** on the Mind's clock (its scheduler): every due row is sent
   to its Hand as ``hand.task.deliver`` with its ``delivery_id``, the attempt
   counted first (a crash after the send still counts it). No receipt within
-  :func:`halfpi.core.tasks.answer_wait` (2 s × 2ⁿ, ±25 %, cap 30 s): the next
+  :func:`halfpi.core.tasks.answer_wait` (2 s * 2^n, ±25 %, cap 30 s): the next
   attempt; after the third, ``dead`` with its ``task.completed`` event. A
   Hand that is away gets no attempt: the row waits for it, and its
   (re)connect delivers at once.
@@ -312,8 +312,8 @@ class TaskDispatcher:
             if row.state == "cancelled" and not TASK.is_terminal(msg.state):
                 # Cancelled here before its Hand had it: the Hand stops it too.
                 self._send(hand_label, "hand.task.cancel", {"task_id": msg.task_id})
-            if row.delivered_at is None:  # the outcome stays; the Hand's id is kept
-                await self._write(row, update)
+            if row.delivered_at is None and row.state != "dead":
+                await self._write(row, update)  # the outcome stays; the Hand's id is kept
             self._ended(row.task_id, row.state)
             return
         moves = msg.state != row.state and msg.state in OUTBOX.transitions.get(row.state, ())

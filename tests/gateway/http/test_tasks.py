@@ -25,8 +25,8 @@ async def test_a_task_is_started_listed_read_and_cancelled_through_the_http_door
         await hand_ready(lmind)
         cid = await door.create_conversation()
         args = {"argv": ["echo", "from a task"]}
-        chat = await door.command("face.chat", {"conversation_id": cid,
-                                                "content": f"/task exec_command {json.dumps(args)}"},
+        content = f"/task exec_command {json.dumps(args)}"
+        chat = await door.command("face.chat", {"conversation_id": cid, "content": content},
                                   idempotency_key=key("chat"), wait=10)
         assert chat.status_code == 200, chat.text
         assert chat.json()["content"].startswith("task k_")

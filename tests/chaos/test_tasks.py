@@ -198,7 +198,10 @@ async def check(world: World, client: FaceClient, cid: str, labels: set[str]) ->
             tasks[:] = [t for t in listed if t["conversation_id"] == cid]
             return all(OUTBOX.is_terminal(t["state"]) for t in tasks)
 
-        await until(settled, 60, "every task to reach a terminal state")
+        try:
+            await until(settled, 60, "every task to reach a terminal state")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {tasks}; ran: {world.ran()}") from None
         rid = await truth_face.command("face.conversation.snapshot", conversation_id=cid,
                                        messages_limit=500)
         snapshot = (await truth_face.reply(rid))["payload"]

@@ -795,3 +795,12 @@ def test_a_dead_task_says_why() -> None:
     view = view_at(1, tasks=[task("k1", "dead", error="no Hand acknowledged the task")])
     assert view.task_lines() == [
         "task k1 exec_command on dev: dead (no Hand acknowledged the task)"]
+
+
+def test_a_late_progress_never_reopens_a_task_that_ended() -> None:
+    view = view_at(1, tasks=[task("k1", "running")])
+    view.apply("face.event", event(2, "task.completed", task=task("k1", "lost")))
+    # A transient progress taken before the end but published after it.
+    view.apply("face.event", event(3, "task.progress", task=task("k1", "queued", stale=True)))
+    assert view.tasks["k1"]["state"] == "lost"
+    assert view.summary()["tasks"] == [("k1", "lost")]

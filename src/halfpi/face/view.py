@@ -246,8 +246,12 @@ class ConversationView:
                 if event.decided_by:
                     decided.decided_by = present(event.decided_by_label) or event.decided_by
         elif isinstance(event, TaskEvent):
-            # Each task event carries the task as it stands (DESIGN §8).
-            self.tasks[event.task.task_id] = dict(data.get("task") or {})
+            # Each task event carries the task as it stands (DESIGN §8); the
+            # first terminal state stands (I10): a transient progress read
+            # before the end but published after it never reopens a task.
+            held = self.tasks.get(event.task.task_id)
+            if held is None or not _task_ended(held) or _task_ended(data.get("task") or {}):
+                self.tasks[event.task.task_id] = dict(data.get("task") or {})
         # Unknown kinds are still positions in the log: the cursor advances.
 
     def awaiting_approval(self, tool_call_id: str) -> bool:

@@ -392,6 +392,12 @@ class TaskDispatcher:
             self.spawn(self._presence(hand_label, connected), "task presence")
 
     async def _presence(self, hand_label: str, connected: bool) -> None:
+        # With the Hand's answers, one at a time: the rows read here are not
+        # older than an answer already applied.
+        async with self._answers:
+            await self._present(hand_label, connected)
+
+    async def _present(self, hand_label: str, connected: bool) -> None:
         hand = self.hands.hands.get(hand_label)
         if hand is None:
             return

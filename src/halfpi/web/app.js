@@ -1240,7 +1240,11 @@ export function applyEvent(view, e) {
     case "task.progress":
     case "task.completed":
       // Each task event carries the task as it stands.
-      if (d.task && d.task.task_id) view.tasks.set(d.task.task_id, { ...d.task });
+      // The first terminal state stands: a late progress never reopens a task.
+      if (d.task && d.task.task_id && !(TASK_ENDED.has((view.tasks.get(d.task.task_id) || {}).state)
+                                        && !TASK_ENDED.has(d.task.state))) {
+        view.tasks.set(d.task.task_id, { ...d.task });
+      }
       break;
     case "chat.tool_completed": {
       const card = toolCard(view, d.tool_call_id, d);
@@ -1279,6 +1283,8 @@ function toolsByRequest(view) {
   }
   return out;
 }
+
+const TASK_ENDED = new Set(["succeeded", "failed", "cancelled", "timed_out", "lost", "dead"]);
 
 export function taskState(t) {
   let state = t.state || "?";

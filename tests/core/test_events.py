@@ -123,6 +123,7 @@ def test_every_event_type_round_trips(kind: str) -> None:
         "tool_call_id": "t1",
         "approval_id": "a1",
         "conversation": {"id": "c", "name": "n", "created_at": 1.0},
+        "task": {"task_id": "k1"},
     }
     fields = {f: v for f, v in required.items() if f in cls.__struct_fields__}
     if cls is ev.ChatEnded:

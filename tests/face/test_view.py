@@ -181,6 +181,7 @@ def test_snapshot_then_events_build_messages_and_streaming() -> None:
         ],
         "streaming": ["q2"],
         "tools": [],
+        "tasks": [],
     }
 
     done = event(
@@ -608,7 +609,7 @@ def test_tool_cards_approvals_and_tasks() -> None:
         3,
         "d",
     )
-    view.apply("face.event", event(9, "task.changed", task_id="k1", state="running"))
+    view.apply("face.event", event(9, "task.progress", task=task("k1", "running")))
     assert view.tasks["k1"]["state"] == "running"
 
 
@@ -767,3 +768,39 @@ def test_replaying_from_an_older_position_changes_nothing(
     outcomes = [view.apply(type_, p) for type_, p in log[j:]]
     assert outcomes == [DUPLICATE] * (k - j) + [APPLIED] * (len(log) - k)
     assert shown(view) == shown(fold(mind_snapshot(log, 0), log))
+
+
+# -- background tasks (DESIGN §8) ------------------------------------------------
+
+
+def task(task_id: str, state: str, **fields: Any) -> Payload:
+    return {"task_id": task_id, "conversation_id": CID, "hand": "dev", "tool": "exec_command",
+            "state": state, "stale": False, "created_at": 1.0, **fields}
+
+
+def test_task_events_fold_into_one_line_per_task_with_its_state() -> None:
+    view = view_at(2, tasks=[task("k1", "running", stale=True)])
+    assert view.task_lines() == [
+        "task k1 exec_command on dev: running · stale (its Hand is away)"]
+    assert view.apply("face.event", event(3, "task.started", task=task("k2", "queued",
+                                                                       created_at=2.0))) is APPLIED
+    assert view.apply("face.event", event(4, "task.completed", task=task(
+        "k1", "failed", exit_code=2))) is APPLIED
+    assert view.task_lines() == ["task k1 exec_command on dev: failed (exit 2)",
+                                 "task k2 exec_command on dev: queued"]
+    assert view.summary()["tasks"] == [("k1", "failed"), ("k2", "open")]
+
+
+def test_a_dead_task_says_why() -> None:
+    view = view_at(1, tasks=[task("k1", "dead", error="no Hand acknowledged the task")])
+    assert view.task_lines() == [
+        "task k1 exec_command on dev: dead (no Hand acknowledged the task)"]
+
+
+def test_a_late_progress_never_reopens_a_task_that_ended() -> None:
+    view = view_at(1, tasks=[task("k1", "running")])
+    view.apply("face.event", event(2, "task.completed", task=task("k1", "lost")))
+    # A transient progress taken before the end but published after it.
+    view.apply("face.event", event(3, "task.progress", task=task("k1", "queued", stale=True)))
+    assert view.tasks["k1"]["state"] == "lost"
+    assert view.summary()["tasks"] == [("k1", "lost")]

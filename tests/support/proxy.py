@@ -45,6 +45,9 @@ class FaultProxy:
         self.cut_to_server_after: int | None = None
         # Called with each chunk Mind → client; returning True cuts before forwarding it.
         self.cut_when: Callable[[bytes], bool] | None = None
+        # Called with each chunk Mind → client; what it returns is forwarded
+        # instead (e.g. a frame repeated: a duplicate storm).
+        self.rewrite_to_client: Callable[[bytes], bytes] | None = None
         self.cuts = 0
         # Cleared: Mind → client bytes stay unread in the Mind's socket, as if
         # the client had stopped reading (TCP back-pressure, no loss).
@@ -136,6 +139,8 @@ class FaultProxy:
                     return
                 if self.delay_s:
                     await asyncio.sleep(self.delay_s)
+                if to_client and self.rewrite_to_client is not None:
+                    data = self.rewrite_to_client(data)
                 writer.write(data)
                 if to_client:
                     link.to_client += len(data)

@@ -89,6 +89,15 @@ async def _no_tools(tool: str, args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+async def _no_tasks(tool: str, args: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "tool": tool,
+        "status": "failed",
+        "error_category": "no_tasks",
+        "error": "background tasks are not available here",
+    }
+
+
 async def _no_history() -> list[Turn]:
     return []
 
@@ -106,6 +115,10 @@ class ChatInput:
     history: HistoryReader = _no_history
     # The tools of the conversation's Hand (none when no Hand is connected).
     tools: tuple[ToolSpec, ...] = ()
+    # Starts a background task on a Hand (DESIGN §8): admitted through the
+    # Mind's outbox with this chat; returns {status: accepted, task_id, …}
+    # at once, or {status: failed, error_category, error}.
+    start_task: ToolCaller = _no_tasks
 
 
 Output = Delta | Usage

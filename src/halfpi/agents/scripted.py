@@ -12,6 +12,7 @@ anything else                 the message echoed, one delta per word
 ``/pace MS TEXT``             TEXT echoed word by word, MS ms between deltas
 ``/stamp N``                  N deltas, each the wall clock in ns (benchmarks)
 ``/tool NAME JSON``           calls tool NAME with JSON args, then reports the result
+``/task NAME JSON``           starts tool NAME as a background task, replies at once
 ============================  ============================================
 
 The pace between deltas is ``delta_ms`` (``HALFPI_SCRIPTED_DELTA_MS``,
@@ -73,6 +74,9 @@ class ScriptedAgent:
             async for delta in _tool(chat, rest, pace):
                 yield delta
             return
+        if command == "/task":
+            yield Delta(await _task(chat, rest))
+            return
         if command == "/pace":
             pace_text, _, content = rest.partition(" ")
             pace = _number(pace_text, 0.0, 60_000.0)
@@ -81,14 +85,30 @@ class ScriptedAgent:
             await _pause(pace)
 
 
-async def _tool(chat: ChatInput, rest: str, pace: float) -> AsyncIterator[Delta]:
+def _name_and_args(rest: str, usage: str) -> tuple[str, dict[str, object]]:
     name, _, raw = rest.strip().partition(" ")
     try:
         args = json.loads(raw) if raw.strip() else {}
     except json.JSONDecodeError as exc:
         raise AgentFailed(f"tool arguments are not JSON: {exc}", "agent_bad_input") from None
     if not name or not isinstance(args, dict):
-        raise AgentFailed("usage: /tool NAME {json object}", "agent_bad_input")
+        raise AgentFailed(f"usage: {usage} NAME {{json object}}", "agent_bad_input")
+    return name, args
+
+
+async def _task(chat: ChatInput, rest: str) -> str:
+    """``/task NAME JSON``: the task is admitted (the Mind's outbox) and the
+    reply says so at once; the task runs on its Hand, after the chat."""
+    name, args = _name_and_args(rest, "/task")
+    started = await chat.start_task(name, args)
+    if started.get("status") != "accepted":
+        detail = started.get("error") or started.get("error_category") or "refused"
+        raise AgentFailed(f"task {name} not started: {detail}", "agent_failed")
+    return f"task {started['task_id']} started on {started.get('hand')}: {name}"
+
+
+async def _tool(chat: ChatInput, rest: str, pace: float) -> AsyncIterator[Delta]:
+    name, args = _name_and_args(rest, "/tool")
     result = await chat.call_tool(name, args)
     status = result.get("status", "failed")
     summary = f"{name} {status}"

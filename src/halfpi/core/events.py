@@ -273,8 +273,61 @@ class HandDisconnected(HandConnected, frozen=True, kw_only=True):
     TYPE: ClassVar[str] = "hand.disconnected"
 
 
+class TaskView(Outbound, frozen=True, kw_only=True):
+    """A background task as Faces see it (DESIGN §8): the Mind's last known
+    snapshot of it (``snapshot.tasks``, ``face.task.list|get``, every task
+    event). ``stale``: its Hand is away, so the state may have moved on;
+    ``args`` only for a transparent admission shown to a transparent viewer (I9)."""
+
+    task_id: str
+    conversation_id: str | None = None
+    request_id: str | None = None
+    hand: str | None = None
+    tool: str = "?"
+    state: str = "queued"
+    stale: bool = False
+    attempts: int = 0
+    detail_mode: str = "summary"
+    created_at: float = 0.0
+    updated_at: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    error: str | None = None
+    log_bytes: int | None = None
+    log_truncated: bool | None = None
+    args: Any = UNSET
+
+    def summary(self) -> TaskView:
+        return self if self.args is UNSET else msgspec.structs.replace(self, args=UNSET)
+
+
+class TaskEvent(EventData, frozen=True, kw_only=True):
+    """``task.started`` (admitted, durable), ``task.progress`` (its state
+    moved or its Hand came and went: transient, transparent viewers only)
+    and ``task.completed`` (a terminal state, durable): each carries the
+    task as it stands."""
+
+    task: TaskView
+
+    def summary(self) -> TaskEvent:
+        task = self.task.summary()
+        return self if task is self.task else msgspec.structs.replace(self, task=task)
+
+
+class TaskStarted(TaskEvent, frozen=True, kw_only=True):
+    TYPE: ClassVar[str] = "task.started"
+
+
+class TaskProgress(TaskEvent, frozen=True, kw_only=True):
+    TYPE: ClassVar[str] = "task.progress"
+
+
+class TaskCompleted(TaskEvent, frozen=True, kw_only=True):
+    TYPE: ClassVar[str] = "task.completed"
+
+
 # Every event type the Mind publishes, and the struct of its data.
-# (``task.changed`` is reserved for background tasks, not built yet.)
 EVENT_TYPES: dict[str, type[EventData]] = {
     ChatMessage.TYPE: ChatMessage,
     ChatStarted.TYPE: ChatStarted,
@@ -287,6 +340,9 @@ EVENT_TYPES: dict[str, type[EventData]] = {
     RunChanged.TYPE: RunChanged,
     HandConnected.TYPE: HandConnected,
     HandDisconnected.TYPE: HandDisconnected,
+    TaskStarted.TYPE: TaskStarted,
+    TaskProgress.TYPE: TaskProgress,
+    TaskCompleted.TYPE: TaskCompleted,
 }
 
 
@@ -377,7 +433,7 @@ class Snapshot(Outbound, frozen=True, kw_only=True):
     pending_chats: list[PendingChat] = msgspec.field(default_factory=list)
     pending_approvals: list[ApprovalRequested] = msgspec.field(default_factory=list)
     active_runs: list[RunChanged] = msgspec.field(default_factory=list)
-    tasks: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    tasks: list[TaskView] = msgspec.field(default_factory=list)
     tool_history: list[ToolRecord] = msgspec.field(default_factory=list)
     detail_mode: str | None = None
 
@@ -539,6 +595,7 @@ class CancelOutcome(Outbound, frozen=True, kw_only=True):
     outcome: str
     target_request_id: str | UnsetType = UNSET
     run_id: str | UnsetType = UNSET
+    task_id: str | UnsetType = UNSET
     target_status: str
 
 
@@ -584,7 +641,20 @@ class HandPage(Outbound, frozen=True, kw_only=True):
 
 
 class TaskPage(Outbound, frozen=True, kw_only=True):
-    tasks: list[dict[str, Any]]
+    tasks: list[TaskView]
+
+
+class TaskLogPage(Outbound, frozen=True, kw_only=True):
+    """``face.task.log``: a page of the task's log as its Hand keeps it.
+    ``data`` (UTF-8, invalid bytes replaced) only for a transparent
+    admission read by a transparent viewer (I9); the offsets always."""
+
+    task_id: str
+    offset: int
+    next_offset: int
+    truncated: bool
+    state: str
+    data: str | UnsetType = UNSET
 
 
 class Empty(Outbound, frozen=True, kw_only=True):

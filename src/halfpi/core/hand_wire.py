@@ -2,11 +2,13 @@
 and the limits the Mind enforces on what a Hand says (DESIGN §6, §8).
 
 Hand → Mind: ``hand.hello``, ``hand.checked``, ``hand.started``,
-``hand.progress``, ``hand.result``, ``hand.ping``. Mind → Hand:
-``hand.welcome``, ``hand.check``, ``hand.run``, ``hand.cancel``,
-``hand.pong``. Every run message carries the connection ``generation`` the
-Mind gave when it started (or adopted) the run; a message stamped with an
-older generation is refused (DESIGN §8).
+``hand.progress``, ``hand.result``, ``hand.ping`` and the background
+tasks' ``hand.task.receipt``, ``.refused``, ``.update``, ``.log_page``.
+Mind → Hand: ``hand.welcome``, ``hand.check``, ``hand.run``,
+``hand.cancel``, ``hand.pong`` and ``hand.task.deliver``, ``.cancel``,
+``.log``. Every run message carries the connection ``generation`` the Mind
+gave when it started (or adopted) the run; a message stamped with an older
+generation is refused (DESIGN §8).
 
 The Mind does not trust a Hand's numbers: :class:`ProgressBudget` and
 :func:`result_violation` say what a frame broke, if anything, and the Mind
@@ -123,6 +125,60 @@ class HandPing(Strict, frozen=True):
     pass
 
 
+# -- background tasks (DESIGN §8, docs/hands.md) -------------------------------------
+
+TaskState = Literal["queued", "running", "succeeded", "failed", "cancelled", "timed_out", "lost"]
+
+
+class HandTaskReceipt(Strict, frozen=True):
+    """The Hand has the task of a delivery (the original receipt again for a
+    redelivery: ``deduplicated``)."""
+
+    delivery_id: Short
+    task_id: Short
+    state: TaskState
+    deduplicated: bool
+    received_at: float
+
+
+class HandTaskRefused(Strict, frozen=True):
+    """A delivery (``delivery_conflict``, ``unavailable``) or a task order
+    (``task_not_found``) the Hand refused."""
+
+    code: Short
+    message: Annotated[str, msgspec.Meta(max_length=REASON_CHARS)]
+    delivery_id: Short | None = None
+    task_id: Short | None = None
+
+
+class HandTaskUpdate(Strict, frozen=True):
+    """A task as it stands on the Hand (its authority), at every change and
+    after every (re)connect."""
+
+    task_id: Short
+    delivery_id: Short
+    tool: Short
+    state: TaskState
+    created_at: float
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    error: Annotated[str, msgspec.Meta(max_length=ERROR_CHARS)] | None = None
+    log_bytes: int = 0
+    log_truncated: bool = False
+
+
+class HandTaskLogPage(Strict, frozen=True):
+    """A page of a task's log (64 KiB at most, base64)."""
+
+    task_id: Short
+    offset: int
+    next_offset: int
+    data_b64: Annotated[str, msgspec.Meta(max_length=96 * 1024)]
+    truncated: bool
+    state: TaskState
+
+
 HAND_MESSAGES: dict[str, type[Strict]] = {
     "hand.hello": HandHello,
     "hand.checked": HandChecked,
@@ -130,6 +186,10 @@ HAND_MESSAGES: dict[str, type[Strict]] = {
     "hand.progress": HandProgress,
     "hand.result": HandResult,
     "hand.ping": HandPing,
+    "hand.task.receipt": HandTaskReceipt,
+    "hand.task.refused": HandTaskRefused,
+    "hand.task.update": HandTaskUpdate,
+    "hand.task.log_page": HandTaskLogPage,
 }
 
 

@@ -62,7 +62,16 @@ def redelivery_delay(failed_attempts: int, draw: float) -> float | None:
         raise ValueError("a redelivery follows at least one attempt")
     if failed_attempts >= DELIVERY_ATTEMPTS:
         return None
-    base: float = min(REDELIVERY_CAP_S, REDELIVERY_BASE_S * 2.0 ** (failed_attempts - 1))
+    return answer_wait(failed_attempts, draw)
+
+
+def answer_wait(attempts: int, draw: float) -> float:
+    """How long the dispatcher waits for a receipt after its ``attempts``-th
+    attempt (≥ 1) before the next — or, after the last, before the row is
+    ``dead``: 2 s * 2^(n-1), capped at 30 s, ±25 % (``draw`` in [0, 1))."""
+    if attempts < 1:
+        raise ValueError("a wait follows at least one attempt")
+    base: float = min(REDELIVERY_CAP_S, REDELIVERY_BASE_S * 2.0 ** (attempts - 1))
     return base * (1 + REDELIVERY_JITTER * (2 * draw - 1))
 
 

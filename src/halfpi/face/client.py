@@ -425,6 +425,23 @@ class FaceClient:
         result: Result = await self.request("face.approval.resolve", **payload)
         return result
 
+    async def list_tasks(self, limit: int = 50, hand: str | None = None) -> list[dict[str, Any]]:
+        """Background tasks, newest first, as the Mind last knows them."""
+        payload: dict[str, Any] = {"limit": limit}
+        if hand is not None:
+            payload["hand"] = hand
+        result: Result = await self.request("face.task.list", **payload)
+        return list(result.data["tasks"])
+
+    async def cancel_task(self, task_id: str, *, request_id: str | None = None) -> Result:
+        """Cancel a background task (replay-safe); the result comes once it is
+        terminal: ``cancelled``, or ``already_finished`` with the state that stands."""
+        payload: dict[str, Any] = {"task_id": task_id}
+        if request_id:
+            payload["request_id"] = request_id
+        result: Result = await self.request("face.task.cancel", **payload)
+        return result
+
     async def list_conversations(self, limit: int = 50) -> list[dict[str, Any]]:
         result: Result = await self.request("face.conversation.list", limit=limit)
         return list(result.data["conversations"])

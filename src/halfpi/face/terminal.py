@@ -418,6 +418,9 @@ class TerminalFace(App[int]):
                 f"⚠ {count} {noun} waiting in other conversations: {first.get('tool', '?')} "
                 f"in “{where}” ({left} left) — ctrl+g go there"
             )
+        if view is not None and view.tasks:
+            # Background tasks (DESIGN §8): a line each, the newest few.
+            lines.extend(f"⚙ {line}" for line in view.task_lines()[-TASK_LINES:])
         if lines and self.client.status.state in ("reconnecting", "connecting"):
             lines.append("(as last known: the Mind is unreachable; it re-reads them when back)")
         self.approvals_line.update(Text(escape_controls("\n".join(lines))))
@@ -475,6 +478,9 @@ class TerminalFace(App[int]):
     async def on_unmount(self) -> None:
         self.ready = False  # the widgets are going: the SDK's last words are not drawn
         await self.client.close()
+
+
+TASK_LINES = 5  # background tasks shown above the prompt
 
 
 def run_terminal(urls: list[str], token: str, conversation: str | None = None) -> int:

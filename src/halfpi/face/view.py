@@ -32,12 +32,14 @@ from halfpi.core.events import (
     MessageEntry,
     PendingChat,
     RunChanged,
+    TaskEvent,
     ToolCalled,
     ToolCompleted,
     ToolRecord,
     decode_event,
     present,
 )
+from halfpi.core.states import OUTBOX
 
 
 class Applied(enum.Enum):
@@ -243,8 +245,13 @@ class ConversationView:
                 decided.approval = event.status
                 if event.decided_by:
                     decided.decided_by = present(event.decided_by_label) or event.decided_by
-        elif kind == "task.changed":  # reserved for background tasks (no struct yet)
-            self.tasks[data["task_id"]] = dict(data)
+        elif isinstance(event, TaskEvent):
+            # Each task event carries the task as it stands (DESIGN §8); the
+            # first terminal state stands (I10): a transient progress read
+            # before the end but published after it never reopens a task.
+            held = self.tasks.get(event.task.task_id)
+            if held is None or not _task_ended(held) or _task_ended(data.get("task") or {}):
+                self.tasks[event.task.task_id] = dict(data.get("task") or {})
         # Unknown kinds are still positions in the log: the cursor advances.
 
     def awaiting_approval(self, tool_call_id: str) -> bool:
@@ -269,6 +276,29 @@ class ConversationView:
             phase += f" · allowed by {card.decided_by}"
         return phase
 
+    def task_phase(self, task: dict[str, Any]) -> str:
+        """A background task's state in words: ``running``, ``succeeded``,
+        ``failed (exit 2)``, ``running · stale (its Hand is away)``, ``dead``…"""
+        state = str(task.get("state", "?"))
+        phase = state
+        if task.get("exit_code") not in (None, 0):
+            phase += f" (exit {task['exit_code']})"
+        elif state in ("failed", "dead", "lost") and task.get("error"):
+            phase += f" ({task['error']})"
+        if task.get("stale"):
+            phase += " · stale (its Hand is away)"
+        return phase
+
+    def task_lines(self) -> list[str]:
+        """One line per task, oldest first: ``task k_… exec_command on dev: running``."""
+        tasks = sorted(self.tasks.values(), key=lambda t: (t.get("created_at", 0.0),
+                                                           str(t.get("task_id"))))
+        return [
+            f"task {t.get('task_id')} {t.get('tool', '?')} on {t.get('hand') or '?'}: "
+            f"{self.task_phase(t)}"
+            for t in tasks
+        ]
+
     def mark_cancel_requested(self, request_id: str) -> None:
         reply = self.streaming.get(request_id)
         if reply is not None:
@@ -284,4 +314,14 @@ class ConversationView:
             ],
             "streaming": sorted(self.streaming),
             "tools": sorted((c.tool_call_id, c.tool, c.status) for c in self.tool_cards.values()),
+            # A task's open state may move with transient events only (a
+            # summary viewer never sees them): its terminal state is durable.
+            "tasks": sorted(
+                (str(t.get("task_id")), t["state"] if _task_ended(t) else "open")
+                for t in self.tasks.values()
+            ),
         }
+
+
+def _task_ended(task: dict[str, Any]) -> bool:
+    return OUTBOX.is_terminal(str(task.get("state", "queued")))

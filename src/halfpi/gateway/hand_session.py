@@ -21,6 +21,10 @@ from halfpi.core.hand_wire import (
     HandProgress,
     HandResult,
     HandStarted,
+    HandTaskLogPage,
+    HandTaskReceipt,
+    HandTaskRefused,
+    HandTaskUpdate,
     decode_hand_message,
     encode_hand_message,
 )
@@ -82,6 +86,14 @@ class HandSession:
             hands.on_started(self, message)
         elif isinstance(message, HandChecked):
             hands.on_checked(self, message)
+        elif isinstance(message, HandTaskUpdate):
+            self.mind.tasks.on_update(self.hand_id or "", message)
+        elif isinstance(message, HandTaskReceipt):
+            self.mind.tasks.on_receipt(self.hand_id or "", message)
+        elif isinstance(message, HandTaskRefused):
+            self.mind.tasks.on_refused(self.hand_id or "", message)
+        elif isinstance(message, HandTaskLogPage):
+            self.mind.tasks.on_log_page(self.hand_id or "", message)
         elif type_ == "hand.ping":
             self.send("hand.pong", {})
 
@@ -111,6 +123,8 @@ class HandSession:
         self.state = CONNECTION.check(self.state, "open")
         welcome = self.mind.hands.connect(self, hello, credential.principal_id)
         welcome["protect"] = [str(p.resolve()) for p in self.mind.config.private_paths]
+        # Background tasks (docs/hands.md): the Hand re-announces its tasks.
+        welcome["features"] = ["tasks"]
         self.send("hand.welcome", welcome)
         log.info("Hand %s connected (generation %s)", hello.hand_id, welcome["generation"])
 

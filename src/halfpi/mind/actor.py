@@ -66,6 +66,7 @@ from halfpi.core.events import (
     Result,
     RunChanged,
     Snapshot,
+    TaskView,
     TokenUsage,
     ToolProgress,
     builtins,
@@ -130,6 +131,8 @@ class ActorEnv:
     fenced_out: Callable[[str], None] | None = None
     # What /metrics reads (mind/metrics.py): plain ints, counted here.
     metrics: MindMetrics = field(default_factory=MindMetrics)
+    # The conversation's background tasks as Faces see them (snapshot.tasks).
+    tasks: Callable[[str], Awaitable[list[TaskView]]] | None = None
 
 
 class Receiver(Protocol):
@@ -742,6 +745,31 @@ class ConversationActor:
             )
         )
 
+    def emit_event(self, data: EventData, stream: str | None = None) -> None:
+        """A transient ``face.event`` (``task.progress``): it takes a ``seq``
+        and reaches the journal (an exact resume replays it) but never the
+        Store; like tool progress it may be dropped under pressure (per
+        ``stream``) and is shown to transparent viewers only (DESIGN §6)."""
+        if self.unloaded:
+            return
+        seq = self._take_seq()
+        cursor = self.cursor(seq)
+        body = FaceEvent(
+            conversation_id=self.id, seq=seq, cursor=cursor, type=data.kind(), data=data,
+            ts=self.now(),
+        )
+        self._transient(
+            Message(
+                "face.event",
+                _encode(body),
+                kind=PROGRESS,
+                conversation_id=self.id,
+                seq=seq,
+                cursor=cursor,
+                stream=stream,
+            )
+        )
+
     def stop(self, run: ChatRun, reason: str, why: str | None = None) -> bool:
         """Ask a running chat to stop (``cancelled`` or ``interrupted``).
 
@@ -1017,9 +1045,11 @@ class ConversationActor:
         )
         calls = await store.tool_history(self.id, max_seq=position, limit=self.env.tool_history)
         history = [tool_record(c, position) for c in calls]
+        tasks = [] if self.env.tasks is None else await self.env.tasks(self.id)
         if detail_mode != "transparent":
             approvals = [a.summary() for a in approvals]
             history = [r.summary() for r in history]
+            tasks = [t.summary() for t in tasks]
         return Snapshot(
             conversation=self.meta(),
             cursor=self.cursor(position),
@@ -1029,7 +1059,7 @@ class ConversationActor:
             pending_chats=pending,
             pending_approvals=approvals,
             active_runs=tool_runs,
-            tasks=[],
+            tasks=tasks,
             tool_history=history,
             detail_mode=detail_mode,
         )

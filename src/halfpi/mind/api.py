@@ -48,10 +48,10 @@ HANDLERS: dict[str, Handler] = {
     "face.approval.resolve": commands.approval_resolve,
     "face.approval.list": commands.approval_list,
     "face.run.cancel": cancels.run_cancel,
-    "face.task.cancel": commands.task_cancel,
+    "face.task.cancel": cancels.task_cancel,
     "face.task.list": commands.task_list,
     "face.task.get": commands.task_get,
-    "face.task.log": commands.task_get,
+    "face.task.log": commands.task_log,
     "face.hand.list": commands.hand_list,
 }
 

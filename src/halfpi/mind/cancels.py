@@ -97,6 +97,30 @@ async def run_cancel(mind: Mind, caller: Caller, p: wire.RunCancel) -> None:
     await mind.registry.admit(caller, "face.run.cancel", p, admit)
 
 
+async def task_cancel(mind: Mind, caller: Caller, p: wire.TaskCancel) -> None:
+    """Cancel a background task; the result comes once it is terminal (its
+    Hand decides, DESIGN §8). One already ended converges at once (I10)."""
+
+    async def admit(record: RequestRecord) -> RequestRecord | Tombstone:
+        row = await mind.store.get_task(p.task_id)
+        if row is None:
+            raise NotFound(ErrorCode.TASK_NOT_FOUND, "no such task", field="task_id")
+        record.conversation_id = row.conversation_id
+        record.accepted = builtins(
+            Accepted(request_id=record.request_id, operation="task.cancel",
+                     conversation_id=row.conversation_id)
+        )
+        target = {"task_id": p.task_id}
+        if row.terminal:
+            return await _admit(mind, caller, record, target, row.state, None, None)
+        ended = mind.tasks.terminal(p.task_id)
+        return await _admit(
+            mind, caller, record, target, None, ended, lambda: mind.tasks.cancel(row)
+        )
+
+    await mind.registry.admit(caller, "face.task.cancel", p, admit)
+
+
 async def _admit(
     mind: Mind,
     caller: Caller,

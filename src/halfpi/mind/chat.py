@@ -20,6 +20,7 @@ from halfpi.agents.base import Agent, AgentFailed, ChatInput, Delta, Turn, Usage
 from halfpi.core.events import TokenUsage
 from halfpi.logs import bind
 from halfpi.mind.actor import ChatRun, ConversationActor
+from halfpi.mind.tasks import TaskDispatcher
 from halfpi.mind.tools import ToolCalls
 
 log = logging.getLogger("halfpi.actor")
@@ -30,9 +31,12 @@ HISTORY_MESSAGES = 200
 
 
 class ChatDriver:
-    def __init__(self, agent: Agent, tools: ToolCalls) -> None:
+    def __init__(
+        self, agent: Agent, tools: ToolCalls, tasks: TaskDispatcher | None = None
+    ) -> None:
         self.agent = agent
         self.tools = tools
+        self.tasks = tasks  # background tasks the agent may start
 
     async def __call__(self, actor: ConversationActor, run: ChatRun) -> None:
         status, error_code, why = "succeeded", None, None
@@ -47,6 +51,8 @@ class ChatDriver:
                 partial(self.tools.call, actor, run),
                 partial(history, actor, run),
                 self.tools.specs(),
+                **({} if self.tasks is None else
+                   {"start_task": partial(self.tasks.admit, actor, run)}),
             )
             emit = actor.emit_delta
             async for out in self.agent.reply(chat):

@@ -35,7 +35,7 @@ from halfpi.core.titles import clean_name
 from halfpi.errors import ErrorCode, Forbidden, InvalidRequest, NotFound, TooLarge
 from halfpi.mind.caller import Caller
 from halfpi.mind.records import message_entry
-from halfpi.store.base import WriteTx
+from halfpi.store.base import TaskRow, WriteTx
 
 if TYPE_CHECKING:
     from halfpi.mind.service import Mind
@@ -198,16 +198,43 @@ async def approval_list(mind: Mind, caller: Caller, p: wire.ApprovalList) -> Non
     succeeded(caller, p.request_id, ApprovalPage(approvals=await mind.waiting_approvals()))
 
 
-async def task_cancel(mind: Mind, caller: Caller, p: wire.TaskCancel) -> None:
-    raise NotFound(ErrorCode.TASK_NOT_FOUND, "no such task", field="task_id")
+# -- background tasks (DESIGN §8): the Mind's last known snapshot ----------------------------
 
 
-async def task_get(mind: Mind, caller: Caller, p: wire.TaskGet | wire.TaskLog) -> None:
-    raise NotFound(ErrorCode.TASK_NOT_FOUND, "no such task", field="task_id")
+async def stored_task(mind: Mind, task_id: str) -> TaskRow:
+    row = await mind.store.get_task(task_id)
+    if row is None:
+        raise NotFound(ErrorCode.TASK_NOT_FOUND, "no such task", field="task_id")
+    return row
+
+
+def sees_bodies(caller: Caller) -> bool:
+    """Whether this connection may see argument and log bodies (I9)."""
+    return detail_mode_for(caller, None, keep=False) == "transparent"
+
+
+async def task_get(mind: Mind, caller: Caller, p: wire.TaskGet) -> None:
+    row = await stored_task(mind, p.task_id)
+    succeeded(caller, p.request_id, mind.tasks.view(row, transparent=sees_bodies(caller)))
 
 
 async def task_list(mind: Mind, caller: Caller, p: wire.TaskList) -> None:
-    succeeded(caller, p.request_id, TaskPage(tasks=[]))
+    """Newest first; ``hand`` filters by the Hand's name."""
+    rows = await mind.store.list_tasks(limit=p.limit if p.hand is None else 500)
+    if p.hand is not None:
+        rows = [r for r in rows if r.hand_label == p.hand][: p.limit]
+    transparent = sees_bodies(caller)
+    succeeded(caller, p.request_id,
+              TaskPage(tasks=[mind.tasks.view(r, transparent=transparent) for r in rows]))
+
+
+async def task_log(mind: Mind, caller: Caller, p: wire.TaskLog) -> None:
+    """A page of the log, read from the task's Hand; its body only for a
+    transparent admission read by a transparent viewer (I9)."""
+    row = await stored_task(mind, p.task_id)
+    body = row.detail_mode == "transparent" and sees_bodies(caller)
+    page = await mind.tasks.read_log(row, p.offset, p.limit, body)
+    succeeded(caller, p.request_id, page)
 
 
 async def hand_list(mind: Mind, caller: Caller, p: wire.HandList) -> None:

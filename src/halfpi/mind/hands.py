@@ -146,6 +146,9 @@ class HandRegistry:
         self.finished: Counter[str] = Counter()  # runs ended, by state, for /metrics
         # Called with (hand_id, connected, conversation ids with runs on it).
         self.on_presence: Callable[[str, bool, set[str]], None] | None = None
+        # Called with (hand_id, connected) at every connect and disconnect
+        # (background tasks: shown stale while away, delivered once back).
+        self.on_link: Callable[[str, bool], None] | None = None
 
     def _presence(self, hand_id: str, connected: bool) -> None:
         if self.on_presence is not None:
@@ -201,6 +204,8 @@ class HandRegistry:
                     {"error_category": "lost", "error": "the Hand no longer has this run"},
                 )
         self._presence(hand.hand_id, True)
+        if self.on_link is not None:
+            self.on_link(hand.hand_id, True)
         return {
             "hand_id": hand.hand_id,
             "generation": generation,
@@ -222,6 +227,8 @@ class HandRegistry:
             if check.hand_id == hand.hand_id:
                 self._end_check(check_id, HandUnavailable(f"Hand {hand.hand_id!r} went away"))
         self._presence(hand.hand_id, False)
+        if self.on_link is not None:
+            self.on_link(hand.hand_id, False)
         hand.grace = self.scheduler.call_later(
             self.grace_s, self._lose_runs, hand.hand_id, "the Hand stayed away too long"
         )

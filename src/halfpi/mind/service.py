@@ -58,6 +58,7 @@ from halfpi.mind.recovery import recover_tools
 from halfpi.mind.registry import Registry
 from halfpi.mind.scheduler import Scheduler
 from halfpi.mind.subscriptions import ConversationView, Sink, Subscriptions
+from halfpi.mind.tasks import TaskDispatcher
 from halfpi.mind.tickets import StreamTickets
 from halfpi.mind.tools import ToolCalls
 from halfpi.store.base import (
@@ -173,6 +174,11 @@ class Mind:
         self.hands.on_presence = self._hand_presence
         self.approvals = Approvals(config.approval_ttl_s, self.scheduler)
         self.approvals.announce = self.announce
+        # Background tasks: the outbox's dispatcher, on the same clock.
+        self.tasks = TaskDispatcher(
+            lambda: self.store, self.scheduler, self.hands, self.actor, self.spawn
+        )
+        self.hands.on_link = self.tasks.on_presence
         # What every actor is given (not the Mind): the store, the journal,
         # time, the chat driver, and where results and news go.
         self.env = ActorEnv(
@@ -181,7 +187,7 @@ class Mind:
             clock=clock,
             # The Mind's waits between retries: on the same clock, unless injected.
             sleep=sleep or self.scheduler.sleep,
-            drive=ChatDriver(agent, ToolCalls(self.hands, self.approvals, config)),
+            drive=ChatDriver(agent, ToolCalls(self.hands, self.approvals, config), self.tasks),
             deliver=self.registry.deliver,
             announce=self.announce,
             tool_history=config.tool_history,
@@ -189,6 +195,7 @@ class Mind:
             checkpoint_chars=config.checkpoint_chars,
             call_later=self.scheduler.call_later,
             fenced_out=self.step_down,
+            tasks=self.tasks.of_conversation,
         )
         self._local_hand_factory = local_hand
         self.local_hand: LocalHand | None = None
@@ -253,6 +260,7 @@ class Mind:
             await self._create_local_hand_credential()
         await self._recover()
         self.scheduler.start()
+        await self.tasks.start()
         self.scheduler.call_later(self.config.credential_poll_s, self._maintenance_round)
         check = getattr(self.agent, "check", None)
         if check is not None:  # a model provider: is its server there? (one line if not)
@@ -360,6 +368,7 @@ class Mind:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._local_hand_task
         # No timer fires any more (TTLs, graces, deadlines, maintenance).
+        self.tasks.close()
         self.scheduler.close()
         if self.cluster is not None:  # give the leases back: others take over at once
             await self.cluster.close()

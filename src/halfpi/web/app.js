@@ -985,6 +985,13 @@ class Face {
       items.push(this.renderMessage(m));
       if (m.role === "user") for (const t of byRequest.get(m.request_id) || []) items.push(this.renderTool(t));
     }
+    // Background tasks (DESIGN §8): a line each, with its state.
+    for (const t of [...view.tasks.values()].sort((a, b) => (a.created_at || 0) - (b.created_at || 0))) {
+      items.push(el("li", { class: "task", "data-task-id": t.task_id, "data-state": t.state,
+                            "data-stale": t.stale ? "true" : "false",
+                            text: "⚙ task " + (t.tool || "?") + " on " + (t.hand || "?") + ": "
+                              + taskState(t) }));
+    }
     for (const reply of view.pending.values()) {
       const userSeen = view.messages.some((m) => m.role === "user" && m.request_id === reply.request_id);
       if (!userSeen) continue; // shown after its message only
@@ -1138,8 +1145,8 @@ class Face {
 
 export function newView(id) {
   return {
-    id, seq: -1, messages: [], pending: new Map(), tools: new Map(), ready: false, snapshots: 0,
-    mismatches: 0,
+    id, seq: -1, messages: [], pending: new Map(), tools: new Map(), tasks: new Map(), ready: false,
+    snapshots: 0, mismatches: 0,
   };
 }
 
@@ -1162,6 +1169,7 @@ export function applySnapshot(view, snap) {
     const card = toolCard(view, a.tool_call_id, a);
     card.approval = { ...a, status: "pending" };
   }
+  view.tasks = new Map((snap.tasks || []).map((t) => [t.task_id, { ...t }]));
   view.ready = true;
   view.snapshots += 1;
 }
@@ -1228,6 +1236,16 @@ export function applyEvent(view, e) {
       card.run_status = d.status;
       break;
     }
+    case "task.started":
+    case "task.progress":
+    case "task.completed":
+      // Each task event carries the task as it stands.
+      // The first terminal state stands: a late progress never reopens a task.
+      if (d.task && d.task.task_id && !(TASK_ENDED.has((view.tasks.get(d.task.task_id) || {}).state)
+                                        && !TASK_ENDED.has(d.task.state))) {
+        view.tasks.set(d.task.task_id, { ...d.task });
+      }
+      break;
     case "chat.tool_completed": {
       const card = toolCard(view, d.tool_call_id, d);
       Object.assign(card, { status: d.status, success: d.success, error_category: d.error_category,
@@ -1264,6 +1282,16 @@ function toolsByRequest(view) {
     out.get(t.request_id).push(t);
   }
   return out;
+}
+
+const TASK_ENDED = new Set(["succeeded", "failed", "cancelled", "timed_out", "lost", "dead"]);
+
+export function taskState(t) {
+  let state = t.state || "?";
+  if (t.exit_code !== null && t.exit_code !== undefined && t.exit_code !== 0) state += ` (exit ${t.exit_code})`;
+  else if (["failed", "dead", "lost"].includes(t.state) && t.error) state += ` (${t.error})`;
+  if (t.stale) state += " · stale (its Hand is away)";
+  return state;
 }
 
 export function toolState(t) {

@@ -94,7 +94,7 @@ async def test_text_streams_as_deltas_in_the_order_it_came(model: FakeModel) -> 
     assert request.messages == [{"role": "system", "content": "be brief"},
                                 {"role": "user", "content": "hello"}]
     offered = [t["function"]["name"] for t in request.body["tools"]]
-    assert offered == ["exec_command", "read_file"]
+    assert offered == ["exec_command", "read_file", "start_task"]
     assert request.body["tool_choice"] == "auto"
 
 
@@ -172,6 +172,40 @@ async def test_invalid_json_arguments_go_back_to_the_model_as_a_tool_error(
     assert content["status"] == "failed"
     assert content["error_category"] == "bad_arguments"
     assert "not valid JSON" in content["error"]
+
+
+async def test_the_model_starts_a_background_task_and_hears_its_id_at_once(
+    model: FakeModel,
+) -> None:
+    model.script(
+        Reply(tool_calls(("call_1", "start_task",
+                          '{"tool": "exec_command", "arguments": {"command": "make"}}'))),
+        Reply(text("started")),
+    )
+    started: list[tuple[str, dict[str, Any]]] = []
+
+    async def start_task(tool: str, args: dict[str, Any]) -> dict[str, Any]:
+        started.append((tool, args))
+        return {"status": "accepted", "task_id": "t_1", "hand": "local"}
+
+    tools = Tools()
+    brain, _ = agent(model)
+    base = chat("build it", tools)
+    said, _ = await collect(brain, ChatInput(base.conversation_id, base.request_id, base.content,
+                                             base.call_tool, base.history, base.tools,
+                                             start_task))
+    assert said == "started"
+    assert started == [("exec_command", {"command": "make"})]
+    assert tools.calls == []  # nothing ran in the foreground
+    answer = json.loads(model.requests[1].messages[-1]["content"])
+    assert answer == {"status": "accepted", "task_id": "t_1", "hand": "local"}
+
+
+async def test_start_task_is_not_offered_without_a_hand(model: FakeModel) -> None:
+    model.script(Reply(text("ok")))
+    brain, _ = agent(model)
+    await collect(brain, chat(specs=()))
+    assert "tools" not in model.requests[0].body
 
 
 async def test_a_tool_that_was_not_offered_does_not_run(model: FakeModel) -> None:

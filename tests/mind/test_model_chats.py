@@ -116,7 +116,7 @@ async def test_the_model_is_offered_the_tools_of_the_conversations_hand(
     face, cid = await face_on(lmind)
     await face.chat_to_end(cid, "hi", "q1")
     tools = model.requests[0].body["tools"]
-    assert [t["function"]["name"] for t in tools] == ["exec_command", "read_file"]
+    assert [t["function"]["name"] for t in tools] == ["exec_command", "read_file", "start_task"]
     schema = tools[0]["function"]["parameters"]
     assert schema["required"] == ["command"] and schema["type"] == "object"
     await face.close()

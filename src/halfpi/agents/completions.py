@@ -243,7 +243,7 @@ def tool_result_content(result: dict[str, Any]) -> str:
         out["stderr"] = stderr[:MAX_STDERR_CHARS]
     if len(stdout) > MAX_TOOL_RESULT_CHARS or len(stderr) > MAX_STDERR_CHARS:
         out["truncated"] = True
-    for key in ("error_category", "error"):
+    for key in ("error_category", "error", "task_id", "hand"):  # (a started task's)
         if result.get(key):
             out[key] = str(result[key])
     return json.dumps(out, ensure_ascii=False)

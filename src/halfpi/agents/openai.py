@@ -162,6 +162,24 @@ async def _read(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         raise _Broken(f"the connection broke mid-reply ({type(exc).__name__}: {exc})") from exc
 
 
+# The model's way to start a background task (DESIGN §8): one of the Hand's
+# tools, run on the Hand after this reply, outliving it.
+START_TASK = ToolSpec(
+    "start_task",
+    "Run one of the other tools as a background task on the Hand (a build, a download, a "
+    "long test run): returns at once with its task_id; the task's progress and its end "
+    "appear in the conversation.",
+    {
+        "type": "object",
+        "properties": {
+            "tool": {"type": "string", "description": "the tool to run, e.g. exec_command"},
+            "arguments": {"type": "object", "description": "that tool's arguments"},
+        },
+        "required": ["tool"],
+    },
+)
+
+
 class OpenAIAgent:
     def __init__(
         self,
@@ -252,8 +270,13 @@ class OpenAIAgent:
         )
 
     def _offered(self, tools: Sequence[ToolSpec]) -> list[ToolSpec]:
+        """The Hand's tools the settings allow, and — when a Hand is there —
+        ``start_task``, which runs one of them as a background task."""
         allowed = self.settings.tools
-        return [t for t in tools if allowed is None or t.name in allowed]
+        offered = [t for t in tools if allowed is None or t.name in allowed]
+        if tools and (allowed is None or START_TASK.name in allowed):
+            offered.append(START_TASK)
+        return offered
 
     async def _run(
         self, chat: ChatInput, call: ToolCall, offered: Sequence[ToolSpec]
@@ -267,6 +290,11 @@ class OpenAIAgent:
         args = parse_arguments(call.arguments)
         if isinstance(args, str):
             return tool_error("bad_arguments", args)
+        if call.name == START_TASK.name:  # admitted through the Mind's outbox (DESIGN §8)
+            tool, arguments = args.get("tool"), args.get("arguments", {})
+            if not isinstance(tool, str) or not isinstance(arguments, dict):
+                return tool_error("bad_arguments", "start_task takes {tool: NAME, arguments: {…}}")
+            return await chat.start_task(tool, arguments)
         return await chat.call_tool(call.name, args)
 
     def _params(

@@ -880,7 +880,31 @@ def build_parser() -> argparse.ArgumentParser:
     rest.add_argument("--home", metavar="DIR", help=home_help)
     rest.add_argument("--store", type=store_url, metavar="URL", help=store_help)
     rest.set_defaults(func=cmd_restore)
+    conf = sub.add_parser(
+        "conformance",
+        help="run the session contract against a running Mind and print a pass/fail table",
+        description="Start a fault-injecting proxy on 127.0.0.1 in front of URL "
+        "(ws://HOST:PORT/v1/face or http://HOST:PORT) and check request replay and conflict, "
+        "a break before the answer, resume mid-reply, reset, bad input and the approvals race. "
+        "The target must run the scripted agent (no --model: /pace, /tool); TOKEN is an "
+        "operator Face credential that may approve. Exit 0 only when no check failed.",
+    )
+    conf.add_argument("url", metavar="URL", help="the Mind's Face URL or HTTP address")
+    conf.add_argument("--token", required=True, help="an operator Face token")
+    conf.set_defaults(func=cmd_conformance)
     return parser
+
+
+def cmd_conformance(args: argparse.Namespace) -> int:
+    from halfpi.conformance.kit import run_checks, table, target_of
+
+    try:
+        target_of(args.url)
+    except ValueError as exc:
+        raise UserError(str(exc), EXIT_USAGE) from None
+    outcomes = asyncio.run(run_checks(args.url, args.token))
+    print(table(outcomes))
+    return EXIT_FAILURE if any(o.result == "fail" for o in outcomes) else 0
 
 
 def cmd_backup(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ time bound. The target is assumed to run the scripted agent (``/pace``,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -134,7 +135,7 @@ class Face:
 
     async def close(self) -> None:
         self.reader.cancel()
-        await asyncio.wait_for(self.ws.close(), 2) if not self.reader.done() else None
+        await asyncio.wait_for(self.ws.close(), 2)
 
 
 async def user_messages(face: Face, cid: str, rid: str) -> int:
@@ -162,10 +163,8 @@ class Kit:
 
     async def close_all(self) -> None:
         for face in self.faces:
-            try:
+            with contextlib.suppress(Exception):  # a broken face is closed enough
                 await face.close()
-            except Exception:  # noqa: BLE001 - a face already broken is closed enough
-                pass
         self.faces.clear()
 
     # 1 -----------------------------------------------------------------
@@ -319,7 +318,7 @@ class Kit:
         await op.send("face.chat", {"request_id": rid, "conversation_id": cid, "content": content})
 
         def asked(f: Frame) -> bool:
-            return (f["type"] == "face.event" and f["payload"]["type"] == "approval.requested"
+            return bool(f["type"] == "face.event" and f["payload"]["type"] == "approval.requested"
                     and f["payload"]["data"].get("request_id") == rid)
 
         try:
@@ -380,7 +379,7 @@ async def run_checks(url: str, token: str, *,
                 outcomes.append(Outcome(name, "fail", f"did not finish within {timeout_s:g} s"))
             except (OSError, ConnectionClosed) as exc:
                 outcomes.append(Outcome(name, "fail", f"connection: {exc}"))
-            except Exception as exc:  # noqa: BLE001 - a target's odd answer is a failed check
+            except Exception as exc:  # a target's odd answer is a failed check
                 outcomes.append(Outcome(name, "fail", f"{type(exc).__name__}: {exc}"[:200]))
             finally:
                 await kit.close_all()

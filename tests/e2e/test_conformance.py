@@ -15,7 +15,7 @@ from tests.support.mind import MindProcess
 pytestmark = pytest.mark.e2e
 
 CHECKS = ("request replay and conflict", "break before the answer", "resume mid-reply",
-          "reset on an unknown epoch", "bad input", "approvals race")
+          "reset on an unknown epoch", "bad input", "approvals race", "slow consumer")
 
 
 def rows(stdout: str) -> dict[str, str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 
 
 class KitProxy:
@@ -20,6 +21,10 @@ class KitProxy:
         self._links: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter,
                                 list[asyncio.Task[None]]]] = []
         self.cuts = 0
+        # Cleared: nothing is read from the target for the client any more,
+        # so the target's writes back up as if the client had stopped reading.
+        self.flowing = asyncio.Event()
+        self.flowing.set()
 
     async def start(self) -> KitProxy:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -46,20 +51,42 @@ class KitProxy:
         self._links.clear()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # A small receive buffer (set before connecting, so the window starts
+        # small): a paused link backs up into the target quickly.
+        loop = asyncio.get_running_loop()
         try:
-            up_r, up_w = await asyncio.open_connection(self.host, self.port_target)
+            info = await loop.getaddrinfo(self.host, self.port_target, type=socket.SOCK_STREAM)
         except OSError:
+            writer.transport.abort()
+            return
+        family, _, _, _, address = info[0]
+        upstream = socket.socket(family, socket.SOCK_STREAM)
+        upstream.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        upstream.setblocking(False)
+        try:
+            await asyncio.wait_for(
+                loop.sock_connect(upstream, address), 5)
+            up_r, up_w = await asyncio.open_connection(sock=upstream)
+        except (OSError, TimeoutError):
+            upstream.close()
             writer.transport.abort()
             return
         tasks: list[asyncio.Task[None]] = []
         self._links.append((writer, up_w, tasks))
-        tasks.append(asyncio.create_task(self._pump(reader, up_w)))
-        tasks.append(asyncio.create_task(self._pump(up_r, writer)))
+        tasks.append(asyncio.create_task(self._pump(reader, up_w, to_client=False)))
+        tasks.append(asyncio.create_task(self._pump(up_r, writer, to_client=True)))
 
-    @staticmethod
-    async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    *, to_client: bool) -> None:
         try:
-            while data := await reader.read(65536):
+            while True:
+                if to_client:
+                    await self.flowing.wait()
+                data = await reader.read(4096 if to_client else 65536)
+                if not data:
+                    break
+                if to_client:
+                    await self.flowing.wait()
                 writer.write(data)
                 await writer.drain()
         except (ConnectionError, asyncio.CancelledError):

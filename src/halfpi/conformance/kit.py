@@ -48,8 +48,8 @@ def target_of(url: str) -> tuple[str, int]:
     """``ws://HOST:PORT/v1/face`` or ``http://HOST:PORT`` → (host, port)."""
     parts = urlsplit(url)
     if parts.scheme not in ("ws", "http") or not parts.hostname:
-        raise ValueError(f"not a ws:// or http:// URL: {url!r} (for TLS, run the kit on the "
-                         "Mind's own machine against its plain address)")
+        raise ValueError(f"not a ws:// or http:// URL: {url!r} (the kit speaks plain "
+                         "WebSocket only: point it at a plain listener, e.g. behind the TLS proxy)")
     return parts.hostname, parts.port or (80 if parts.scheme == "http" else 15707)
 
 
@@ -395,8 +395,8 @@ class Kit:
 
     # 8 -----------------------------------------------------------------
     async def revocation(self) -> str:
-        raise Skipped("needs `halfpi face revoke` on the target's own store; see "
-                      "tests/e2e/test_auth.py")
+        raise Skipped("needs `halfpi face revoke` on the target's own store, "
+                      "which a client cannot reach")
 
 
 CHECKS: tuple[tuple[str, Callable[[Kit], Awaitable[str]]], ...] = (

@@ -107,3 +107,19 @@ async def test_a_command_sent_to_a_node_that_does_not_own_the_conversation_runs_
     assert [m.content for m in messages.messages if m.role == "user"] == ["hello from b"]
     await owner.close()
     await other.close()
+
+
+async def test_a_node_whose_lease_renewals_fall_behind_is_not_ready(
+    two_nodes: tuple[tuple[Mind, str], tuple[Mind, str], str],
+) -> None:
+    from halfpi.mind.cluster import ClusterNode
+    from halfpi.mind.health import probe_of
+
+    (mind_a, _), _, _ = two_nodes
+    assert isinstance(mind_a.cluster, ClusterNode)
+    ready = await probe_of(mind_a).check()
+    assert ready.checks == {"store": "ok", "journal": "ok", "leases": "ok"}
+    mind_a.cluster.renewed_at -= 3600  # as if its renewal rounds had stalled for an hour
+    stalled = await probe_of(mind_a).check()
+    assert not stalled.ready
+    assert stalled.checks["leases"].startswith("unreachable")

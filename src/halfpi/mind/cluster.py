@@ -212,6 +212,8 @@ class ClusterNode:
         self._making: dict[str, asyncio.Future[Replica]] = {}
         self._forwards: dict[str, _Forward] = {}
         self._renewer: asyncio.Task[None] | None = None
+        # When the last renewal round ended having reached Redis (readiness).
+        self.renewed_at = time.monotonic()
         self._last_sweep = float("-inf")
         journal.settle_on_open = True
         journal.on_fenced = self._fenced
@@ -296,15 +298,26 @@ class ClusterNode:
         period = self.mind.config.lease_ms / 3000.0
         while True:
             await asyncio.sleep(period)  # the renewal period (a production timer)
+            reached = True
             for conversation_id, lease in list(self.held.items()):
                 try:
                     kept = await self.leases.renew(lease)
                 except Exception as exc:
                     log.warning("could not renew the lease of %s: %s", conversation_id, exc)
+                    reached = False
                     continue  # it may still expire: the fence protects the data
                 if not kept and self.held.get(conversation_id) is lease:
                     log.warning("lost the lease of %s: stepping down", conversation_id)
                     self.mind.step_down(conversation_id)
+            if reached:
+                self.renewed_at = time.monotonic()
+
+    async def check_leases(self) -> None:
+        """Readiness: the last renewal round reached Redis within ``lease_ms``
+        (a node that cannot renew loses what it owns)."""
+        behind = time.monotonic() - self.renewed_at
+        if behind > self.mind.config.lease_ms / 1000.0:
+            raise RuntimeError(f"lease renewals are {behind:.1f} s behind")
 
     # -- following -----------------------------------------------------------------
 

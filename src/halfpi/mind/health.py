@@ -7,7 +7,9 @@ A readiness check makes one cheap round trip to each part a request needs:
   lock; PostgreSQL: an empty transaction), so a writer that is stuck or a
   database that refuses writes shows;
 - the Journal: a Redis ``PING`` when the journal is Redis (cluster mode);
-  an in-process journal is always there.
+  an in-process journal is always there;
+- in cluster mode, the leases: the node's renewal rounds keep up (the last
+  one ended within ``lease_ms``), so it can keep the conversations it owns.
 
 A probe's answer is kept for ``ttl_s`` (1 s) on the Mind's clock, and
 checks that arrive while one runs share it: a load balancer polling every
@@ -69,7 +71,9 @@ class ReadinessProbe:
         *,
         ttl_s: float = TTL_S,
         timeout_s: float = TIMEOUT_S,
+        more: dict[str, Callable[[], Awaitable[Any]]] | None = None,
     ) -> None:
+        self._more = more or {}
         self._store_write = store_write
         self._journal_ping = journal_ping
         self._clock = clock
@@ -96,6 +100,8 @@ class ReadinessProbe:
                 checks.append(_probe("journal", self._journal_ping(), self.timeout_s))
             else:
                 checks.append(_ready("journal"))
+            for name, check in self._more.items():
+                checks.append(_probe(name, check(), self.timeout_s))
             readiness = Readiness(dict(await asyncio.gather(*checks)))
             self._last, self._at = readiness, self._clock()
             return readiness
@@ -116,4 +122,7 @@ def probe_of(mind: Mind) -> ReadinessProbe:
 
     client = getattr(mind.journal, "client", None)
     ping = getattr(client, "ping", None)
-    return ReadinessProbe(store_write, ping, mind.now)
+    more: dict[str, Callable[[], Awaitable[Any]]] | None = None
+    if mind.cluster is not None:
+        more = {"leases": mind.cluster.check_leases}
+    return ReadinessProbe(store_write, ping, mind.now, more=more)

@@ -130,6 +130,10 @@ class Ownership(Protocol):
 
     def announce(self, message: Message) -> None: ...
 
+    async def check_leases(self) -> None:
+        """Raises unless the node's lease renewals keep up (readiness)."""
+        ...
+
 
 # (url, connector or None) -> the local Hand dialling the Mind at url.
 LocalHandFactory = Callable[[str, Any], LocalHand]

@@ -24,6 +24,7 @@ class MindMetrics:
     # Replies that ended with an error code (provider_error, …), by code.
     chat_errors: Counter[str] = field(default_factory=Counter)
     evictions: Counter[str] = field(default_factory=Counter)  # by transport
+    resets: Counter[str] = field(default_factory=Counter)  # face.reset sent, by reason
     handshakes_failed: Counter[str] = field(default_factory=Counter)  # by kind
     handshakes_throttled: int = 0
     # Totals of connections that closed (live ones are read from their queues).

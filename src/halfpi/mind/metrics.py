@@ -107,6 +107,9 @@ class MindCollector(Collector):
         yield CounterMetricFamily("halfpi_progress_shed",
                                   "Tool progress messages dropped from full queues",
                                   value=shed + metrics.closed_shed)
+        yield _by(CounterMetricFamily("halfpi_resets",
+                                      "face.reset sent to a Face, by reason",
+                                      labels=["reason"]), metrics.resets)
         yield _by(CounterMetricFamily("halfpi_evictions",
                                       "Connections closed as slow consumers, by transport",
                                       labels=["transport"]), metrics.evictions)

@@ -643,7 +643,10 @@ class Mind:
 
     def subscriptions_for(self, sink: Sink) -> Subscriptions:
         """An empty set of subscriptions for a new connection (``sink``)."""
-        return Subscriptions(sink, self.journal, self.spawn, self.config.snapshot_messages)
+        return Subscriptions(
+            sink, self.journal, self.spawn, self.config.snapshot_messages,
+            self.env.metrics.resets,
+        )
 
     def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro, name=name)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
@@ -183,12 +183,22 @@ class Subscriptions:
         "by_conversation",
         "journal",
         "replaying",
+        "resets",
         "sink",
         "snapshot_messages",
         "spawn",
     )
 
-    def __init__(self, sink: Sink, journal: Journal, spawn: Spawn, snapshot_messages: int) -> None:
+    def __init__(
+        self,
+        sink: Sink,
+        journal: Journal,
+        spawn: Spawn,
+        snapshot_messages: int,
+        resets: Counter[str] | None = None,
+    ) -> None:
+        # Resets sent, by reason: the Mind's counters (``GET /metrics``).
+        self.resets: Counter[str] = Counter() if resets is None else resets
         self.sink = sink
         self.journal = journal
         self.spawn = spawn
@@ -298,6 +308,7 @@ class Subscriptions:
                 followups.append(
                     to_message(Reset(conversation_id=cid, reason=plan.reason.value, snapshot=snap))
                 )
+                self.resets[plan.reason.value] += 1
                 modes[cid] = "reset"
             elif p.snapshot:
                 snap = await actor.snapshot(limit, detail_mode)
@@ -408,6 +419,7 @@ class Subscriptions:
                     return
                 reset = Reset(conversation_id=cid, reason=plan.reason.value, snapshot=snap)
                 self.sink.send(to_message(reset))
+                self.resets[plan.reason.value] += 1
                 self.install(view, parse_cursor(snap.cursor).seq, transient_types, detail_mode)
                 return
             except Exception as exc:
@@ -564,6 +576,7 @@ class Subscriptions:
         self.sink.send(
             to_message(Reset(conversation_id=actor.id, reason="cursor_expired", snapshot=snap))
         )
+        self.resets["cursor_expired"] += 1
         self.install(actor, parse_cursor(snap.cursor).seq, sub.transient_types, sub.detail_mode)
 
     def resume_cursors(self, written: dict[str, str]) -> dict[str, str]:

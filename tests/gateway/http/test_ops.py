@@ -111,6 +111,18 @@ async def test_a_failed_handshake_is_counted_never_with_its_token(tmp_path: Path
         assert "wrong-token-123" not in answer.text
 
 
+async def test_a_reset_is_counted_by_its_reason(tmp_path: Path) -> None:
+    async with local_mind(tmp_path / "home", server="native") as lmind, \
+            httpx.AsyncClient(base_url=base_url(lmind.url)) as client:
+        face = await FaceClient.connect(lmind.url, lmind.token)
+        cid = await face.create_conversation()
+        accepted = await face.subscribe(cid, since="e0ther.3")  # an epoch it never had
+        assert accepted["payload"]["conversations"] == {cid: "reset"}
+        answer = await client.get("/metrics")
+        assert value(scrape(answer.text), "halfpi_resets_total", reason="epoch_changed") == 1
+        await face.close()
+
+
 async def test_metrics_with_a_token_answer_only_that_bearer(tmp_path: Path) -> None:
     async with local_mind(tmp_path / "home", server="asgi", metrics_token="scrape-me") as lmind, \
             httpx.AsyncClient(base_url=base_url(lmind.url)) as client:

@@ -48,6 +48,17 @@ async def start_task(rig: Rig, face: Peer, cid: str, args: dict[str, Any] = ECHO
     return str(started["payload"]["data"]["task"]["task_id"])
 
 
+async def task_delivered(rig: Rig) -> tuple[Peer, Peer, str, str, dict[str, Any]]:
+    """A Hand ``dev`` and a Face, a task started in a new conversation, and the
+    delivery the Hand got for it."""
+    hand = await rig.hand("dev")
+    face = await rig.face()
+    cid = await rig.conversation(face)
+    task_id = await start_task(rig, face, cid)
+    order = (await rig.take(hand, lambda f: f["type"] == "hand.task.deliver"))["payload"]
+    return hand, face, cid, task_id, order
+
+
 def receipt(delivery: Frame, hand_task: str = "h1", state: str = "queued",
             deduplicated: bool = False) -> dict[str, Any]:
     return {"delivery_id": delivery["delivery_id"], "task_id": hand_task, "state": state,
@@ -62,11 +73,7 @@ def update(delivery: Frame, state: str, hand_task: str = "h1", **fields: Any) ->
 
 async def test_a_task_started_by_a_chat_is_delivered_and_its_end_shown(tmp_path: Path) -> None:
     async with fake_time_mind(tmp_path / "home") as rig:
-        hand = await rig.hand("dev")
-        face = await rig.face()
-        cid = await rig.conversation(face)
-        task_id = await start_task(rig, face, cid)
-        order = (await rig.take(hand, lambda f: f["type"] == "hand.task.deliver"))["payload"]
+        hand, face, cid, task_id, order = await task_delivered(rig)
         assert (order["tool"], order["args"]) == ("exec_command", ECHO)
         row = await rig.mind.store.get_task(task_id)
         assert row is not None and row.delivery_id == order["delivery_id"]
@@ -136,11 +143,7 @@ async def until_async(check: Callable[[], Any], timeout: float = 10.0) -> None:
 async def test_a_receipt_stops_redelivery(tmp_path: Path) -> None:
     async with fake_time_mind(tmp_path / "home") as rig:
         rig.mind.tasks.draw = lambda: 0.5
-        hand = await rig.hand("dev")
-        face = await rig.face()
-        cid = await rig.conversation(face)
-        task_id = await start_task(rig, face, cid)
-        order = (await rig.take(hand, lambda f: f["type"] == "hand.task.deliver"))["payload"]
+        hand, _face, _cid, task_id, order = await task_delivered(rig)
         hand.send("hand.task.receipt", receipt(order))
 
         async def delivered() -> bool:
@@ -156,11 +159,7 @@ async def test_a_delivery_conflict_makes_the_task_dead_never_a_second_task(
     tmp_path: Path,
 ) -> None:
     async with fake_time_mind(tmp_path / "home") as rig:
-        hand = await rig.hand("dev")
-        face = await rig.face()
-        cid = await rig.conversation(face)
-        task_id = await start_task(rig, face, cid)
-        order = (await rig.take(hand, lambda f: f["type"] == "hand.task.deliver"))["payload"]
+        hand, face, _cid, task_id, order = await task_delivered(rig)
         hand.send("hand.task.refused", {"delivery_id": order["delivery_id"],
                                         "code": "delivery_conflict",
                                         "message": "another payload under this id"})
@@ -173,11 +172,7 @@ async def test_cancel_racing_completion_converges_on_the_first_terminal_state(
     tmp_path: Path,
 ) -> None:
     async with fake_time_mind(tmp_path / "home") as rig:
-        hand = await rig.hand("dev")
-        face = await rig.face()
-        cid = await rig.conversation(face)
-        task_id = await start_task(rig, face, cid)
-        order = (await rig.take(hand, lambda f: f["type"] == "hand.task.deliver"))["payload"]
+        hand, face, _cid, task_id, order = await task_delivered(rig)
         hand.send("hand.task.receipt", receipt(order))
         hand.send("hand.task.update", update(order, "running"))
         await rig.expect(face, task_event("task.progress", task_id=task_id, state="running"))
@@ -199,11 +194,7 @@ async def test_a_task_is_stale_while_its_hand_is_away_and_fresh_once_it_is_back(
     tmp_path: Path,
 ) -> None:
     async with fake_time_mind(tmp_path / "home") as rig:
-        hand = await rig.hand("dev")
-        face = await rig.face()
-        cid = await rig.conversation(face)
-        task_id = await start_task(rig, face, cid)
-        order = (await rig.take(hand, lambda f: f["type"] == "hand.task.deliver"))["payload"]
+        hand, face, cid, task_id, order = await task_delivered(rig)
         hand.send("hand.task.receipt", receipt(order))
         hand.send("hand.task.update", update(order, "running"))
         await rig.expect(face, task_event("task.progress", task_id=task_id, state="running"))
@@ -245,11 +236,7 @@ async def test_the_log_is_read_from_the_hand_with_its_body_only_for_transparent_
     tmp_path: Path,
 ) -> None:
     async with fake_time_mind(tmp_path / "home") as rig:
-        hand = await rig.hand("dev")
-        face = await rig.face()
-        cid = await rig.conversation(face)
-        task_id = await start_task(rig, face, cid)
-        order = (await rig.take(hand, lambda f: f["type"] == "hand.task.deliver"))["payload"]
+        hand, face, _cid, task_id, order = await task_delivered(rig)
         hand.send("hand.task.receipt", receipt(order))
         await rig.expect(face, task_event("task.progress", task_id=task_id))
         asked = await rig.command(face, "face.task.log", task_id=task_id, offset=0)
@@ -283,11 +270,7 @@ async def test_a_task_cancelled_before_its_receipt_is_stopped_on_the_hand_when_i
     tmp_path: Path,
 ) -> None:
     async with fake_time_mind(tmp_path / "home") as rig:
-        hand = await rig.hand("dev")
-        face = await rig.face()
-        cid = await rig.conversation(face)
-        task_id = await start_task(rig, face, cid)
-        order = (await rig.take(hand, lambda f: f["type"] == "hand.task.deliver"))["payload"]
+        hand, face, _cid, task_id, order = await task_delivered(rig)
         cancel = await rig.command(face, "face.task.cancel", task_id=task_id)
         result = await rig.reply(face, cancel)
         assert result["payload"]["data"]["outcome"] == "cancelled"
@@ -300,11 +283,7 @@ async def test_a_task_cancelled_before_its_receipt_is_stopped_on_the_hand_when_i
 
 async def test_a_dead_task_stays_dead_when_a_late_receipt_arrives(tmp_path: Path) -> None:
     async with fake_time_mind(tmp_path / "home") as rig:
-        hand = await rig.hand("dev")
-        face = await rig.face()
-        cid = await rig.conversation(face)
-        task_id = await start_task(rig, face, cid)
-        order = (await rig.take(hand, lambda f: f["type"] == "hand.task.deliver"))["payload"]
+        hand, face, _cid, task_id, order = await task_delivered(rig)
         hand.send("hand.task.refused", {"delivery_id": order["delivery_id"],
                                         "code": "unavailable", "message": "no state"})
         await rig.expect(face, task_event("task.completed", task_id=task_id, state="dead"))

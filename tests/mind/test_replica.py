@@ -123,3 +123,24 @@ async def test_a_node_whose_lease_renewals_fall_behind_is_not_ready(
     stalled = await probe_of(mind_a).check()
     assert not stalled.ready
     assert stalled.checks["leases"].startswith("unreachable")
+
+
+async def test_a_node_restarted_at_once_waits_for_its_previous_runs_lease_then_serves(
+    two_nodes: tuple[tuple[Mind, str], tuple[Mind, str], str],
+) -> None:
+    from halfpi.cluster.lease import Leases
+    from halfpi.mind.cluster import ClusterNode
+
+    (mind_a, url_a), _, token = two_nodes
+    face = await FaceClient.connect(url_a, token)
+    cid = await face.create_conversation()
+    assert isinstance(mind_a.cluster, ClusterNode)
+    # The lease of this node's previous run (same node id, killed a moment ago).
+    previous = Leases(mind_a.cluster.leases.client, "a", ttl_ms=700)
+    assert await previous.acquire(cid, at_least=await mind_a.store.fence_of(cid)) is not None
+    result = await face.chat_to_end(cid, "after a restart", "q-restart")
+    assert result["payload"]["status"] == "succeeded", result  # waited, not refused
+    lease = await mind_a.cluster.leases.holder(cid)
+    assert lease is not None and lease.node_id == "a"
+    assert lease.fence > 1  # a new token: the previous run's was never adopted
+    await face.close()

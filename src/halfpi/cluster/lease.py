@@ -104,6 +104,10 @@ class Leases:
         done = await self.client.eval(_RELEASE, 1, lease_key(lease.conversation_id), lease.value)
         return bool(done)
 
+    async def remaining_ms(self, conversation_id: str) -> int:
+        """How long the conversation's lease still lives (0: none)."""
+        return max(0, int(await self.client.pttl(lease_key(conversation_id))))
+
     async def holders(self, conversation_ids: list[str]) -> dict[str, str | None]:
         """Who owns each conversation now (one round trip): node id or None."""
         if not conversation_ids:

@@ -256,12 +256,18 @@ class ClusterNode:
                 lease = await self.leases.acquire(conversation_id, at_least)
             elif holder.node_id == self.node_id:
                 # A previous run of this node (killed, restarted at once) still
-                # holds it: it is ours again once that lease expires. Never
-                # adopted — a paused previous run would share its token.
-                raise Unavailable(
-                    "this node's previous run still holds the conversation for up to "
-                    f"{self.mind.config.lease_ms} ms; retry"
-                )
+                # holds it: ours again once that lease expires — waited for,
+                # never adopted (a paused previous run would share its token).
+                remaining = await self.leases.remaining_ms(conversation_id)
+                if remaining / 1000.0 > self.mind.config.forward_timeout_s:
+                    raise Unavailable(
+                        "this node's previous run still holds the conversation for "
+                        f"{remaining} ms; retry"
+                    )
+                await asyncio.sleep(remaining / 1000.0 + 0.01)  # until that lease expires
+                lease = await self.leases.acquire(conversation_id, at_least)
+                if lease is None:
+                    holder = await self.leases.holder(conversation_id)
             if lease is None:
                 owner = holder.node_id if holder is not None else "?"
                 raise NotOwner(conversation_id, owner)

@@ -149,6 +149,15 @@ def test_a_home_whose_database_is_not_one_is_one_line(tmp_path: Path) -> None:
 # -- the address file (DESIGN §12) ------------------------------------------------------
 
 
+def _interruptible() -> None:
+    """In the child, before exec: Ctrl-C as a terminal delivers it. A child
+    inherits its parent's blocked signals, and after a full suite the test
+    process may run with SIGINT blocked or ignored (then the Face never hears
+    it: the test waited 20 s in vain)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _face_env(tmp_path: Path) -> dict[str, str]:
     """No HALFPI_* from the caller, and a default home that is not the Mind's."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HALFPI_")}
@@ -233,7 +242,7 @@ def test_ctrl_c_on_a_waiting_headless_face_is_quiet(tmp_path: Path) -> None:
         [sys.executable, "-m", "halfpi.cli", "face", "--mode", "headless",
          "--url", f"ws://127.0.0.1:{port}/v1/face", "--token", "hpf_x"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=_face_env(tmp_path),
+        env=_face_env(tmp_path), preexec_fn=_interruptible,
     )
     assert proc.stderr is not None
     first = proc.stderr.readline()  # it says what it tries before we interrupt it

@@ -51,7 +51,8 @@ skips it).
 
 Metrics cost (``--metrics-cost BASE_SRC``, alone): this Mind, its
 ``/metrics`` scraped every second, against the same Mind run from the
-sources of a checkout from before the metrics, ``--faces`` each,
+sources of BASE_SRC (a checkout from before the metrics, or this tree
+with its counting lines removed), ``--faces`` each,
 alternating; the ratio is what counting and scraping cost.
 
     python benchmarks/fanout.py [--quick] [--rounds N] [--servers native asgi] [--json PATH]

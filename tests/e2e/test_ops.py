@@ -57,21 +57,26 @@ def dashboard_metrics() -> set[str]:
     return {name for expr in exprs for name in re.findall(r"\bhalfpi_[a-z_]+", expr)}
 
 
-async def test_every_metric_of_the_dashboard_is_in_a_scrape_of_a_real_mind(
-    tmp_path: Path,
-) -> None:
-    home = tmp_path / "home"
+async def scrape_after_a_chat(home: Path, *extra_args: str) -> str:
     home.mkdir()
-    mind = MindProcess(home).start()
+    mind = MindProcess(home, extra_args=extra_args).start()
     try:
         face = await FaceClient.connect(mind.url, mind.token)
         cid = await face.create_conversation()
         await face.chat_to_end(cid, "hello")
         await face.close()
         async with httpx.AsyncClient(base_url=base_url(mind.url)) as client:
-            scrape = (await client.get("/metrics")).text
+            return (await client.get("/metrics")).text
     finally:
         mind.terminate()
+
+
+async def test_every_metric_of_the_dashboard_is_in_a_scrape_of_a_real_mind(
+    tmp_path: Path, redis_server: RedisServer,  # noqa: F811
+) -> None:
+    # The in-process journal's metrics and the Redis journal's: one Mind each.
+    scrape = await scrape_after_a_chat(tmp_path / "home")
+    scrape += await scrape_after_a_chat(tmp_path / "redis-home", "--redis", redis_server.url)
     types = {line.split()[2]: line.split()[3] for line in scrape.splitlines()
              if line.startswith("# TYPE ")}
     used = dashboard_metrics()
@@ -79,3 +84,6 @@ async def test_every_metric_of_the_dashboard_is_in_a_scrape_of_a_real_mind(
     for name in sorted(used):
         family = re.sub(r"_(bucket|count|sum)$", "", name)
         assert name in types or types.get(family) == "histogram", f"{name} is not scraped"
+    written = [line for line in scrape.splitlines()
+               if line.startswith("halfpi_journal_written_bytes_total ")]
+    assert len(written) == 1 and float(written[0].split()[1]) > 0, written

@@ -294,3 +294,28 @@ async def test_a_dead_task_stays_dead_when_a_late_receipt_arrives(tmp_path: Path
         assert row is not None and row.state == "dead"
         ends = [f for f in face.wire.frames if task_event("task.completed")(f)]
         assert len(ends) == 1
+
+
+def task_samples(rig: Rig) -> dict[tuple[str, str], float]:
+    """The task metrics of a scrape: (sample name, its state label) → value."""
+    from halfpi.mind.metrics import MindCollector
+
+    return {(sample.name, sample.labels.get("state", "")): sample.value
+            for family in MindCollector(rig.mind).collect()
+            for sample in family.samples if "task" in sample.name}
+
+
+async def test_tasks_admitted_delivered_and_ended_are_counted_for_metrics(
+    tmp_path: Path,
+) -> None:
+    async with fake_time_mind(tmp_path / "home") as rig:
+        hand, face, _cid, task_id, order = await task_delivered(rig)
+        assert task_samples(rig) == {("halfpi_tasks_admitted_total", ""): 1,
+                                     ("halfpi_task_deliveries_total", ""): 1}
+        hand.send("hand.task.receipt", receipt(order))
+        hand.send("hand.task.update", update(order, "succeeded", started_at=2.0,
+                                             ended_at=3.0, exit_code=0, log_bytes=6))
+        await rig.expect(face, task_event("task.completed", task_id=task_id))
+        assert task_samples(rig) == {("halfpi_tasks_admitted_total", ""): 1,
+                                     ("halfpi_task_deliveries_total", ""): 1,
+                                     ("halfpi_tasks_ended_total", "succeeded"): 1}

@@ -140,6 +140,9 @@ class RedisJournal:
         self.on_lost: Callable[[str], None] | None = None
         self.settle_on_open = False
         self._fenced_append: Any = None
+        # Read by GET /metrics: the encoded entries sent to Redis (a refused
+        # write's included), in bytes.
+        self.written_bytes = 0
 
     @classmethod
     def from_url(cls, url: str, limits: JournalLimits | None = None) -> RedisJournal:
@@ -368,9 +371,11 @@ class RedisJournal:
                 future.set_result(None)
 
     def _xadd(self, pipe: Any, conversation_id: str, entry: JournalEntry) -> None:
+        body = _encode(entry)
+        self.written_bytes += len(body)
         pipe.xadd(
             stream_key(conversation_id),
-            {"e": _encode(entry)},
+            {"e": body},
             id=f"{entry.seq}-0",
             maxlen=self.limits.events,
             approximate=True,
@@ -398,6 +403,7 @@ class RedisJournal:
                     order.append((conversation_id, [future], None))
                 continue
             encoded = [_encode(entry) for entry, _ in items]  # each entry once
+            self.written_bytes += sum(len(body) for body in encoded)
             args: list[Any] = [token, maxlen, msgpack_array(encoded)]
             for (entry, _), body in zip(items, encoded, strict=True):
                 args.append(f"{entry.seq}-0")

@@ -153,6 +153,20 @@ class MindCollector(Collector):
         if isinstance(journal_bytes, int):
             yield GaugeMetricFamily("halfpi_journal_bytes",
                                     "Bytes the in-process journal keeps", value=journal_bytes)
+        written = getattr(mind.journal, "written_bytes", None)
+        if isinstance(written, int):
+            yield CounterMetricFamily("halfpi_journal_written_bytes",
+                                      "Bytes of encoded entries sent to the Redis journal",
+                                      value=written)
+        tasks = mind.tasks
+        yield CounterMetricFamily("halfpi_tasks_admitted", "Background tasks admitted",
+                                  value=tasks.admitted)
+        yield CounterMetricFamily("halfpi_task_deliveries",
+                                  "hand.task.deliver messages sent (first ones and retries)",
+                                  value=tasks.deliveries)
+        yield _by(CounterMetricFamily("halfpi_tasks_ended",
+                                      "Background tasks that ended here, by state",
+                                      labels=["state"]), tasks.ended)
         yield _by(CounterMetricFamily("halfpi_handshakes_failed",
                                       "Handshakes refused for their token, by kind",
                                       labels=["kind"]), metrics.handshakes_failed)

@@ -28,6 +28,7 @@ import base64
 import dataclasses
 import logging
 import random
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -106,6 +107,11 @@ class TaskDispatcher:
         # Cancels for delivered tasks whose Hand is away: sent when it is back.
         self._cancel_later: dict[str, set[str]] = {}
         self.closed = False
+        # Read by GET /metrics: tasks admitted, deliveries sent (first ones
+        # and retries), tasks this Mind saw end, by terminal state.
+        self.admitted = 0
+        self.deliveries = 0
+        self.ended: Counter[str] = Counter()
 
     @property
     def store(self) -> Store:
@@ -208,6 +214,7 @@ class TaskDispatcher:
         )
         started = actor.stage(TaskStarted(task=self.view(row)), now)
         await actor.commit(started, tx=WriteTx(tasks=[row]))
+        self.admitted += 1
         self.wake(now)
         return {"tool": tool, "status": "accepted", "task_id": row.task_id, "state": row.state,
                 "hand": hand.hand_id}
@@ -239,6 +246,7 @@ class TaskDispatcher:
             if row.timeout_s is not None:
                 body["timeout_s"] = row.timeout_s
             link.send("hand.task.deliver", body)
+            self.deliveries += 1
             self.wake(due)
         except NotOwner:
             pass  # cluster mode: the conversation's owner delivers it
@@ -365,6 +373,7 @@ class TaskDispatcher:
             log.warning("task %s: %s → %s refused (%s)", row.task_id, row.state,
                         update.state, exc)
             return
+        self.ended[after.state] += 1
         self._ended(row.task_id, after.state)
 
     async def _progress(self, row: TaskRow, actor: ConversationActor | None = None) -> None:

@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import re
+import shlex
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -594,20 +595,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not start the in-process Hand named 'local' (default: it starts)",
     )
-    mind.add_argument(
-        "--log-level",
-        default="info",
-        type=str.lower,
-        choices=LOG_LEVELS,
-        help="how much to log on stderr: %(choices)s (default info)",
-    )
-    mind.add_argument(
-        "--log-format",
-        choices=("text", "json"),
-        default="text",
-        help="text lines, or JSON lines (ts, level, logger, message, and the conversation, "
-        "request and run ids when known) (default text)",
-    )
+    _log_flags(mind)
     mind.add_argument(
         "--approval-ttl",
         type=positive_seconds,
@@ -827,6 +815,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="this Hand's name: its credential's label (no default: required to run a Hand)",
     )
     hand.add_argument("--home", metavar="DIR", help=home_help)
+    _log_flags(hand)
     _policy_flags(hand, "--root", "--approval", "this Hand's")
     hand.set_defaults(func=cmd_hand)
     hand_sub = hand.add_subparsers(dest="hand_command", metavar="{add,list,revoke}")
@@ -891,18 +880,51 @@ def build_parser() -> argparse.ArgumentParser:
     )
     conf.add_argument("url", metavar="URL", help="the Mind's Face URL or HTTP address")
     conf.add_argument("--token", required=True, help="an operator Face token")
+    conf.add_argument(
+        "--node",
+        metavar="URL",
+        help="behind a load balancer: one server of the deployment, reached without it, for "
+        "the two checks a proxy in the way spoils (a frame over the limit must close 1009; "
+        "a stalled reader's bytes must back up into the server) (default: URL)",
+    )
+    conf.add_argument(
+        "--revocable-token",
+        metavar="TOKEN",
+        help="a Face token the revocation check may lose (with --revoke-command; default: "
+        "the check is skipped)",
+    )
+    conf.add_argument(
+        "--revoke-command",
+        metavar="CMD",
+        help="a command that revokes --revocable-token's credential on the target's store, "
+        "e.g. \"halfpi face revoke kit --home /srv/halfpi\" (split as a shell would, run "
+        "without one)",
+    )
     conf.set_defaults(func=cmd_conformance)
     return parser
 
 
 def cmd_conformance(args: argparse.Namespace) -> int:
-    from halfpi.conformance.kit import run_checks, table, target_of
+    from halfpi.conformance.kit import Revocation, run_checks, table, target_of
 
     try:
-        target_of(args.url)
+        for url in (args.url, args.node or args.url):
+            target_of(url)
     except ValueError as exc:
         raise UserError(str(exc), EXIT_USAGE) from None
-    outcomes = asyncio.run(run_checks(args.url, args.token))
+    if (args.revocable_token is None) != (args.revoke_command is None):
+        raise UserError("--revocable-token and --revoke-command go together", EXIT_USAGE)
+    revocation = None
+    if args.revoke_command is not None:
+        try:
+            argv = tuple(shlex.split(args.revoke_command))
+        except ValueError as exc:
+            raise UserError(f"argument --revoke-command: {exc}", EXIT_USAGE) from None
+        if not argv:
+            raise UserError("argument --revoke-command is empty", EXIT_USAGE)
+        revocation = Revocation(args.revocable_token, argv)
+    outcomes = asyncio.run(run_checks(args.url, args.token, node=args.node,
+                                      revocation=revocation))
     print(table(outcomes))
     return EXIT_FAILURE if any(o.result == "fail" for o in outcomes) else 0
 
@@ -977,6 +999,24 @@ def _policy_flags(parser: argparse.ArgumentParser, root: str, approval: str, who
     )
 
 
+def _log_flags(parser: argparse.ArgumentParser) -> None:
+    """--log-level and --log-format, the same on the Mind and the Hand."""
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        type=str.lower,
+        choices=LOG_LEVELS,
+        help="how much to log on stderr: %(choices)s (default info)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="text lines, or JSON lines (ts, level, logger, message, and the conversation, "
+        "request and run ids when known) (default text)",
+    )
+
+
 def cmd_hand(args: argparse.Namespace) -> int:
     from halfpi.hand.node import run_hand
 
@@ -994,11 +1034,9 @@ def cmd_hand(args: argparse.Namespace) -> int:
     if not url:
         address = _mind_address(home)
         url = address.hand_url if address else f"ws://127.0.0.1:{DEFAULT_PORT}/v1/hand"
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from halfpi.logs import configure
+
+    configure(args.log_level, args.log_format)
     state_dir = home / "hands"
     served = True
     with contextlib.suppress(KeyboardInterrupt):

@@ -27,6 +27,7 @@ CHAT_ENDS = ("chat.completed", "chat.failed", "chat.cancelled", "chat.interrupte
 CHECK_TIMEOUT_S = 15.0
 PING_ROUNDS = 20
 FILLER_WORDS = 600  # a 6 MB reply: far more than the socket buffers on the way
+REVOKE_COMMAND_S = 10.0
 
 
 class CheckFailed(Exception):
@@ -35,6 +36,15 @@ class CheckFailed(Exception):
 
 class Skipped(Exception):
     """The check cannot run against this target (the message says why)."""
+
+
+@dataclass(frozen=True)
+class Revocation:
+    """What the revocation check needs: a Face token it may lose, and the
+    command that revokes its credential on the target's own store."""
+
+    token: str
+    argv: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -147,19 +157,32 @@ async def user_messages(face: Face, cid: str, rid: str) -> int:
                if m["role"] == "user" and m.get("request_id") == rid)
 
 
+def face_url(host: str, port: int) -> str:
+    return f"ws://{host}:{port}/v1/face"
+
+
 class Kit:
-    def __init__(self, proxy: KitProxy, token: str) -> None:
+    """One check's connections: through ``proxy`` (in front of the target),
+    straight to the target, or — for the two checks a proxy in the way
+    spoils — to one server (``node_proxy``'s target: the target itself,
+    or a node behind the target's load balancer)."""
+
+    def __init__(self, proxy: KitProxy, token: str, node_proxy: KitProxy | None = None,
+                 revocation: Revocation | None = None) -> None:
         self.proxy = proxy
-        self.direct_url = f"ws://{proxy.host}:{proxy.port_target}/v1/face"
+        self.revocation_of = revocation
+        self.node_proxy = node_proxy or proxy
+        self.direct_url = face_url(proxy.host, proxy.port_target)
+        self.node_url = face_url(self.node_proxy.host, self.node_proxy.port_target)
         self.token = token
         self.faces: list[Face] = []
 
     @property
     def url(self) -> str:
-        return f"ws://127.0.0.1:{self.proxy.port}/v1/face"
+        return face_url("127.0.0.1", self.proxy.port)
 
-    async def face(self) -> Face:
-        face = await Face.open(self.url, self.token)
+    async def face(self, proxy: KitProxy | None = None) -> Face:
+        face = await Face.open(face_url("127.0.0.1", (proxy or self.proxy).port), self.token)
         self.faces.append(face)
         return face
 
@@ -289,9 +312,9 @@ class Kit:
                     f"an unknown field got {p.get('code')!r} field={p.get('field')!r}")
         await face.send("face.ping", {"request_id": "conf-ping"})
         await face.expect(lambda f: f["type"] == "face.pong")
-        # Straight to the target: a proxy cannot relay this close (the target
+        # Straight to one server: a proxy cannot relay this close (the server
         # resets the link while the client still sends, and the reset drops it).
-        big = await Face.open(self.direct_url, self.token)
+        big = await Face.open(self.node_url, self.token)
         self.faces.append(big)
         try:
             await big.ws.send("x" * (5 * 1024 * 1024))
@@ -348,7 +371,8 @@ class Kit:
     # 7 -----------------------------------------------------------------
     async def slow_consumer(self) -> str:
         # The reader and the requester dial the target; the stalled Face goes
-        # through the proxy, which stops forwarding to it.
+        # to one server through a proxy that stops forwarding to it (with
+        # nothing else in the way: a load balancer's buffers would hide it).
         op = await Face.open(self.direct_url, self.token)
         peer = await Face.open(self.direct_url, self.token)
         self.faces += [op, peer]
@@ -357,11 +381,12 @@ class Kit:
             sub = await face.command("face.subscribe", "sub", conversation_ids=[cid],
                                      transient_types=[])
             expect_that(sub["type"] == "face.accepted", f"subscribe refused: {sub['payload']}")
-        slow = await self.face()
+        stalling = self.node_proxy
+        slow = await self.face(stalling)
         sub = await slow.command("face.subscribe", "sub", conversation_ids=[cid],
                                  transient_types=[])
         expect_that(sub["type"] == "face.accepted", f"subscribe refused: {sub['payload']}")
-        self.proxy.flowing.clear()
+        stalling.flowing.clear()
         word = "p" * 9999
         rid = op.rid("filler")
         await op.send("face.chat", {"request_id": rid, "conversation_id": cid,
@@ -381,7 +406,7 @@ class Kit:
             if slow.reader.done():
                 break
             await asyncio.sleep(0.05)  # pacing the rounds, not waiting for anything
-        self.proxy.flowing.set()
+        stalling.flowing.set()
         try:
             await asyncio.wait_for(asyncio.shield(slow.reader), 8)
         except TimeoutError:
@@ -395,8 +420,41 @@ class Kit:
 
     # 8 -----------------------------------------------------------------
     async def revocation(self) -> str:
-        raise Skipped("needs `halfpi face revoke` on the target's own store, "
-                      "which a client cannot reach")
+        given = self.revocation_of
+        if given is None:
+            raise Skipped("give --revocable-token and --revoke-command (which revokes that "
+                          "token's credential on the target's store) to run it")
+        op = await self.face()
+        cid = await op.conversation()
+        victim = await Face.open(self.url, given.token)
+        self.faces.append(victim)
+        sub = await victim.command("face.subscribe", "sub", conversation_ids=[cid])
+        expect_that(sub["type"] == "face.accepted", f"subscribe refused: {sub['payload']}")
+        try:
+            revoke = await asyncio.create_subprocess_exec(
+                *given.argv, stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        except OSError as exc:
+            raise CheckFailed(f"the revoke command did not start: {exc}") from None
+        _, err = await asyncio.wait_for(revoke.communicate(), REVOKE_COMMAND_S)
+        expect_that(revoke.returncode == 0, f"the revoke command exited {revoke.returncode}: "
+                    f"{err.decode(errors='replace').strip()[-160:]}")
+        try:
+            await asyncio.wait_for(asyncio.shield(victim.reader), 8)
+        except TimeoutError:
+            raise CheckFailed("the revoked credential's connection stayed open") from None
+        rcvd = victim.ws.protocol.close_rcvd
+        code = rcvd.code if rcvd is not None else None
+        expect_that(code == 4003, f"the revoked credential's connection closed with {code}, "
+                    "not 4003")
+        try:
+            again = await Face.open(self.url, given.token)
+        except CheckFailed as exc:
+            expect_that(str(exc) == "hello refused: unauthorized", f"its next hello: {exc}")
+        else:
+            self.faces.append(again)
+            raise CheckFailed("the revoked token was welcomed again")
+        return "revoked while subscribed: closed 4003; its next hello: unauthorized"
 
 
 CHECKS: tuple[tuple[str, Callable[[Kit], Awaitable[str]]], ...] = (
@@ -411,14 +469,18 @@ CHECKS: tuple[tuple[str, Callable[[Kit], Awaitable[str]]], ...] = (
 )
 
 
-async def run_checks(url: str, token: str, *,
+async def run_checks(url: str, token: str, *, node: str | None = None,
+                     revocation: Revocation | None = None,
                      timeout_s: float = CHECK_TIMEOUT_S) -> list[Outcome]:
-    host, port = target_of(url)
-    proxy = await KitProxy(host, port).start()
+    """Every check against ``url``; ``node``: one server behind ``url``'s
+    load balancer, for the checks a proxy in the way spoils; ``revocation``:
+    what the revocation check needs (else it is skipped)."""
+    proxy = await KitProxy(*target_of(url)).start()
+    node_proxy = await KitProxy(*target_of(node)).start() if node else None
     outcomes: list[Outcome] = []
     try:
         for name, check in CHECKS:
-            kit = Kit(proxy, token)
+            kit = Kit(proxy, token, node_proxy, revocation)
             try:
                 why = await asyncio.wait_for(check(kit), timeout_s)
                 outcomes.append(Outcome(name, "pass", why))
@@ -434,10 +496,13 @@ async def run_checks(url: str, token: str, *,
                 outcomes.append(Outcome(name, "fail", f"{type(exc).__name__}: {exc}"[:200]))
             finally:
                 await kit.close_all()
-                proxy.cut_all()
-                proxy.flowing.set()
+                for used in {proxy, kit.node_proxy}:
+                    used.cut_all()
+                    used.flowing.set()
     finally:
         await proxy.stop()
+        if node_proxy is not None:
+            await node_proxy.stop()
     return outcomes
 
 

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
+from redis.exceptions import RedisError
 
 from halfpi.cluster.bus import Bus
 from halfpi.cluster.lease import Lease, Leases
@@ -63,6 +64,7 @@ from halfpi.errors import (
     Unavailable,
 )
 from halfpi.journal.redis import RedisJournal, fanout_entries
+from halfpi.mind.home import CannotStart
 from halfpi.mind.replica import Replica
 
 if TYPE_CHECKING:
@@ -221,10 +223,13 @@ class ClusterNode:
 
     async def start(self) -> None:
         self.bus.on_resync = self._resync_all
-        await self.bus.start({
-            node_channel(self.node_id): self._on_node,
-            NEWS_CHANNEL: self._on_news,
-        })
+        try:
+            await self.bus.start({
+                node_channel(self.node_id): self._on_node,
+                NEWS_CHANNEL: self._on_news,
+            })
+        except (RedisError, OSError) as exc:  # one line, no traceback (DESIGN §12)
+            raise CannotStart(f"cannot reach Redis: {exc}") from None
         self._renewer = asyncio.create_task(self._renew_loop(), name="lease renewal")
 
     async def close(self) -> None:

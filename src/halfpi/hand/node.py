@@ -217,6 +217,8 @@ class HandNode:
         line = self._narrator.connected(link.url)
         if line is not None:
             log.info("%s", line)
+        else:  # at once: nothing worth an info line
+            log.debug("connected to the Mind at %s (generation %d)", link.url, self.generation)
         for run in list(self.runs.values()):
             if run.result is not None:
                 await self._deliver(run)

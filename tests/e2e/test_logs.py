@@ -14,7 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.cli import hand_add
 from tests.support.client import FaceClient
+from tests.support.hand import HandProcess
 from tests.support.http_door import base_url
 from tests.support.mind import MindProcess
 from tests.support.sse import read_sse
@@ -101,3 +103,43 @@ async def test_json_logs_at_debug_never_hold_a_token_ticket_key_argument_or_outp
     for what, secret in secrets.items():
         for line in lines:
             assert secret not in line, f"the log holds the {what}: {line}"
+
+
+async def test_a_hand_logs_json_lines_too_without_its_token_or_a_tool_call(
+    tmp_path: Path,
+) -> None:
+    """``halfpi hand --log-format json --log-level debug``: every line one
+    JSON object, its connection said, none holding its token, the call's
+    arguments or its output."""
+    home = tmp_path / "home"
+    home.mkdir()
+    hand_token = (await hand_add(home, "laptop")).token
+    root = tmp_path / "project"
+    root.mkdir()
+    secret_file = root / f"{ARGUMENT}.txt"
+    secret_file.write_text(f"{OUTPUT}\n")
+    mind = MindProcess(home, extra_args=("--no-local-hand",)).start()
+    hand_log = tmp_path / "hand.log"
+    hand = HandProcess(mind.url.removesuffix("/v1/face") + "/v1/hand", hand_token, "laptop",
+                       hand_log, ("--root", str(root), "--log-format", "json",
+                                  "--log-level", "debug"))
+    try:
+        face = await FaceClient.connect(mind.url, mind.token)
+        cid = await face.create_conversation()
+        await face.subscribe(cid, detail_mode="summary")
+        await until_hand_connected(face)
+        args = json.dumps({"path": str(secret_file)})
+        chat = await face.chat_to_end(cid, f"/tool read_file {args}")
+        assert chat["payload"]["status"] == "succeeded", chat
+        assert OUTPUT in chat["payload"]["content"]  # the output really flowed
+        await face.close()
+    finally:
+        hand.kill()
+        mind.terminate()
+    records = [json.loads(line) for line in hand_log.read_text().splitlines() if line.strip()]
+    assert all({"ts", "level", "logger", "message"} <= set(r) for r in records), records
+    assert any(r["logger"] == "halfpi.hand" and "connected" in r["message"] for r in records)
+    text = hand_log.read_text()
+    for what, secret in {"hand token": hand_token, "tool argument": ARGUMENT,
+                         "tool output": OUTPUT}.items():
+        assert secret not in text, f"the Hand's log holds the {what}"

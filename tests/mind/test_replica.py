@@ -3,7 +3,9 @@ two Mind nodes in this event loop on one PostgreSQL and one Redis."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import random
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -144,3 +146,66 @@ async def test_a_node_restarted_at_once_waits_for_its_previous_runs_lease_then_s
     assert lease is not None and lease.node_id == "a"
     assert lease.fence > 1  # a new token: the previous run's was never adopted
     await face.close()
+
+
+def garbage(rng: random.Random, cid: str) -> list[bytes]:
+    """What a stranger with access to Redis might publish: random bytes,
+    msgpack of the wrong shape, envelopes cut short or with wrong types,
+    and a fan-out batch whose entries are not entries."""
+    import msgspec
+
+    shapes: list[Any] = [
+        {"kind": "cmd"},  # no id
+        {"kind": "done", "id": 7},  # wrong type
+        {"kind": "msg", "id": "x", "body": "not bytes"},
+        ["origin", "face.welcome"],  # a News cut short
+        [[1, 2, 3]],  # a batch of non-entries
+        {"kind": "cmd", "id": "z", "origin": "nowhere", "principal_id": "p_unknown",
+         "type": "face.chat", "body": b'{"conversation_id":"' + cid.encode() + b'"}'},
+    ]
+    found = [msgspec.msgpack.encode(shape) for shape in shapes]
+    found += [rng.randbytes(rng.randrange(0, 300)) for _ in range(40)]
+    found.append(msgspec.msgpack.encode(shapes[0])[:-1])  # truncated
+    return found
+
+
+async def test_malformed_cluster_messages_are_dropped_and_a_follower_still_sees_every_event(
+    two_nodes: tuple[tuple[Mind, str], tuple[Mind, str], str],
+) -> None:
+    from halfpi.core.cluster_keys import NEWS_CHANNEL, fanout_channel, node_channel
+
+    (mind_a, url_a), (mind_b, url_b), token = two_nodes
+    owner = await FaceClient.connect(url_a, token)
+    cid = await owner.create_conversation()
+    await owner.subscribe(cid)  # node a owns it
+    follower = await FaceClient.connect(url_b, token)
+    assert (await follower.subscribe(cid))["payload"]["replay"] == "live"
+    assert mind_a.cluster is not None and mind_b.cluster is not None
+    client = mind_a.cluster.bus.client
+    rng = random.Random(7)
+    junk = garbage(rng, cid)
+    channels = [node_channel("a"), node_channel("b"), NEWS_CHANNEL, fanout_channel(cid)]
+
+    async def flood() -> None:
+        for i, payload in enumerate(junk * 3):
+            await client.publish(channels[i % len(channels)], payload)
+
+    words = " ".join(f"w{i}" for i in range(20))
+    chat, _ = await asyncio.gather(owner.chat_to_end(cid, f"/pace 2 {words}", "q-fuzz"), flood())
+    assert chat["payload"]["status"] == "succeeded"
+    end = await follower.expect(
+        lambda f: f["type"] == "face.event" and f["payload"]["type"] == "chat.completed"
+    )
+    assert seqs(follower, cid) == list(range(1, end["payload"]["seq"] + 1))  # no gap, no double
+    assert seqs(follower, cid) == seqs(owner, cid)
+    text = "".join(f["payload"]["text"] for f in follower.events(cid)
+                   if f["type"] == "face.chat.delta")
+    assert text == chat["payload"]["content"]
+    # Both nodes dropped what was not theirs, and still forward commands.
+    assert mind_a.cluster.bus.malformed > 0 and mind_b.cluster.bus.malformed > 0
+    after = await follower.chat_to_end(cid, "still forwarding?", "q-after")
+    assert after["payload"]["status"] == "succeeded"
+    messages = await mind_a.store.messages(cid, limit=20, before_seq=None, max_seq=None)
+    assert [m.request_id for m in messages.messages if m.role == "user"] == ["q-fuzz", "q-after"]
+    await owner.close()
+    await follower.close()

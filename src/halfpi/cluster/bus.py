@@ -23,6 +23,8 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
@@ -47,6 +49,7 @@ class Bus:
         # Called after the link was lost and made again: what was published
         # meanwhile is lost to this node (followers re-read the streams).
         self.on_resync: Callable[[], None] | None = None
+        self.malformed = 0  # messages dropped as not a node's
 
     async def start(self, channels: dict[str, Handler]) -> None:
         """Start listening, on ``channels`` at least (the node's own)."""
@@ -153,5 +156,13 @@ class Bus:
             return
         try:
             handler(message["data"])
+        except (msgspec.DecodeError, ValueError, TypeError, KeyError) as exc:
+            # Not a message of a node (Redis is shared: anything may be
+            # published there): dropped. Nothing depends on one message —
+            # a follower re-reads the stream, a forward times out.
+            self.malformed += 1
+            if self.malformed in (1, 10) or self.malformed % 1000 == 0:
+                log.warning("dropped a malformed cluster message on %s (%d so far): %s",
+                            channel, self.malformed, exc)
         except Exception:  # one bad message must not stop the link
             log.exception("cluster bus handler for %s failed", channel)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -40,6 +41,22 @@ async def until_hand_connected(face: FaceClient, timeout: float = 15.0) -> None:
         await asyncio.sleep(0.05)  # poll interval
 
 
+async def read_a_file_in_summary_mode(
+    mind: MindProcess, secret_file: Path
+) -> tuple[FaceClient, str, dict[str, Any]]:
+    """A Face that asks, in summary mode, for a chat whose tool call reads
+    ``secret_file`` on a Hand: the Face, the conversation, the chat's result."""
+    face = await FaceClient.connect(mind.url, mind.token)
+    cid = await face.create_conversation()
+    await face.subscribe(cid, detail_mode="summary")
+    await until_hand_connected(face)
+    args = json.dumps({"path": str(secret_file)})
+    chat = await face.chat_to_end(cid, f"/tool read_file {args}")
+    assert chat["payload"]["status"] == "succeeded", chat
+    assert OUTPUT in chat["payload"]["content"]  # the output really flowed
+    return face, cid, chat
+
+
 async def test_json_logs_at_debug_never_hold_a_token_ticket_key_argument_or_output(
     tmp_path: Path,
 ) -> None:
@@ -50,14 +67,7 @@ async def test_json_logs_at_debug_never_hold_a_token_ticket_key_argument_or_outp
     mind = MindProcess(home, extra_args=("--log-level", "debug", "--log-format", "json"))
     mind.start()
     try:
-        face = await FaceClient.connect(mind.url, mind.token)
-        cid = await face.create_conversation()
-        await face.subscribe(cid, detail_mode="summary")
-        await until_hand_connected(face)
-        args = json.dumps({"path": str(secret_file)})
-        chat = await face.chat_to_end(cid, f"/tool read_file {args}")
-        assert chat["payload"]["status"] == "succeeded", chat
-        assert OUTPUT in chat["payload"]["content"]  # the output really flowed
+        face, cid, chat = await read_a_file_in_summary_mode(mind, secret_file)
 
         base = base_url(mind.url)
         async with httpx.AsyncClient(base_url=base) as client:
@@ -124,14 +134,7 @@ async def test_a_hand_logs_json_lines_too_without_its_token_or_a_tool_call(
                        hand_log, ("--root", str(root), "--log-format", "json",
                                   "--log-level", "debug"))
     try:
-        face = await FaceClient.connect(mind.url, mind.token)
-        cid = await face.create_conversation()
-        await face.subscribe(cid, detail_mode="summary")
-        await until_hand_connected(face)
-        args = json.dumps({"path": str(secret_file)})
-        chat = await face.chat_to_end(cid, f"/tool read_file {args}")
-        assert chat["payload"]["status"] == "succeeded", chat
-        assert OUTPUT in chat["payload"]["content"]  # the output really flowed
+        face, _, _ = await read_a_file_in_summary_mode(mind, secret_file)
         await face.close()
     finally:
         hand.kill()

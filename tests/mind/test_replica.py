@@ -49,15 +49,40 @@ def seqs(face: FaceClient, cid: str) -> list[int]:
     return [f["payload"]["seq"] for f in face.events(cid)]
 
 
-async def test_I4_a_replica_that_misses_a_fanned_out_batch_replays_it_exactly(
+async def owner_and_follower(
     two_nodes: tuple[tuple[Mind, str], tuple[Mind, str], str],
-) -> None:
-    (mind_a, url_a), (mind_b, url_b), token = two_nodes
+) -> tuple[FaceClient, FaceClient, str]:
+    """A conversation node a owns (its Face subscribed there) and a Face
+    following it live on node b."""
+    (_, url_a), (_, url_b), token = two_nodes
     owner = await FaceClient.connect(url_a, token)
     cid = await owner.create_conversation()
     await owner.subscribe(cid)  # node a owns it now
     follower = await FaceClient.connect(url_b, token)
     assert (await follower.subscribe(cid))["payload"]["replay"] == "live"
+    return owner, follower, cid
+
+
+async def follower_saw_it_all(owner: FaceClient, follower: FaceClient, cid: str,
+                              result: dict[str, Any]) -> None:
+    """Once the chat ended on the follower: every seq once, in order, as the
+    owner's Face got them, and the deltas (transient) spell the reply."""
+    end = await follower.expect(
+        lambda f: f["type"] == "face.event" and f["payload"]["type"] == "chat.completed"
+    )
+    got = seqs(follower, cid)
+    assert got == list(range(1, end["payload"]["seq"] + 1))  # no gap, no duplicate
+    assert got == seqs(owner, cid)
+    text = "".join(f["payload"]["text"] for f in follower.events(cid)
+                   if f["type"] == "face.chat.delta")
+    assert text == result["payload"]["content"]
+
+
+async def test_I4_a_replica_that_misses_a_fanned_out_batch_replays_it_exactly(
+    two_nodes: tuple[tuple[Mind, str], tuple[Mind, str], str],
+) -> None:
+    (mind_a, _), (mind_b, _), _ = two_nodes
+    owner, follower, cid = await owner_and_follower(two_nodes)
     assert mind_b.cluster is not None and mind_a.cluster is not None
     replica = mind_b.cluster.replicas[cid]
     assert isinstance(replica, Replica)
@@ -77,16 +102,8 @@ async def test_I4_a_replica_that_misses_a_fanned_out_batch_replays_it_exactly(
     words = " ".join(f"w{i}" for i in range(12))
     result = await owner.chat_to_end(cid, f"/pace 5 {words}", "q1")
     assert result["payload"]["status"] == "succeeded"
-    end = await follower.expect(
-        lambda f: f["type"] == "face.event" and f["payload"]["type"] == "chat.completed"
-    )
+    await follower_saw_it_all(owner, follower, cid, result)
     assert lost and lost[0]  # something was lost on the link
-    got = seqs(follower, cid)
-    assert got == list(range(1, end["payload"]["seq"] + 1))  # no gap, no duplicate
-    assert got == seqs(owner, cid)
-    text = "".join(f["payload"]["text"] for f in follower.events(cid)
-                   if f["type"] == "face.chat.delta")
-    assert text == result["payload"]["content"]  # the transient deltas too
     await owner.close()
     await follower.close()
 
@@ -174,12 +191,8 @@ async def test_malformed_cluster_messages_are_dropped_and_a_follower_still_sees_
 ) -> None:
     from halfpi.core.cluster_keys import NEWS_CHANNEL, fanout_channel, node_channel
 
-    (mind_a, url_a), (mind_b, url_b), token = two_nodes
-    owner = await FaceClient.connect(url_a, token)
-    cid = await owner.create_conversation()
-    await owner.subscribe(cid)  # node a owns it
-    follower = await FaceClient.connect(url_b, token)
-    assert (await follower.subscribe(cid))["payload"]["replay"] == "live"
+    (mind_a, _), (mind_b, _), _ = two_nodes
+    owner, follower, cid = await owner_and_follower(two_nodes)
     assert mind_a.cluster is not None and mind_b.cluster is not None
     client = mind_a.cluster.bus.client
     rng = random.Random(7)
@@ -193,14 +206,7 @@ async def test_malformed_cluster_messages_are_dropped_and_a_follower_still_sees_
     words = " ".join(f"w{i}" for i in range(20))
     chat, _ = await asyncio.gather(owner.chat_to_end(cid, f"/pace 2 {words}", "q-fuzz"), flood())
     assert chat["payload"]["status"] == "succeeded"
-    end = await follower.expect(
-        lambda f: f["type"] == "face.event" and f["payload"]["type"] == "chat.completed"
-    )
-    assert seqs(follower, cid) == list(range(1, end["payload"]["seq"] + 1))  # no gap, no double
-    assert seqs(follower, cid) == seqs(owner, cid)
-    text = "".join(f["payload"]["text"] for f in follower.events(cid)
-                   if f["type"] == "face.chat.delta")
-    assert text == chat["payload"]["content"]
+    await follower_saw_it_all(owner, follower, cid, chat)
     # Both nodes dropped what was not theirs, and still forward commands.
     assert mind_a.cluster.bus.malformed > 0 and mind_b.cluster.bus.malformed > 0
     after = await follower.chat_to_end(cid, "still forwarding?", "q-after")

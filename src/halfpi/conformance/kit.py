@@ -90,6 +90,16 @@ class Face:
             raise CheckFailed(f"hello refused: {welcome['payload'].get('code')}")
         return face
 
+    async def close_code(self, timeout: float, still_open: str) -> int | None:
+        """The code the target closed this connection with (None: no close
+        frame), once it has; ``still_open`` fails the check after ``timeout``."""
+        try:
+            await asyncio.wait_for(asyncio.shield(self.reader), timeout)
+        except TimeoutError:
+            raise CheckFailed(still_open) from None
+        rcvd = self.ws.protocol.close_rcvd
+        return rcvd.code if rcvd is not None else None
+
     async def _read(self) -> None:
         try:
             async for message in self.ws:
@@ -321,12 +331,7 @@ class Kit:
         except ConnectionClosed as exc:  # closed while the frame was still going out
             code = exc.rcvd.code if exc.rcvd is not None else None
         else:
-            try:
-                await asyncio.wait_for(asyncio.shield(big.reader), 5)
-            except TimeoutError:
-                raise CheckFailed("a 5 MiB frame did not close the connection") from None
-            rcvd = big.ws.protocol.close_rcvd
-            code = rcvd.code if rcvd is not None else None
+            code = await big.close_code(5, "a 5 MiB frame did not close the connection")
         expect_that(code == 1009, f"a 5 MiB frame closed with {code}, not 1009")
         return f"garbage → invalid_request (field {p['field']}), still open; 5 MiB → 1009"
 
@@ -407,12 +412,7 @@ class Kit:
                 break
             await asyncio.sleep(0.05)  # pacing the rounds, not waiting for anything
         stalling.flowing.set()
-        try:
-            await asyncio.wait_for(asyncio.shield(slow.reader), 8)
-        except TimeoutError:
-            raise CheckFailed("the reader that stopped reading was not evicted") from None
-        rcvd = slow.ws.protocol.close_rcvd
-        code = rcvd.code if rcvd is not None else None
+        code = await slow.close_code(8, "the reader that stopped reading was not evicted")
         expect_that(code == 4008, f"the stalled reader was closed with {code}, not 4008")
         expect_that(slow.frames[-1]["type"] == "face.evicted",
                     f"its last frame was {slow.frames[-1]['type']}, not face.evicted")
@@ -439,12 +439,7 @@ class Kit:
         _, err = await asyncio.wait_for(revoke.communicate(), REVOKE_COMMAND_S)
         expect_that(revoke.returncode == 0, f"the revoke command exited {revoke.returncode}: "
                     f"{err.decode(errors='replace').strip()[-160:]}")
-        try:
-            await asyncio.wait_for(asyncio.shield(victim.reader), 8)
-        except TimeoutError:
-            raise CheckFailed("the revoked credential's connection stayed open") from None
-        rcvd = victim.ws.protocol.close_rcvd
-        code = rcvd.code if rcvd is not None else None
+        code = await victim.close_code(8, "the revoked credential's connection stayed open")
         expect_that(code == 4003, f"the revoked credential's connection closed with {code}, "
                     "not 4003")
         try:

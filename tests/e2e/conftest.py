@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cluster_mind import CLUSTER, started_mind, stop_mind
+from tests.support.log_secrets import logs_hold_no_secret  # noqa: F401  (autouse)
 from tests.support.mind import LocalMind, MindProcess, local_mind
 
 SERVER_KINDS = ("native", "asgi")

@@ -45,7 +45,7 @@ class MindProcess:
         with open(self.home / "mind.log", "ab") as log:  # the child keeps its own copy
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "halfpi.cli", "mind", "--port", str(self.port),
-                 "--log-level", "warning", "--server", self.server, *self.extra_args],
+                 "--log-level", "info", "--server", self.server, *self.extra_args],
                 # The local Hand's root is the Mind's working directory: the
                 # test's own directory, where it keeps the files it reads.
                 env=env, stdout=subprocess.PIPE, stderr=log, cwd=self.home.parent,

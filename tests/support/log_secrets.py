@@ -1,0 +1,81 @@
+"""No log line of a test's processes holds a secret (docs/operations.md,
+"Logs"; DESIGN §11).
+
+``logs_hold_no_secret`` is an autouse fixture of the end-to-end, cluster
+and chaos suites: after each test it reads every ``*.log`` file under the
+test's ``tmp_path`` (the Minds', Hands' and cluster nodes' stderr) and every
+line the ``halfpi`` loggers wrote in the test process (an in-process Mind),
+and fails the test if one holds a Face or Hand token or a stream ticket
+(by their prefixes, whoever made them), the stream key of a home under
+``tmp_path``, or the text of a ``*.token`` file there.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# A Face token, a Hand token, a stream ticket (mind/auth.py, mind/tickets.py):
+# prefix + at least 20 characters of token_urlsafe.
+TOKEN_RE = re.compile(r"\bhp[fhs]_[A-Za-z0-9_-]{20,}")
+SECRET_FILES = ("*.token", "stream.key")
+MAX_SECRET_FILE = 4096
+
+
+class Lines(logging.Handler):
+    """Every record the halfpi loggers emit in this process, formatted."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.NOTSET)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
+def secrets_under(root: Path) -> set[str]:
+    """The texts of the secret files under ``root`` (a token, the stream
+    key as it is stored and as hex)."""
+    found: set[str] = set()
+    for pattern in SECRET_FILES:
+        for path in root.rglob(pattern):
+            if not path.is_file() or path.stat().st_size > MAX_SECRET_FILE:
+                continue
+            data = path.read_bytes()
+            found.add(data.hex())
+            text = data.decode(errors="ignore").strip()
+            if len(text) >= 16:
+                found.add(text)
+    return found
+
+
+def leaks(lines: list[str], secrets: set[str]) -> list[str]:
+    """The lines that hold a token-shaped string or one of ``secrets``."""
+    return [line for line in lines
+            if TOKEN_RE.search(line) or any(secret in line for secret in secrets)]
+
+
+def log_lines(root: Path) -> list[str]:
+    lines: list[str] = []
+    for path in sorted(root.rglob("*.log")):
+        if path.is_file():
+            lines.extend(f"{path.name}: {line}"
+                         for line in path.read_text(errors="replace").splitlines())
+    return lines
+
+
+@pytest.fixture(autouse=True)
+def logs_hold_no_secret(tmp_path: Path) -> Iterator[None]:
+    handler = Lines()
+    logger = logging.getLogger("halfpi")
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+    found = leaks(handler.lines + log_lines(tmp_path), secrets_under(tmp_path))
+    assert not found, "a log line holds a secret:\n" + "\n".join(found[:5])

@@ -22,51 +22,52 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.support.cli import AddedFace, face_add
 from tests.support.client import FaceClient, connect_new_credential
 from tests.support.mind import MindProcess
 from tests.support.postgres import fresh_database
-from tests.support.redis import REQUIRED as REDIS_REQUIRED
-from tests.support.redis import RedisServer
+from tests.support.redis import RedisServer, free_port, require_redis_server
 
 LEASE_MS = 1000  # short, so that a take-over after a kill comes quickly
 START_TIMEOUT_S = 30.0  # a loaded machine starts a Python process slowly
 
 
-@functools.cache
-def mind_options() -> str:
-    """``halfpi mind --help``: which options this halfpi knows."""
-    done = subprocess.run(
-        [sys.executable, "-m", "halfpi.cli", "mind", "--help"],
-        capture_output=True, text=True, check=True, timeout=60,
-    )
-    return done.stdout
+def node_args(store_url: str, redis_url: str, name: str, lease_ms: int,
+              *extra: str) -> tuple[str, ...]:
+    """What makes ``halfpi mind`` node ``name`` of a cluster."""
+    return ("--store", store_url, "--redis", redis_url, "--node-id", name,
+            "--lease-ms", str(lease_ms), *extra)
 
 
-def knows(option: str) -> bool:
-    return option in mind_options()
+@dataclass
+class Backing:
+    """A cluster's shared parts: a throw-away PostgreSQL database and a
+    ``redis-server`` of its own (skips, or fails when required, without
+    either)."""
 
+    store_url: str
+    redis: RedisServer
 
-def require_redis_server() -> None:
-    if shutil.which("redis-server") is None:
-        why = "redis-server is not installed (apt-get install redis-server)"
-        if REDIS_REQUIRED:
-            pytest.fail(f"HALFPI_REDIS=required but {why}")
-        pytest.skip(why)
+    @classmethod
+    def start(cls) -> Backing:
+        require_redis_server()
+        store_url = fresh_database()  # skips without PostgreSQL
+        redis = RedisServer(free_port(), tempfile.mkdtemp(prefix="halfpi-redis-"))
+        redis.start()
+        return cls(store_url, redis)
+
+    def stop(self) -> None:
+        self.redis.kill()
+        shutil.rmtree(self.redis.folder, ignore_errors=True)
 
 
 class Node:
@@ -136,15 +137,8 @@ class Cluster:
         return self.credential.token
 
     def node_args(self, name: str) -> tuple[str, ...]:
-        args = ["--store", self.store_url, "--redis", self.redis.url, "--node-id", name,
-                "--log-level", "info"]
-        if not self.local_hand:
-            args.append("--no-local-hand")
-        # Until the multi-node Mind lands, `halfpi mind` has no --lease-ms:
-        # the harness still starts (and its own test passes) without it.
-        if knows("--lease-ms"):
-            args += ["--lease-ms", str(self.lease_ms)]
-        return tuple(args)
+        extra = () if self.local_hand else ("--no-local-hand",)
+        return node_args(self.store_url, self.redis.url, name, self.lease_ms, *extra)
 
     async def add(self, *names: str) -> list[Node]:
         """Start nodes (at once) and wait until every one listens."""
@@ -226,17 +220,14 @@ async def running_cluster(
 ) -> AsyncIterator[Cluster]:
     """A cluster of ``names`` nodes, stopped (all of it) when the block ends;
     then the nodes' logs are printed (pytest shows them when a test failed)."""
-    require_redis_server()
-    store_url = fresh_database()  # skips without PostgreSQL
-    folder = tempfile.mkdtemp(prefix="halfpi-redis-")
-    redis = RedisServer(_free_port(), folder)
-    await asyncio.to_thread(redis.start)
+    backing = await asyncio.to_thread(Backing.start)
     cluster: Cluster | None = None
     try:
         root.mkdir(parents=True, exist_ok=True)
         (root / "cli").mkdir()
-        credential = await face_add(root / "cli", "cluster-face", "--store", store_url)
-        cluster = Cluster(root, store_url, redis, credential, lease_ms, delta_ms, local_hand)
+        credential = await face_add(root / "cli", "cluster-face", "--store", backing.store_url)
+        cluster = Cluster(root, backing.store_url, backing.redis, credential, lease_ms,
+                          delta_ms, local_hand)
         if names:
             await cluster.add(*names)
         yield cluster
@@ -244,13 +235,4 @@ async def running_cluster(
         if cluster is not None:
             await cluster.stop()
             print(cluster.logs())  # pytest shows it when the test failed
-        redis.kill()
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        backing.stop()

@@ -16,16 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
+from tests.support.cluster import Backing, node_args
 from tests.support.mind import MindProcess
-from tests.support.postgres import fresh_database, require_postgres
-from tests.support.redis import RedisServer, require_redis_server
-from tests.support.redis import free_port as redis_port
 
 CLUSTER = "cluster"  # the e2e suite's name for this kind of Mind
 NODES = ("a", "b")
@@ -99,22 +95,17 @@ class ClusterMind:
 
     def __init__(self, home: Path, *, delta_ms: float = 0.0,
                  extra_args: tuple[str, ...] = ()) -> None:
-        require_postgres()
-        require_redis_server()
         self.home = home  # node a's home (its face.token, its log)
         self.delta_ms = delta_ms
         self.extra_args = extra_args
-        self.store_url = fresh_database()
-        self.redis = RedisServer(redis_port(), tempfile.mkdtemp(prefix="halfpi-redis-"))
-        self.redis.start()
+        self.backing = Backing.start()
+        self.store_url = self.backing.store_url
         self.nodes = [
             MindProcess(
                 home if name == "a" else home.parent / f"{home.name}-{name}",
                 delta_ms=delta_ms,
-                extra_args=(
-                    "--store", self.store_url, "--redis", self.redis.url,
-                    "--node-id", name, "--lease-ms", str(LEASE_MS), *extra_args,
-                ),
+                extra_args=node_args(self.store_url, self.backing.redis.url, name, LEASE_MS,
+                                     *extra_args),
             )
             for name in NODES
         ]
@@ -154,8 +145,7 @@ class ClusterMind:
         self.kill()
         if self.proxy is not None:
             self.proxy.stop()
-        self.redis.kill()
-        shutil.rmtree(self.redis.folder, ignore_errors=True)
+        self.backing.stop()
 
     def log(self) -> str:
         return "\n".join(f"--- node {n.home.name} ---\n{n.log()}" for n in self.nodes)

@@ -874,7 +874,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the session contract against a running Mind and print a pass/fail table",
         description="Start a fault-injecting proxy on 127.0.0.1 in front of URL "
         "(ws://HOST:PORT/v1/face or http://HOST:PORT) and check request replay and conflict, "
-        "a break before the answer, resume mid-reply, reset, bad input and the approvals race. "
+        "a break before the answer, resume mid-reply, reset, bad input, the approvals race, a "
+        "slow consumer and (with --revocable-token and --revoke-command) revocation. "
         "The target must run the scripted agent (no --model: /pace, /tool); TOKEN is an "
         "operator Face credential that may approve. Exit 0 only when no check failed.",
     )

@@ -899,7 +899,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="CMD",
         help="a command that revokes --revocable-token's credential on the target's store, "
         "e.g. \"halfpi face revoke kit --home /srv/halfpi\" (split as a shell would, run "
-        "without one)",
+        "without one) (default: none: the check is skipped)",
     )
     conf.set_defaults(func=cmd_conformance)
     return parser

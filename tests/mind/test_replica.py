@@ -215,3 +215,46 @@ async def test_malformed_cluster_messages_are_dropped_and_a_follower_still_sees_
     assert [m.request_id for m in messages.messages if m.role == "user"] == ["q-fuzz", "q-after"]
     await owner.close()
     await follower.close()
+
+
+async def test_a_follower_that_missed_the_last_batch_gets_it_when_a_new_owner_settles(
+    two_nodes: tuple[tuple[Mind, str], tuple[Mind, str], str],
+) -> None:
+    """The owner stored the chat's end but its fan-out never reached node b
+    (killed between its commit and its publish, or the message was lost),
+    and nothing else happens in the conversation: when a node takes it over
+    (here node a again, after giving it up), the settle tells b's replica,
+    which replays the end from the Store — not at some later event."""
+    (mind_a, _), (mind_b, _), _ = two_nodes
+    owner, follower, cid = await owner_and_follower(two_nodes)
+    assert mind_a.cluster is not None and mind_b.cluster is not None
+    replica = mind_b.cluster.replicas[cid]
+    receive = replica.receive
+
+    def lose_every_batch(entries: list[JournalEntry]) -> None:
+        if not entries:  # only what is not a batch of events gets through
+            receive(entries)
+
+    replica.receive = lose_every_batch  # type: ignore[method-assign]
+    result = await owner.chat_to_end(cid, "/pace 2 one two three", "q-lost")
+    assert result["payload"]["status"] == "succeeded"
+    end_seq = seqs(owner, cid)[-1]
+    assert seqs(follower, cid) == []  # every batch of the chat was lost on b
+    await owner.close()
+
+    # Node a gives the conversation up and takes it again: a new owner's settle.
+    lease = mind_a.cluster.held[cid]
+    mind_a.step_down(cid)
+    await mind_a.cluster.leases.release(lease)
+    await mind_a.actor(cid)
+    end = await follower.expect(
+        lambda f: f["type"] == "face.event" and f["payload"]["type"] == "chat.completed"
+    )
+    assert end["payload"]["seq"] == end_seq
+    # Every durable event once, in order (the lost deltas were transient: the
+    # new owner's settle dropped them with the stream; chat.completed has
+    # the whole text).
+    durable = [f["payload"]["seq"] for f in owner.events(cid) if f["type"] == "face.event"]
+    assert seqs(follower, cid) == durable
+    assert end["payload"]["data"]["content"] == result["payload"]["content"]
+    await follower.close()

@@ -88,8 +88,13 @@ def msgpack_array(items: list[bytes]) -> bytes:
     return head + b"".join(items)
 
 
+# A fan-out message with no entries: the conversation's journal was settled
+# by a new owner (or opened in a new epoch); a follower resyncs.
+SETTLED = msgpack_array([])
+
+
 def fanout_entries(payload: bytes) -> list[JournalEntry]:
-    """The entries of one fan-out message, in seq order."""
+    """The entries of one fan-out message, in seq order (none: ``SETTLED``)."""
     return _decode_many(payload)
 
 
@@ -185,6 +190,10 @@ class RedisJournal:
             pipe = self.client.pipeline(transaction=True)
             pipe.xtrim(stream_key(conversation_id), maxlen=0)
             pipe.hset(marker, mapping={"floor": head, "settled": head})
+            # Followers on other nodes may have missed what the previous owner
+            # stored last (killed between its commit and its publish): they
+            # resync now, not at the next event (which may never come).
+            pipe.publish(fanout_channel(conversation_id), SETTLED)
             await pipe.execute()
             self._epochs[conversation_id] = epoch
             self._heads[conversation_id] = head
@@ -200,6 +209,7 @@ class RedisJournal:
         pipe = self.client.pipeline(transaction=True)
         pipe.delete(stream_key(conversation_id))
         pipe.hset(marker, mapping={"epoch": fresh, "floor": head, "settled": head})
+        pipe.publish(fanout_channel(conversation_id), SETTLED)  # followers reset now
         await pipe.execute()
         self._epochs[conversation_id] = fresh
         self._heads[conversation_id] = head

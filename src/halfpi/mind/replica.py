@@ -100,6 +100,7 @@ class Replica:
         # Since when nobody follows it (the node drops it after a while).
         self.empty_since: float | None = None
         self._resyncing: list[JournalEntry] | None = None
+        self._again = False  # resync once more when the running one ends
 
     # -- what a subscription needs -------------------------------------------------
 
@@ -136,7 +137,15 @@ class Replica:
 
     def receive(self, entries: list[JournalEntry]) -> None:
         """Entries the owner appended, in seq order: each next one is
-        published to the live subscriptions; a skipped seq resyncs."""
+        published to the live subscriptions; a skipped seq resyncs, and so
+        does an empty batch (a new owner settled the journal: what the last
+        one stored may never have been fanned out)."""
+        if not entries:
+            if self._resyncing is not None:
+                self._again = True  # the running resync may have read too early
+            else:
+                self.resync()
+            return
         if self._resyncing is not None:
             self._resyncing.extend(entries)
             return
@@ -198,3 +207,6 @@ class Replica:
             owner.move(self.id, self._view_of, pos)
         if held:
             self.receive(held)
+        if self._again and self._resyncing is None:
+            self._again = False
+            self.resync()

@@ -14,6 +14,7 @@ import pytest
 from tests.support.client import FaceClient
 from tests.support.http_door import base_url
 from tests.support.mind import MindProcess
+from tests.support.postgres import fresh_database
 from tests.support.redis import RedisServer, redis_server  # noqa: F401
 
 pytestmark = pytest.mark.e2e
@@ -74,9 +75,12 @@ async def scrape_after_a_chat(home: Path, *extra_args: str) -> str:
 async def test_every_metric_of_the_dashboard_is_in_a_scrape_of_a_real_mind(
     tmp_path: Path, redis_server: RedisServer,  # noqa: F811
 ) -> None:
-    # The in-process journal's metrics and the Redis journal's: one Mind each.
+    # The in-process journal's metrics, and a cluster node's (the Redis
+    # journal's and the cluster's own): one Mind each.
     scrape = await scrape_after_a_chat(tmp_path / "home")
-    scrape += await scrape_after_a_chat(tmp_path / "redis-home", "--redis", redis_server.url)
+    scrape += await scrape_after_a_chat(
+        tmp_path / "node-home", "--store", fresh_database(), "--redis", redis_server.url,
+        "--node-id", "a")
     types = {line.split()[2]: line.split()[3] for line in scrape.splitlines()
              if line.startswith("# TYPE ")}
     used = dashboard_metrics()

@@ -258,3 +258,41 @@ async def test_a_follower_that_missed_the_last_batch_gets_it_when_a_new_owner_se
     assert seqs(follower, cid) == durable
     assert end["payload"]["data"]["content"] == result["payload"]["content"]
     await follower.close()
+
+
+def cluster_samples(mind: Mind) -> dict[str, float]:
+    """The cluster metrics of a scrape: sample name (with its outcome) → value."""
+    from halfpi.mind.metrics import MindCollector
+
+    return {sample.name + (f"/{sample.labels['outcome']}" if "outcome" in sample.labels
+                           else ""): sample.value
+            for family in MindCollector(mind).collect()
+            for sample in family.samples if sample.name.startswith("halfpi_cluster_")}
+
+
+async def test_cluster_metrics_count_leases_replicas_forwards_take_overs_and_step_downs(
+    two_nodes: tuple[tuple[Mind, str], tuple[Mind, str], str],
+) -> None:
+    (mind_a, _), (mind_b, _), _ = two_nodes
+    owner, follower, cid = await owner_and_follower(two_nodes)
+    assert mind_a.cluster is not None and mind_b.cluster is not None
+    result = await follower.chat_to_end(cid, "forwarded from b", "q-metrics")
+    assert result["payload"]["status"] == "succeeded"
+    a, b = cluster_samples(mind_a), cluster_samples(mind_b)
+    assert (a["halfpi_cluster_leases_held"], a["halfpi_cluster_replicas"]) == (1, 0)
+    assert (b["halfpi_cluster_leases_held"], b["halfpi_cluster_replicas"]) == (0, 1)
+    assert b["halfpi_cluster_forwards_total/answered"] >= 1  # the chat (and its subscribe)
+    assert b.get("halfpi_cluster_forwards_total/unavailable", 0) == 0
+    await owner.close()
+
+    # a gives it up; b, which has a follower, takes it over.
+    lease = mind_a.cluster.held[cid]
+    mind_a.step_down(cid)
+    await mind_a.cluster.leases.release(lease)
+    await mind_b.cluster.maintain()
+    a, b = cluster_samples(mind_a), cluster_samples(mind_b)
+    assert (a["halfpi_cluster_step_downs_total"], a["halfpi_cluster_leases_held"]) == (1, 0)
+    assert (b["halfpi_cluster_takeovers_total"], b["halfpi_cluster_leases_held"]) == (1, 1)
+    assert b["halfpi_cluster_replicas"] == 0
+    assert a["halfpi_cluster_malformed_messages_total"] == 0
+    await follower.close()

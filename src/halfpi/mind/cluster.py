@@ -41,6 +41,7 @@ import contextlib
 import logging
 import secrets
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -64,6 +65,7 @@ from halfpi.errors import (
     Unavailable,
 )
 from halfpi.journal.redis import RedisJournal, fanout_entries
+from halfpi.mind.counters import ClusterCounts
 from halfpi.mind.home import CannotStart
 from halfpi.mind.replica import Replica
 
@@ -217,6 +219,12 @@ class ClusterNode:
         # When the last renewal round ended having reached Redis (readiness).
         self.renewed_at = time.monotonic()
         self._last_sweep = float("-inf")
+        # Read by GET /metrics: forwarded calls by outcome ("answered",
+        # "unavailable": no node heard it or no answer in time), take-overs
+        # of a conversation whose owner's lease was gone, step-downs.
+        self.forwards: Counter[str] = Counter()
+        self.takeovers = 0
+        self.step_downs = 0
         journal.settle_on_open = True
         journal.on_fenced = self._fenced
         journal.on_lost = self._journal_lost
@@ -289,7 +297,15 @@ class ClusterNode:
 
     def lost(self, conversation_id: str) -> None:
         """Forget the lease (it expired, or the Store or Redis refused its token)."""
-        self.held.pop(conversation_id, None)
+        if self.held.pop(conversation_id, None) is not None:
+            self.step_downs += 1
+
+    def counts(self) -> ClusterCounts:
+        return ClusterCounts(
+            leases_held=len(self.held), replicas=len(self.replicas),
+            forwards=dict(self.forwards), takeovers=self.takeovers,
+            step_downs=self.step_downs, malformed=self.bus.malformed,
+        )
 
     async def owner_of(self, conversation_id: str) -> str | None:
         holder = await self.leases.holder(conversation_id)
@@ -407,6 +423,7 @@ class ClusterNode:
             await self.mind.actor(conversation_id)  # taken here: its followers move onto it
         except Unavailable:  # NotOwner: another node was quicker; keep following it
             return
+        self.takeovers += 1
         replica = self.replicas.pop(conversation_id, None)
         if replica is None:
             return
@@ -466,9 +483,11 @@ class ClusterNode:
             heard = await self.bus.publish(node_channel(owner), _encode(envelope))
         except Exception as exc:
             self._forwards.pop(key, None)
+            self.forwards["unavailable"] += 1
             raise Unavailable(f"could not reach node {owner}: {exc}") from None
         if heard == 0:
             self._forwards.pop(key, None)
+            self.forwards["unavailable"] += 1
             raise Unavailable(f"node {owner}, the conversation's owner, is not answering; retry")
         try:
             answer = await asyncio.wait_for(
@@ -476,9 +495,11 @@ class ClusterNode:
             )
         except TimeoutError:
             self._forwards.pop(key, None)
+            self.forwards["unavailable"] += 1
             raise Unavailable(
                 f"node {owner}, the conversation's owner, did not answer; retry"
             ) from None
+        self.forwards["answered"] += 1
         if answer.error_code:
             raise remote_error(answer)
         return answer

@@ -53,6 +53,18 @@ class MindMetrics:
             self.tokens["completion"] += int(usage.get("completion_tokens") or 0)
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterCounts:
+    """A cluster node's part in ``GET /metrics`` (``ClusterNode.counts``)."""
+
+    leases_held: int
+    replicas: int
+    forwards: dict[str, int]  # by outcome: answered, unavailable
+    takeovers: int
+    step_downs: int
+    malformed: int  # messages on the cluster's channels that were not a node's
+
+
 # Each kind of connection by its class: what carries it.
 TRANSPORTS = {
     "FaceSession": "websocket",

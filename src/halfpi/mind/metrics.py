@@ -158,6 +158,27 @@ class MindCollector(Collector):
             yield CounterMetricFamily("halfpi_journal_written_bytes",
                                       "Bytes of encoded entries sent to the Redis journal",
                                       value=written)
+        if mind.cluster is not None:
+            part = mind.cluster.counts()
+            yield GaugeMetricFamily("halfpi_cluster_leases_held",
+                                    "Conversations this node owns (their leases held)",
+                                    value=part.leases_held)
+            yield GaugeMetricFamily("halfpi_cluster_replicas",
+                                    "Conversations owned elsewhere that this node follows",
+                                    value=part.replicas)
+            yield _by(CounterMetricFamily("halfpi_cluster_forwards",
+                                          "Calls forwarded to a conversation's owner, by "
+                                          "outcome (answered, unavailable)",
+                                          labels=["outcome"]), part.forwards)
+            yield CounterMetricFamily("halfpi_cluster_takeovers",
+                                      "Conversations taken over from a node whose lease was gone",
+                                      value=part.takeovers)
+            yield CounterMetricFamily("halfpi_cluster_step_downs",
+                                      "Conversations given up: a lease lost or a write fenced out",
+                                      value=part.step_downs)
+            yield CounterMetricFamily("halfpi_cluster_malformed_messages",
+                                      "Messages on the cluster's channels that were not a node's",
+                                      value=part.malformed)
         tasks = mind.tasks
         yield CounterMetricFamily("halfpi_tasks_admitted", "Background tasks admitted",
                                   value=tasks.admitted)

@@ -52,6 +52,7 @@ from halfpi.mind.actor import ActorEnv, ConversationActor
 from halfpi.mind.approvals import Approvals
 from halfpi.mind.auth import CredentialCache, SharedReread, make_credential, write_token_file
 from halfpi.mind.chat import ChatDriver
+from halfpi.mind.counters import ClusterCounts
 from halfpi.mind.hands import HandRegistry
 from halfpi.mind.records import approval_pending
 from halfpi.mind.recovery import recover_tools
@@ -132,6 +133,10 @@ class Ownership(Protocol):
 
     async def check_leases(self) -> None:
         """Raises unless the node's lease renewals keep up (readiness)."""
+        ...
+
+    def counts(self) -> ClusterCounts:
+        """What ``GET /metrics`` shows of this node's part."""
         ...
 
 

@@ -142,6 +142,9 @@ async def test_a_hand_logs_json_lines_too_without_its_token_or_a_tool_call(
     records = [json.loads(line) for line in hand_log.read_text().splitlines() if line.strip()]
     assert all({"ts", "level", "logger", "message"} <= set(r) for r in records), records
     assert any(r["logger"] == "halfpi.hand" and "connected" in r["message"] for r in records)
+    # The run's own line names its run, in the message and as a field.
+    [ended] = [r for r in records if "read_file ended succeeded" in r["message"]]
+    assert ended["run_id"] and ended["run_id"] in ended["message"], ended
     text = hand_log.read_text()
     for what, secret in {"hand token": hand_token, "tool argument": ARGUMENT,
                          "tool output": OUTPUT}.items():

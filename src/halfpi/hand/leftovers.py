@@ -110,7 +110,7 @@ class Leftovers:
             if run_id in left or killed:
                 ended += 1
                 log.warning("ended the command of lost run %s (%d processes left)", run_id,
-                            len(killed))
+                            len(killed), extra={"run_id": run_id})
         self.runs.clear()
         self._save()
         return ended

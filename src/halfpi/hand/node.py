@@ -63,6 +63,7 @@ from halfpi.hand.executor import TOOLS, Outcome, ToolError
 from halfpi.hand.leftovers import Leftovers
 from halfpi.hand.policy import HandPolicy, scrub_environment, without_secrets
 from halfpi.hand.tasks import TaskBook, TaskRecord
+from halfpi.logs import bind, unbind
 
 log = logging.getLogger("halfpi.hand")
 
@@ -206,7 +207,8 @@ class HandNode:
         for run_id in payload.get("abandon", []):
             run = self.runs.pop(run_id, None)
             if run is not None:
-                log.warning("abandoning run %s (the Mind declared it lost)", run_id)
+                log.warning("abandoning run %s (the Mind declared it lost)", run_id,
+                            extra={"run_id": run_id})
                 run.cancelled.set()
         for run_id in payload.get("adopted", []):
             run = self.runs.get(run_id)
@@ -325,14 +327,18 @@ class HandNode:
             return  # a duplicate order for a run already here: never run twice
         run = HandRun(run_id, str(body["tool"]), int(body["generation"]))
         self.runs[run_id] = run
-        run.task = asyncio.create_task(
-            self._execute(
-                run,
-                dict(body.get("args") or {}),
-                body.get("timeout_s"),
-                body.get("approved") is True,
+        bound = bind(run_id=run_id)  # the run's task logs with its id (--log-format json)
+        try:
+            run.task = asyncio.create_task(
+                self._execute(
+                    run,
+                    dict(body.get("args") or {}),
+                    body.get("timeout_s"),
+                    body.get("approved") is True,
+                )
             )
-        )
+        finally:
+            unbind(bound)
 
     async def _execute(
         self, run: HandRun, args: dict[str, Any], timeout_s: Any, approved: bool = False
@@ -383,6 +389,8 @@ class HandNode:
             log.exception("tool %s crashed", run.tool)
             result = Outcome("failed", error_category="tool_crashed", error=str(exc)).to_wire()
         run.result = result
+        # The tool's name and how it ended: never its arguments or output.
+        log.debug("run %s: %s ended %s", run.run_id, run.tool, result.get("status"))
         self.leftovers.ended(run.run_id)
         await asyncio.gather(*run.sends, return_exceptions=True)  # progress before result
         if run.run_id in self.runs:

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import random
 from collections.abc import AsyncIterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import pytest
 
 from halfpi.config import Config
 from halfpi.journal.base import JournalEntry
+from halfpi.mind.cluster import ClusterNode
 from halfpi.mind.replica import Replica
 from halfpi.mind.service import Mind
 from halfpi.process import running_mind
@@ -49,18 +50,29 @@ def seqs(face: FaceClient, cid: str) -> list[int]:
     return [f["payload"]["seq"] for f in face.events(cid)]
 
 
-async def owner_and_follower(
-    two_nodes: tuple[tuple[Mind, str], tuple[Mind, str], str],
-) -> tuple[FaceClient, FaceClient, str]:
+@dataclass
+class Followed:
     """A conversation node a owns (its Face subscribed there) and a Face
-    following it live on node b."""
-    (_, url_a), (_, url_b), token = two_nodes
+    following it live on node b, with both nodes' cluster parts."""
+
+    mind_a: Mind
+    mind_b: Mind
+    a: ClusterNode
+    b: ClusterNode
+    owner: FaceClient
+    follower: FaceClient
+    cid: str
+
+
+async def followed(two_nodes: tuple[tuple[Mind, str], tuple[Mind, str], str]) -> Followed:
+    (mind_a, url_a), (mind_b, url_b), token = two_nodes
+    assert isinstance(mind_a.cluster, ClusterNode) and isinstance(mind_b.cluster, ClusterNode)
     owner = await FaceClient.connect(url_a, token)
     cid = await owner.create_conversation()
     await owner.subscribe(cid)  # node a owns it now
     follower = await FaceClient.connect(url_b, token)
     assert (await follower.subscribe(cid))["payload"]["replay"] == "live"
-    return owner, follower, cid
+    return Followed(mind_a, mind_b, mind_a.cluster, mind_b.cluster, owner, follower, cid)
 
 
 async def follower_saw_it_all(owner: FaceClient, follower: FaceClient, cid: str,
@@ -81,10 +93,9 @@ async def follower_saw_it_all(owner: FaceClient, follower: FaceClient, cid: str,
 async def test_I4_a_replica_that_misses_a_fanned_out_batch_replays_it_exactly(
     two_nodes: tuple[tuple[Mind, str], tuple[Mind, str], str],
 ) -> None:
-    (mind_a, _), (mind_b, _), _ = two_nodes
-    owner, follower, cid = await owner_and_follower(two_nodes)
-    assert mind_b.cluster is not None and mind_a.cluster is not None
-    replica = mind_b.cluster.replicas[cid]
+    f = await followed(two_nodes)
+    owner, follower, cid = f.owner, f.follower, f.cid
+    replica = f.b.replicas[cid]
     assert isinstance(replica, Replica)
 
     # The pub/sub link loses the first batch of the next chat (as a dropped
@@ -191,10 +202,9 @@ async def test_malformed_cluster_messages_are_dropped_and_a_follower_still_sees_
 ) -> None:
     from halfpi.core.cluster_keys import NEWS_CHANNEL, fanout_channel, node_channel
 
-    (mind_a, _), (mind_b, _), _ = two_nodes
-    owner, follower, cid = await owner_and_follower(two_nodes)
-    assert mind_a.cluster is not None and mind_b.cluster is not None
-    client = mind_a.cluster.bus.client
+    f = await followed(two_nodes)
+    mind_a, owner, follower, cid = f.mind_a, f.owner, f.follower, f.cid
+    client = f.a.bus.client
     rng = random.Random(7)
     junk = garbage(rng, cid)
     channels = [node_channel("a"), node_channel("b"), NEWS_CHANNEL, fanout_channel(cid)]
@@ -208,7 +218,7 @@ async def test_malformed_cluster_messages_are_dropped_and_a_follower_still_sees_
     assert chat["payload"]["status"] == "succeeded"
     await follower_saw_it_all(owner, follower, cid, chat)
     # Both nodes dropped what was not theirs, and still forward commands.
-    assert mind_a.cluster.bus.malformed > 0 and mind_b.cluster.bus.malformed > 0
+    assert f.a.bus.malformed > 0 and f.b.bus.malformed > 0
     after = await follower.chat_to_end(cid, "still forwarding?", "q-after")
     assert after["payload"]["status"] == "succeeded"
     messages = await mind_a.store.messages(cid, limit=20, before_seq=None, max_seq=None)
@@ -225,10 +235,9 @@ async def test_a_follower_that_missed_the_last_batch_gets_it_when_a_new_owner_se
     and nothing else happens in the conversation: when a node takes it over
     (here node a again, after giving it up), the settle tells b's replica,
     which replays the end from the Store — not at some later event."""
-    (mind_a, _), (mind_b, _), _ = two_nodes
-    owner, follower, cid = await owner_and_follower(two_nodes)
-    assert mind_a.cluster is not None and mind_b.cluster is not None
-    replica = mind_b.cluster.replicas[cid]
+    f = await followed(two_nodes)
+    mind_a, owner, follower, cid = f.mind_a, f.owner, f.follower, f.cid
+    replica = f.b.replicas[cid]
     receive = replica.receive
 
     def lose_every_batch(entries: list[JournalEntry]) -> None:
@@ -243,9 +252,9 @@ async def test_a_follower_that_missed_the_last_batch_gets_it_when_a_new_owner_se
     await owner.close()
 
     # Node a gives the conversation up and takes it again: a new owner's settle.
-    lease = mind_a.cluster.held[cid]
+    lease = f.a.held[cid]
     mind_a.step_down(cid)
-    await mind_a.cluster.leases.release(lease)
+    await f.a.leases.release(lease)
     await mind_a.actor(cid)
     end = await follower.expect(
         lambda f: f["type"] == "face.event" and f["payload"]["type"] == "chat.completed"
@@ -273,9 +282,8 @@ def cluster_samples(mind: Mind) -> dict[str, float]:
 async def test_cluster_metrics_count_leases_replicas_forwards_take_overs_and_step_downs(
     two_nodes: tuple[tuple[Mind, str], tuple[Mind, str], str],
 ) -> None:
-    (mind_a, _), (mind_b, _), _ = two_nodes
-    owner, follower, cid = await owner_and_follower(two_nodes)
-    assert mind_a.cluster is not None and mind_b.cluster is not None
+    f = await followed(two_nodes)
+    mind_a, mind_b, owner, follower, cid = f.mind_a, f.mind_b, f.owner, f.follower, f.cid
     result = await follower.chat_to_end(cid, "forwarded from b", "q-metrics")
     assert result["payload"]["status"] == "succeeded"
     a, b = cluster_samples(mind_a), cluster_samples(mind_b)
@@ -286,10 +294,10 @@ async def test_cluster_metrics_count_leases_replicas_forwards_take_overs_and_ste
     await owner.close()
 
     # a gives it up; b, which has a follower, takes it over.
-    lease = mind_a.cluster.held[cid]
+    lease = f.a.held[cid]
     mind_a.step_down(cid)
-    await mind_a.cluster.leases.release(lease)
-    await mind_b.cluster.maintain()
+    await f.a.leases.release(lease)
+    await f.b.maintain()
     a, b = cluster_samples(mind_a), cluster_samples(mind_b)
     assert (a["halfpi_cluster_step_downs_total"], a["halfpi_cluster_leases_held"]) == (1, 0)
     assert (b["halfpi_cluster_takeovers_total"], b["halfpi_cluster_leases_held"]) == (1, 1)

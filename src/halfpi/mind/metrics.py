@@ -29,7 +29,7 @@ from prometheus_client.registry import Collector
 
 from halfpi import __version__
 from halfpi.core.metrics import Histogram
-from halfpi.mind.counters import profile_of, transport_of
+from halfpi.mind.counters import ClusterCounts, profile_of, transport_of
 
 if TYPE_CHECKING:
     from halfpi.mind.service import Mind
@@ -45,6 +45,33 @@ def _by(family: GaugeMetricFamily | CounterMetricFamily,
     for label, value in sorted(counts.items()):
         family.add_metric([label], value)
     return family
+
+
+def _counters(*rows: tuple[str, str, int]) -> Iterator[Metric]:
+    """Counters without labels: (name, help, value) each."""
+    for name, doc, value in rows:
+        yield CounterMetricFamily(name, doc, value=value)
+
+
+def _cluster(part: ClusterCounts) -> Iterator[Metric]:
+    """A cluster node's own metrics (docs/cluster.md)."""
+    yield GaugeMetricFamily("halfpi_cluster_leases_held",
+                            "Conversations this node owns (their leases held)",
+                            value=part.leases_held)
+    yield GaugeMetricFamily("halfpi_cluster_replicas",
+                            "Conversations owned elsewhere that this node follows",
+                            value=part.replicas)
+    yield _by(CounterMetricFamily("halfpi_cluster_forwards",
+                                  "Calls forwarded to a conversation's owner, by outcome "
+                                  "(answered, unavailable)", labels=["outcome"]), part.forwards)
+    yield from _counters(
+        ("halfpi_cluster_takeovers",
+         "Conversations taken over from a node whose lease was gone", part.takeovers),
+        ("halfpi_cluster_step_downs",
+         "Conversations given up: a lease lost or a write fenced out", part.step_downs),
+        ("halfpi_cluster_malformed_messages",
+         "Messages on the cluster's channels that were not a node's", part.malformed),
+    )
 
 
 class MindCollector(Collector):
@@ -159,32 +186,13 @@ class MindCollector(Collector):
                                       "Bytes of encoded entries sent to the Redis journal",
                                       value=written)
         if mind.cluster is not None:
-            part = mind.cluster.counts()
-            yield GaugeMetricFamily("halfpi_cluster_leases_held",
-                                    "Conversations this node owns (their leases held)",
-                                    value=part.leases_held)
-            yield GaugeMetricFamily("halfpi_cluster_replicas",
-                                    "Conversations owned elsewhere that this node follows",
-                                    value=part.replicas)
-            yield _by(CounterMetricFamily("halfpi_cluster_forwards",
-                                          "Calls forwarded to a conversation's owner, by "
-                                          "outcome (answered, unavailable)",
-                                          labels=["outcome"]), part.forwards)
-            yield CounterMetricFamily("halfpi_cluster_takeovers",
-                                      "Conversations taken over from a node whose lease was gone",
-                                      value=part.takeovers)
-            yield CounterMetricFamily("halfpi_cluster_step_downs",
-                                      "Conversations given up: a lease lost or a write fenced out",
-                                      value=part.step_downs)
-            yield CounterMetricFamily("halfpi_cluster_malformed_messages",
-                                      "Messages on the cluster's channels that were not a node's",
-                                      value=part.malformed)
+            yield from _cluster(mind.cluster.counts())
         tasks = mind.tasks
-        yield CounterMetricFamily("halfpi_tasks_admitted", "Background tasks admitted",
-                                  value=tasks.admitted)
-        yield CounterMetricFamily("halfpi_task_deliveries",
-                                  "hand.task.deliver messages sent (first ones and retries)",
-                                  value=tasks.deliveries)
+        yield from _counters(
+            ("halfpi_tasks_admitted", "Background tasks admitted", tasks.admitted),
+            ("halfpi_task_deliveries", "hand.task.deliver messages sent (first ones and retries)",
+             tasks.deliveries),
+        )
         yield _by(CounterMetricFamily("halfpi_tasks_ended",
                                       "Background tasks that ended here, by state",
                                       labels=["state"]), tasks.ended)

@@ -1,12 +1,17 @@
-"""Unknown tokens re-read the credential table, at most once per interval."""
+"""Unknown tokens re-read the credential table, at most once per interval;
+a known one is checked against the credentials version at its hello."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from halfpi.mind.auth import SharedReread
+from halfpi.gateway.session import FaceSession
+from halfpi.mind.auth import SharedReread, make_credential
+from tests.support.rig import Peer, Wire, fake_time_mind
 
 
 class Clock:
@@ -85,3 +90,33 @@ async def test_a_failing_read_lets_the_waiters_go_on() -> None:
 
     gate = SharedReread(refresh, clock, 0.1, clock.sleep)
     await asyncio.wait_for(gate.wait(), 5)
+
+
+async def test_a_token_revoked_by_another_process_is_refused_at_its_next_hello(
+    tmp_path: Path,
+) -> None:
+    """Revoked in the Store by someone else (the CLI, another node) and not
+    yet seen by the Mind's poll (its clock stands still here): the next hello
+    reads the credentials version and is refused; a live token still works."""
+    async with fake_time_mind(tmp_path / "home") as rig:
+        now = rig.mind.now()
+        credential, token = make_credential("face", "phone", "operator", frozenset(), now)
+        await rig.mind.store.add_credential(credential)
+        first = Peer(FaceSession(rig.mind, wire := Wire()), wire)
+        first.send("face.hello", hello(token))
+        await rig.expect(first, lambda f: f["type"] == "face.welcome")
+
+        assert await rig.mind.store.revoke_credential("face", "phone", now)
+        again = Peer(FaceSession(rig.mind, wire := Wire()), wire)
+        again.send("face.hello", hello(token))
+        refused = await rig.expect(again, lambda f: f["type"] in ("face.welcome", "face.error"))
+        assert refused["type"] == "face.error", refused
+        assert refused["payload"]["code"] == "unauthorized"
+        assert wire.closed_with == 4001
+        assert first.wire.closed_with == 4003  # the live one learned it on the way
+        rig.advance(0.25)  # this address's wait after a failure is over: …
+        await rig.face()  # … the operator's token still works
+
+
+def hello(token: str) -> dict[str, Any]:
+    return {"token": token, "client": {"name": "t", "version": "1"}, "protocol": 3}

@@ -174,6 +174,11 @@ class Mind:
         self._reread = SharedReread(
             self.refresh_credentials, clock, config.credential_reread_s, self.scheduler.sleep
         )
+        # A known token is checked against the credentials version at its
+        # hello (one cheap read; hellos arriving together share it): a
+        # credential revoked from another process or node since the last
+        # poll is refused at once, never welcomed for the poll's interval.
+        self._recheck = SharedReread(self.refresh_credentials, clock, 0.0, self.scheduler.sleep)
         self._refreshing = asyncio.Lock()
         self._live_connections: dict[str, int] = {}  # principal_id -> bound sessions
         self._cap_refusals: dict[str, int] = {}  # principal_id -> refused beyond the cap
@@ -682,8 +687,10 @@ class Mind:
         its turn otherwise. An unknown token triggers a re-read of the
         credential table first, so a credential created a moment ago works at
         once — one shared re-read per ``credential_reread_s``, however many
-        unknown tokens arrive. Failures are logged with the address and the
-        count, never the token.
+        unknown tokens arrive; a known one a read of the credentials version
+        (shared by the hellos that arrive together), so one revoked a moment
+        ago, from another process or node, is refused at once. Failures are
+        logged with the address and the count, never the token.
         """
         wait = self.throttle.admit(address, self.now())
         if wait is None:
@@ -699,9 +706,8 @@ class Mind:
         if wait > 0:
             await self.scheduler.sleep(wait)
         credential = self.auth.authenticate(token, kind)
-        if credential is None:
-            await self._reread.wait()
-            credential = self.auth.authenticate(token, kind)
+        await (self._reread if credential is None else self._recheck).wait()
+        credential = self.auth.authenticate(token, kind)
         if credential is None or (label is not None and credential.label != label):
             count = self.throttle.failed(address, self.now())
             self.env.metrics.handshakes_failed[kind] += 1

@@ -1,3 +1,6 @@
 """Every log line of these tests is checked for secrets (tests/support/log_secrets.py)."""
 
-from tests.support.log_secrets import logs_hold_no_secret  # noqa: F401  (autouse)
+from tests.support.log_secrets import (  # noqa: F401  (autouse)
+    logs_hold_no_secret,
+    session_logs_hold_no_secret,
+)

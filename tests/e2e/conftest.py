@@ -22,7 +22,10 @@ from pathlib import Path
 import pytest
 
 from tests.support.cluster_mind import CLUSTER, started_mind, stop_mind
-from tests.support.log_secrets import logs_hold_no_secret  # noqa: F401  (autouse)
+from tests.support.log_secrets import (  # noqa: F401  (autouse)
+    logs_hold_no_secret,
+    session_logs_hold_no_secret,
+)
 from tests.support.mind import LocalMind, MindProcess, local_mind
 
 SERVER_KINDS = ("native", "asgi")

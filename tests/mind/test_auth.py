@@ -92,6 +92,32 @@ async def test_a_failing_read_lets_the_waiters_go_on() -> None:
     await asyncio.wait_for(gate.wait(), 5)
 
 
+async def test_a_store_that_stops_answering_holds_one_read_and_one_waiting() -> None:
+    """Handshakes keep coming while the Store hangs: one read runs, the
+    next one waits for it (shared by every newcomer), none piles up."""
+    clock = Clock()
+    started = 0
+    first = asyncio.Event()
+    answer = asyncio.Event()
+
+    async def refresh() -> None:
+        nonlocal started
+        started += 1
+        first.set()
+        await answer.wait()
+
+    reread = SharedReread(refresh, clock, 0.0, clock.sleep)
+    waiting = [asyncio.ensure_future(reread.wait())]
+    await first.wait()
+    for _ in range(5):  # waves of handshakes while the read hangs
+        waiting += [asyncio.ensure_future(reread.wait()) for _ in range(10)]
+        await asyncio.sleep(0)  # a turn of the loop between waves
+    assert started == 1
+    answer.set()
+    await asyncio.gather(*waiting)
+    assert started == 2  # the one that hung, then the one every newcomer shared
+
+
 async def test_a_token_revoked_by_another_process_is_refused_at_its_next_hello(
     tmp_path: Path,
 ) -> None:

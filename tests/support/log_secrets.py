@@ -4,10 +4,12 @@
 ``logs_hold_no_secret`` is an autouse fixture of the end-to-end, cluster
 and chaos suites: after each test it reads every ``*.log`` file under the
 test's ``tmp_path`` (the Minds', Hands' and cluster nodes' stderr) and every
-line the ``halfpi`` loggers wrote in the test process (an in-process Mind),
-and fails the test if one holds a Face or Hand token or a stream ticket
-(by their prefixes, whoever made them), the stream key of a home under
-``tmp_path``, or the text of a ``*.token`` file there.
+line the ``halfpi`` loggers wrote in the test process (an in-process Mind,
+at debug level for the test), and fails the test if one holds a Face or
+Hand token or a stream ticket (by their prefixes, whoever made them), the
+stream key of a home under ``tmp_path``, or the text of a ``*.token`` file
+there. ``session_logs_hold_no_secret`` does the same once the session ends
+over every folder the session made (Minds a whole module shares).
 """
 
 from __future__ import annotations
@@ -72,10 +74,23 @@ def log_lines(root: Path) -> list[str]:
 def logs_hold_no_secret(tmp_path: Path) -> Iterator[None]:
     handler = Lines()
     logger = logging.getLogger("halfpi")
+    level = logger.level
+    logger.setLevel(logging.DEBUG)  # an in-process Mind's every line, as at --log-level debug
     logger.addHandler(handler)
     try:
         yield
     finally:
         logger.removeHandler(handler)
+        logger.setLevel(level)
     found = leaks(handler.lines + log_lines(tmp_path), secrets_under(tmp_path))
+    assert not found, "a log line holds a secret:\n" + "\n".join(found[:5])
+
+
+@pytest.fixture(autouse=True, scope="session")
+def session_logs_hold_no_secret(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The same check once the session ends, over every folder it made: the
+    logs of Minds a whole module shares (``tmp_path_factory``) too."""
+    yield
+    root = tmp_path_factory.getbasetemp()
+    found = leaks(log_lines(root), secrets_under(root))
     assert not found, "a log line holds a secret:\n" + "\n".join(found[:5])

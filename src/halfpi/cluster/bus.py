@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -30,7 +30,22 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("halfpi.cluster")
 
+T = TypeVar("T")
+
 Handler = Callable[[bytes], None]
+
+
+class Malformed(Exception):
+    """A message on a channel that is not what a node sends there (raised by
+    a handler's decoding; the bus drops it and counts it)."""
+
+
+def decoded(decode: Callable[[bytes], T], payload: bytes) -> T:
+    """``decode(payload)``, or :class:`Malformed` saying why it is not one."""
+    try:
+        return decode(payload)
+    except (msgspec.DecodeError, ValueError, TypeError) as exc:
+        raise Malformed(str(exc)) from None
 
 RECONNECT_INITIAL_S = 0.05
 RECONNECT_CAP_S = 1.0
@@ -156,7 +171,7 @@ class Bus:
             return
         try:
             handler(message["data"])
-        except (msgspec.DecodeError, ValueError, TypeError, KeyError) as exc:
+        except Malformed as exc:
             # Not a message of a node (Redis is shared: anything may be
             # published there): dropped. Nothing depends on one message —
             # a follower re-reads the stream, a forward times out.

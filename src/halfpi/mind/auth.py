@@ -100,8 +100,11 @@ class SharedReread:
     A waiter never joins a read that has already started (it might have
     missed a credential created a moment before the waiter's token came):
     it waits for the next one, which starts at most ``interval`` after the
-    last. So a credential just created works at once (within ``interval``),
-    and a flood of unknown tokens costs one read per ``interval``.
+    last, and never before the last one ended. So a credential just created
+    works at once (within ``interval``), a flood of unknown tokens costs one
+    read per ``interval``, and a Store that stops answering holds one read
+    and one waiting to start, however many waiters come. A failed read is
+    logged once until one succeeds again.
     """
 
     def __init__(
@@ -118,6 +121,8 @@ class SharedReread:
         self.reads = 0
         self._last_start = float("-inf")
         self._next: asyncio.Task[None] | None = None  # not started yet: joinable
+        self._running: asyncio.Task[None] | None = None
+        self._failing = False
 
     async def wait(self) -> None:
         """Return once a read that started after this call has finished."""
@@ -126,16 +131,25 @@ class SharedReread:
         await asyncio.shield(self._next)
 
     async def _read(self) -> None:
+        previous = self._running
+        if previous is not None and not previous.done():
+            await asyncio.wait([previous])  # one read at a time
         delay = self._last_start + self.interval - self.clock()
         if delay > 0:
             await self.sleep(delay)
         self._next = None  # from here on, newcomers wait for the next read
+        self._running = asyncio.current_task()
         self._last_start = self.clock()
         self.reads += 1
         try:
             await self.refresh()
-        except Exception:  # the waiters go on with the view they have
-            log.exception("re-reading the credentials failed")
+        except Exception as exc:  # the waiters go on with the view they have
+            if not self._failing:
+                log.warning("reading the credentials failed (%s); the view read last stands",
+                            exc)
+            self._failing = True
+        else:
+            self._failing = False
 
 
 @dataclass(frozen=True)

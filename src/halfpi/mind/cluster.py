@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 from redis.exceptions import RedisError
 
-from halfpi.cluster.bus import Bus
+from halfpi.cluster.bus import Bus, decoded
 from halfpi.cluster.lease import Lease, Leases
 from halfpi.core import wire
 from halfpi.core.cluster_keys import NEWS_CHANNEL, fanout_channel, node_channel
@@ -367,7 +367,7 @@ class ClusterNode:
         def on_entries(payload: bytes) -> None:
             current = self.replicas.get(conversation_id)
             if current is not None:
-                current.receive(fanout_entries(payload))
+                current.receive(decoded(fanout_entries, payload))
 
         await self.bus.listen(channel, on_entries)  # before reading the head
         followed = await self.journal.follow(conversation_id)
@@ -444,6 +444,7 @@ class ClusterNode:
                 continue
             with contextlib.suppress(Unavailable):  # NotOwner among them
                 await self.mind.actor(cid)
+                self.takeovers += 1
 
     # -- forwarding ----------------------------------------------------------------
 
@@ -508,7 +509,7 @@ class ClusterNode:
         self.bus.post(node_channel(origin), _encode(envelope))
 
     def _on_node(self, payload: bytes) -> None:
-        envelope = _decode_envelope(payload)
+        envelope = decoded(_decode_envelope, payload)
         kind = envelope.kind
         if kind == "msg":
             pending = self._forwards.get(envelope.id)
@@ -575,7 +576,7 @@ class ClusterNode:
         )
 
     def _on_news(self, payload: bytes) -> None:
-        news = _decode_news(payload)
+        news = decoded(_decode_news, payload)
         if news.origin != self.node_id:
             self.mind.announce_message(Message(news.type, news.body))
 

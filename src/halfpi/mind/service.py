@@ -103,6 +103,11 @@ class LocalHand(Protocol):
     async def stop(self) -> None: ...
 
 
+# How long a handshake waits for the credentials version before it goes on
+# with the credentials read last (a Store that stopped answering).
+RECHECK_TIMEOUT_S = 1.0
+
+
 class Ownership(Protocol):
     """Cluster mode: this node's part in a cluster (``mind/cluster.py``) —
     leases, replicas, forwarding and news between nodes."""
@@ -175,9 +180,11 @@ class Mind:
             self.refresh_credentials, clock, config.credential_reread_s, self.scheduler.sleep
         )
         # A known token is checked against the credentials version at its
-        # hello (one cheap read; hellos arriving together share it): a
-        # credential revoked from another process or node since the last
-        # poll is refused at once, never welcomed for the poll's interval.
+        # handshake (a hello, an HTTP request: one cheap read; those arriving
+        # together share it): a credential revoked from another process or
+        # node since the last poll is refused at once, never welcomed for
+        # the poll's interval. A Store slower than RECHECK_TIMEOUT_S leaves
+        # the view read last in force.
         self._recheck = SharedReread(self.refresh_credentials, clock, 0.0, self.scheduler.sleep)
         self._refreshing = asyncio.Lock()
         self._live_connections: dict[str, int] = {}  # principal_id -> bound sessions
@@ -706,7 +713,11 @@ class Mind:
         if wait > 0:
             await self.scheduler.sleep(wait)
         credential = self.auth.authenticate(token, kind)
-        await (self._reread if credential is None else self._recheck).wait()
+        if credential is None:
+            await self._reread.wait()
+        else:
+            with contextlib.suppress(TimeoutError):  # a slow Store: the view read last
+                await asyncio.wait_for(self._recheck.wait(), RECHECK_TIMEOUT_S)
         credential = self.auth.authenticate(token, kind)
         if credential is None or (label is not None and credential.label != label):
             count = self.throttle.failed(address, self.now())

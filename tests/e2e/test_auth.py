@@ -203,7 +203,7 @@ async def test_failed_handshakes_wait_longer_and_longer_and_are_logged(
         face = await FaceClient.connect(m.url, m.token)
         assert face.welcome is not None
         await face.close()
-    failures = [r.getMessage() for r in caplog.records if "handshake" in r.getMessage()]
+    failures = [r.getMessage() for r in caplog.records if "handshake from" in r.getMessage()]
     assert len(failures) == 6, failures
     for count, line in enumerate(failures, 1):
         assert "127.0.0.1" in line and f"failure {count} " in line, line

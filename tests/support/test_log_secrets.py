@@ -37,3 +37,10 @@ def check_a_home_with_leaks(tmp_path: Path) -> None:
     assert key.hex() in secrets and "a-token-in-a-file-0123456789" in secrets
     assert leaks(log_lines(tmp_path), secrets) == [
         f"mind.log: key {key.hex()}", "mind.log: token a-token-in-a-file-0123456789"]
+
+
+def test_an_empty_or_short_token_file_is_no_secret(tmp_path: Path) -> None:
+    (tmp_path / "empty.token").write_bytes(b"")
+    (tmp_path / "short.token").write_text("x\n")
+    assert secrets_under(tmp_path) == set()
+

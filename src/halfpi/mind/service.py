@@ -713,12 +713,10 @@ class Mind:
         if wait > 0:
             await self.scheduler.sleep(wait)
         credential = self.auth.authenticate(token, kind)
-        if credential is None:
+        known = credential is not None
+        if not known:
             await self._reread.wait()
-        else:
-            with contextlib.suppress(TimeoutError):  # a slow Store: the view read last
-                await asyncio.wait_for(self._recheck.wait(), RECHECK_TIMEOUT_S)
-        credential = self.auth.authenticate(token, kind)
+            credential = self.auth.authenticate(token, kind)
         if credential is None or (label is not None and credential.label != label):
             count = self.throttle.failed(address, self.now())
             self.env.metrics.handshakes_failed[kind] += 1
@@ -731,7 +729,18 @@ class Mind:
                 self.throttle.delay(count),
             )
             return None
-        self.throttle.succeeded(address)
+        self.throttle.succeeded(address)  # the token is right: no longer a guess in flight
+        if known:
+            # Known from the view read last: still live? (Revoked by the CLI
+            # or on another node since the last poll.) Read after the
+            # throttle let go, so a burst of right tokens never waits on it.
+            with contextlib.suppress(TimeoutError):  # a slow Store: the view read last
+                await asyncio.wait_for(self._recheck.wait(), RECHECK_TIMEOUT_S)
+            if self.auth.authenticate(token, kind) is None:
+                self.env.metrics.handshakes_failed[kind] += 1
+                log.warning("handshake from %s failed: its %s credential was just revoked",
+                            address, kind)
+                return None
         return credential
 
     def bind(self, principal_id: str) -> bool:

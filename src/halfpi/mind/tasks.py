@@ -229,14 +229,18 @@ class TaskDispatcher:
             if row.attempts >= DELIVERY_ATTEMPTS:
                 await self._settle(row, "dead", error=DEAD_ERROR)
                 return
-            hand = self.hands.hands.get(row.hand_label)
-            link = hand.link if hand is not None and hand.principal_id == row.hand_id else None
+            link = self._link_of(row)
             if link is None:
                 # Away: no attempt is counted; its (re)connect delivers it.
                 recheck = now + AWAY_RECHECK_S
                 await self._write(row, TaskUpdate(row.task_id, now, next_attempt_at=recheck))
                 self.wake(recheck)
-                return
+                link = self._link_of(row)
+                if link is None:
+                    return
+                # Back while this was written: its reconnect's attempt found
+                # this one in flight and left the task to it: deliver now.
+                now = self.clock()
             attempts = row.attempts + 1
             due = now + answer_wait(attempts, self.draw())
             await self._write(row, TaskUpdate(row.task_id, now, attempts=attempts,
@@ -255,6 +259,11 @@ class TaskDispatcher:
             self.wake(now + AWAY_RECHECK_S)
         finally:
             self._attempting.discard(row.task_id)
+
+    def _link_of(self, row: TaskRow) -> Any:
+        """The link of the task's Hand (the same credential), or None: away."""
+        hand = self.hands.hands.get(row.hand_label)
+        return hand.link if hand is not None and hand.principal_id == row.hand_id else None
 
     async def _write(self, row: TaskRow, update: TaskUpdate) -> None:
         """A change of the row with no event, through its conversation's actor

@@ -319,3 +319,33 @@ async def test_tasks_admitted_delivered_and_ended_are_counted_for_metrics(
         assert task_samples(rig) == {("halfpi_tasks_admitted_total", ""): 1,
                                      ("halfpi_task_deliveries_total", ""): 1,
                                      ("halfpi_tasks_ended_total", "succeeded"): 1}
+
+
+async def test_a_hand_back_while_an_away_attempt_is_written_gets_the_task_at_once(
+    tmp_path: Path,
+) -> None:
+    """The dispatcher finds the Hand away and writes when to look again;
+    the Hand reconnects while that write is on its way (its reconnect's
+    attempt finds this one in flight and leaves the task to it): the task is
+    delivered as soon as the write is done, not at the next look."""
+    async with fake_time_mind(tmp_path / "home") as rig:
+        hand = await rig.hand("dev")
+        face = await rig.face()
+        cid = await rig.conversation(face)
+        hand.session.close(1000, "gone")
+        dispatcher = rig.mind.tasks
+        write = dispatcher._write
+        writing, go_on = asyncio.Event(), asyncio.Event()
+
+        async def slow_write(row: Any, update: Any) -> None:
+            writing.set()
+            await go_on.wait()
+            await write(row, update)
+
+        dispatcher._write = slow_write  # type: ignore[method-assign]
+        await start_task(rig, face, cid, {**ECHO, "hand": "dev"})
+        await writing.wait()  # the away-attempt is writing
+        back = await rig.hand("dev")
+        go_on.set()
+        order = await rig.take(back, lambda f: f["type"] == "hand.task.deliver")
+        assert order["payload"]["tool"] == "exec_command"

@@ -30,6 +30,20 @@ class Clock:
         await asyncio.sleep(0)
 
 
+class HangingRead:
+    """A credentials read that hangs until ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def __call__(self) -> None:
+        self.reads += 1
+        self.started.set()
+        await self.release.wait()
+
+
 async def test_many_unknown_tokens_at_once_share_one_read() -> None:
     clock = Clock()
     reads: list[float] = []
@@ -61,25 +75,16 @@ async def test_a_waiter_arriving_during_a_read_waits_for_the_next_one() -> None:
     # The read in progress may have missed a credential created a moment
     # before this token came: only a read started afterwards can tell.
     clock = Clock()
-    started = asyncio.Event()
-    release = asyncio.Event()
-    reads = 0
-
-    async def refresh() -> None:
-        nonlocal reads
-        reads += 1
-        started.set()
-        await release.wait()
-
+    refresh = HangingRead()
     gate = SharedReread(refresh, clock, 0.1, clock.sleep)
     first = asyncio.create_task(gate.wait())
-    await started.wait()
+    await refresh.started.wait()
     late = asyncio.create_task(gate.wait())
     await asyncio.sleep(0)
-    assert reads == 1
-    release.set()
+    assert refresh.reads == 1
+    refresh.release.set()
     await asyncio.gather(first, late)
-    assert reads == 2
+    assert refresh.reads == 2
 
 
 async def test_a_failing_read_lets_the_waiters_go_on() -> None:
@@ -96,26 +101,17 @@ async def test_a_store_that_stops_answering_holds_one_read_and_one_waiting() -> 
     """Handshakes keep coming while the Store hangs: one read runs, the
     next one waits for it (shared by every newcomer), none piles up."""
     clock = Clock()
-    started = 0
-    first = asyncio.Event()
-    answer = asyncio.Event()
-
-    async def refresh() -> None:
-        nonlocal started
-        started += 1
-        first.set()
-        await answer.wait()
-
+    refresh = HangingRead()
     reread = SharedReread(refresh, clock, 0.0, clock.sleep)
     waiting = [asyncio.ensure_future(reread.wait())]
-    await first.wait()
+    await refresh.started.wait()
     for _ in range(5):  # waves of handshakes while the read hangs
         waiting += [asyncio.ensure_future(reread.wait()) for _ in range(10)]
         await asyncio.sleep(0)  # a turn of the loop between waves
-    assert started == 1
-    answer.set()
+    assert refresh.reads == 1
+    refresh.release.set()
     await asyncio.gather(*waiting)
-    assert started == 2  # the one that hung, then the one every newcomer shared
+    assert refresh.reads == 2  # the one that hung, then the one every newcomer shared
 
 
 async def test_a_token_revoked_by_another_process_is_refused_at_its_next_hello(

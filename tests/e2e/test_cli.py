@@ -196,7 +196,8 @@ def test_the_mind_writes_its_address_and_a_face_given_home_dials_it(tmp_path: Pa
 def test_a_stale_address_file_is_ignored_with_one_clear_line(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
-    mind = MindProcess(home).start()
+    # No local Hand: its "connected" line may come at any time after the start.
+    mind = MindProcess(home, extra_args=("--no-local-hand",)).start()
     try:
         dead = subprocess.Popen([sys.executable, "-c", "pass"])
         dead.wait()

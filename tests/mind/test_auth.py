@@ -114,7 +114,7 @@ async def test_a_store_that_stops_answering_holds_one_read_and_one_waiting() -> 
     assert refresh.reads == 2  # the one that hung, then the one every newcomer shared
 
 
-async def test_a_token_revoked_by_another_process_is_refused_at_its_next_hello(
+async def test_I8_a_token_revoked_by_another_process_is_refused_at_its_next_hello(
     tmp_path: Path,
 ) -> None:
     """Revoked in the Store by someone else (the CLI, another node) and not

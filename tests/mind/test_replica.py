@@ -227,7 +227,7 @@ async def test_malformed_cluster_messages_are_dropped_and_a_follower_still_sees_
     await follower.close()
 
 
-async def test_a_follower_that_missed_the_last_batch_gets_it_when_a_new_owner_settles(
+async def test_I4_a_follower_that_missed_the_last_batch_gets_it_when_a_new_owner_settles(
     two_nodes: tuple[tuple[Mind, str], tuple[Mind, str], str],
 ) -> None:
     """The owner stored the chat's end but its fan-out never reached node b

@@ -8,8 +8,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+
+import pytest
 
 from halfpi.client.transport import Transport
 from halfpi.core.policy import Rule
@@ -144,3 +147,43 @@ async def test_a_mind_that_does_not_speak_of_tasks_is_told_nothing_of_them(
         mind.tell("hand.task.deliver", delivery_id="d-2", tool="exec_command", args=ECHO)
         await mind.expect("hand.task.receipt", delivery_id="d-2")
         assert not [f for f in mind.from_hand if f["type"] == "hand.task.update"]
+
+
+async def test_a_stopping_hand_ends_its_running_task_and_records_it_lost(tmp_path: Path) -> None:
+    async with tasked_hand(tmp_path / "state") as (mind, node):
+        mind.tell("hand.task.deliver", delivery_id="d-1", tool="exec_command",
+                  args={"argv": ["sleep", "30"]})
+        task_id = (await mind.expect("hand.task.receipt", delivery_id="d-1"))["task_id"]
+        await mind.expect("hand.task.update", task_id=task_id, state="running")
+    # The Hand has stopped (tasked_hand waited for it): nothing of it runs on,
+    # and the task says how it ended — nobody cancelled it.
+    assert asyncio.all_tasks() == {asyncio.current_task()}
+    assert node.book is not None
+    record = node.book.get(task_id)
+    assert record is not None
+    assert record.state == "lost"
+    assert record.error == "the Hand stopped while the task was unfinished"
+
+
+async def test_a_task_delivered_as_the_hand_stops_never_starts_and_nothing_is_left_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    stopping: list[asyncio.Future[None]] = []
+    async with tasked_hand(tmp_path / "state") as (mind, node):
+        said = mind.send
+
+        async def stop_once_the_receipt_is_out(text: str) -> None:
+            await said(text)
+            if json.loads(text)["type"] == "hand.task.receipt":  # before the work is scheduled
+                stopping.append(asyncio.ensure_future(node.stop()))
+
+        monkeypatch.setattr(mind, "send", stop_once_the_receipt_is_out)
+        mind.tell("hand.task.deliver", delivery_id="d-1", tool="exec_command", args=ECHO)
+        task_id = (await mind.expect("hand.task.receipt", delivery_id="d-1"))["task_id"]
+        await stopping[0]
+    assert asyncio.all_tasks() == {asyncio.current_task()}
+    assert node.book is not None
+    record = node.book.get(task_id)
+    assert record is not None
+    assert (record.state, record.started_at) == ("lost", None)  # its command never started
+    assert "running" not in updates(mind, task_id)

@@ -59,7 +59,7 @@ from halfpi.core.hand_wire import HAND_PROTOCOL, REASON_CHARS
 from halfpi.core.policy import Rule
 from halfpi.errors import HalfpiError
 from halfpi.hand.conceal import conceal
-from halfpi.hand.executor import TOOLS, Outcome, ToolError
+from halfpi.hand.executor import KILL_GRACE_S, TOOLS, Outcome, ToolError
 from halfpi.hand.leftovers import Leftovers
 from halfpi.hand.policy import HandPolicy, scrub_environment, without_secrets
 from halfpi.hand.tasks import TaskBook, TaskRecord
@@ -70,6 +70,9 @@ log = logging.getLogger("halfpi.hand")
 HELLO_TIMEOUT_S = 30.0  # for hand.welcome
 TASK_LOG_PAGE = 64 * 1024  # at most this much of a task's log per hand.task.log_page
 TASKS_AFTER_CONNECT = 500  # the newest tasks re-announced after a reconnect
+# How long a stopping Hand waits for its runs and tasks to end once told to:
+# the kill grace of their command trees, and a margin.
+WORK_END_S = 3 * KILL_GRACE_S
 
 ToolFn = Callable[..., Awaitable[Outcome]]
 # Called as ``tool(args, progress, cancelled, spawned, **policy_keywords)``:
@@ -120,6 +123,7 @@ class HandNode:
         # Background tasks need somewhere durable: no state folder, no tasks.
         self.book = TaskBook(state_dir / f"{hand_id}.tasks") if state_dir else None
         self.task_runs: dict[str, asyncio.Event] = {}  # running tasks: their cancel
+        self._cancels_asked: set[str] = set()  # tasks the Mind asked to cancel
         self._task_work: set[asyncio.Task[None]] = set()
         self.clock: Callable[[], float] = time.time
         self.speaks_tasks = False
@@ -166,18 +170,42 @@ class HandNode:
         except ConnectionLost as exc:  # refused (4001) or revoked (4003)
             log.error("the Mind refused this Hand (%s): %s", exc.code, exc.reason)
             return False
+        finally:
+            await self._end_work()
         return True
 
     async def stop(self) -> None:
         self._stopping = True
-        for cancelled in self.task_runs.values():
-            cancelled.set()
+        self._cancel_work()
         if self._reconnect is not None:
             self._reconnect.close()
-        for run in self.runs.values():
-            run.cancelled.set()
         if self._transport is not None:
             await self._transport.close()
+
+    def _cancel_work(self) -> None:
+        for cancelled in self.task_runs.values():
+            cancelled.set()
+        for run in self.runs.values():
+            run.cancelled.set()
+
+    async def _end_work(self) -> None:
+        """The Hand stops: end every run and task it started and wait for
+        them, bounded. None is left to be cancelled half-way by the event
+        loop's shutdown — which, while a process is being spawned, can wait
+        forever on Python 3.11 (its subprocess transport waits for pipes
+        that were never connected)."""
+        self._stopping = True
+        self._cancel_work()
+        work = {*self._task_work, *self._checks,
+                *(run.task for run in self.runs.values() if run.task is not None)}
+        work = {w for w in work if not w.done()}
+        if not work:
+            return
+        _, pending = await asyncio.wait(work, timeout=WORK_END_S)
+        for task in pending:
+            log.warning("a run or task did not end in %.0f s of the Hand stopping", WORK_END_S)
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
     def _retrying(self, retry: Retry) -> None:
         """While the Mind cannot be reached: one line per change of reason."""
@@ -431,18 +459,28 @@ class HandNode:
             "received_at": receipt.received_at,
         })
         if not receipt.deduplicated:
+            # Its cancel exists from now on: a stop or a cancel before the
+            # work's first step still reaches it.
+            cancelled = self.task_runs[receipt.task_id] = asyncio.Event()
+            if self._stopping:
+                cancelled.set()
             work = asyncio.create_task(self._task_execute(
-                receipt.task_id, tool, args, timeout_s, body.get("approved") is True))
+                receipt.task_id, tool, args, timeout_s, body.get("approved") is True, cancelled))
             self._task_work.add(work)
             work.add_done_callback(self._task_work.discard)
 
     async def _task_execute(
-        self, task_id: str, name: str, args: dict[str, Any], timeout_s: Any, approved: bool
+        self, task_id: str, name: str, args: dict[str, Any], timeout_s: Any, approved: bool,
+        cancelled: asyncio.Event,
     ) -> None:
         book = self.book
         assert book is not None
-        cancelled = self.task_runs[task_id] = asyncio.Event()
         try:
+            if cancelled.is_set():  # before it began: it never starts
+                state, error = self._cancelled_as(task_id)
+                if book.move(task_id, state, self.clock(), error=error):
+                    await self._task_update(task_id)
+                return
             if not book.move(task_id, "running", self.clock()):
                 return  # cancelled while queued
             await self._task_update(task_id)
@@ -474,12 +512,23 @@ class HandNode:
             except Exception as exc:  # a tool bug must still end the task
                 log.exception("task %s: tool %s crashed", task_id, name)
                 state, exit_code, error = "failed", None, f"tool_crashed: {exc}"
+            if state == "cancelled":
+                state, error = self._cancelled_as(task_id)
             self.leftovers.ended(task_id)
             book.move(task_id, state, self.clock(), exit_code=exit_code,
                       error=None if error is None else error[:REASON_CHARS])
             await self._task_update(task_id)
         finally:
             self.task_runs.pop(task_id, None)
+            self._cancels_asked.discard(task_id)
+
+    def _cancelled_as(self, task_id: str) -> tuple[str, str | None]:
+        """How a task its cancel ended is recorded: ``cancelled`` when the
+        Mind asked; else the Hand stopped under it — ``lost``, as a Hand
+        that restarts records what it had not finished (never re-run)."""
+        if task_id in self._cancels_asked:
+            return "cancelled", None
+        return "lost", "the Hand stopped while the task was unfinished"
 
     async def _task_cancel(self, task_id: str) -> None:
         book = self.book
@@ -491,6 +540,7 @@ class HandNode:
             return
         running = self.task_runs.get(task_id)
         if running is not None:
+            self._cancels_asked.add(task_id)
             running.set()  # it ends as cancelled, unless it ends first
         elif book.move(task_id, "cancelled", self.clock()):
             await self._task_update(task_id)

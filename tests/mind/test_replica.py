@@ -176,6 +176,56 @@ async def test_a_node_restarted_at_once_waits_for_its_previous_runs_lease_then_s
     await face.close()
 
 
+async def test_I11_a_request_retried_while_a_node_takes_its_conversation_over_gets_its_outcome(
+    two_nodes: tuple[tuple[Mind, str], tuple[Mind, str], str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Node a dies mid-chat (here: steps down and lets its lease go); node b
+    takes the conversation over, and while b is still closing what a left
+    open, the chat's request is retried on b. The retry waits for the
+    take-over and gets the chat's outcome (interrupted) — never a
+    ``face.accepted`` for a chat that no node runs any more."""
+    (mind_a, url_a), (mind_b, url_b), token = two_nodes
+    owner = await FaceClient.connect(url_a, token)
+    cid = await owner.create_conversation()
+    content = "/pace 50 " + " ".join(f"w{i}" for i in range(60))
+    await owner.command("face.chat", "q-slow", conversation_id=cid, content=content)
+    await owner.reply("q-slow", ("face.accepted",))
+    assert isinstance(mind_a.cluster, ClusterNode)
+    lease = mind_a.cluster.held[cid]
+    mind_a.step_down(cid)  # as if it had died: it never writes to the conversation again
+    await mind_a.cluster.leases.release(lease)
+
+    # Node b's take-over holds at the open runs until the retry is on its way.
+    at_open_runs, retry_waits = asyncio.Event(), asyncio.Event()
+    open_runs = mind_b.store.open_runs
+
+    async def held_open_runs() -> Any:
+        at_open_runs.set()
+        await retry_waits.wait()
+        return await open_runs()
+
+    monkeypatch.setattr(mind_b.store, "open_runs", held_open_runs)
+    taking_over = asyncio.ensure_future(mind_b.actor(cid))
+    actor = mind_b.actor
+
+    async def noticed_actor(conversation_id: str) -> Any:
+        if asyncio.current_task() is not taking_over:  # the retry's chat asks for it
+            retry_waits.set()
+        return await actor(conversation_id)
+
+    monkeypatch.setattr(mind_b, "actor", noticed_actor)
+    await at_open_runs.wait()  # the take-over is under way
+    retrier = await FaceClient.connect(url_b, token)
+    await retrier.command("face.chat", "q-slow", conversation_id=cid, content=content)
+    first = await retrier.reply("q-slow", ("face.accepted", "face.result", "face.error"))
+    await taking_over
+    assert first["type"] == "face.result", first
+    assert first["payload"]["status"] == "interrupted"
+    await owner.close()
+    await retrier.close()
+
+
 def garbage(rng: random.Random, cid: str) -> list[bytes]:
     """What a stranger with access to Redis might publish: random bytes,
     msgpack of the wrong shape, envelopes cut short or with wrong types,

@@ -327,20 +327,29 @@ class Mind:
             if actor is not None:
                 actor.append(data)
 
-    async def _recover(self, only: str | None = None) -> None:
+    async def _recover(
+        self, only: str | None = None, loaded: ConversationActor | None = None
+    ) -> None:
         """After a crash: open runs become ``interrupted`` (I11), open requests
         get a terminal result, and ``seq`` continues from the store.
 
         In cluster mode nothing is recovered at start (other nodes own their
         conversations): each conversation is, when a node takes it over
-        (``only``: that one)."""
+        (``only``: that one; ``loaded``: its actor, which the commands that
+        arrive meanwhile wait for)."""
         if self.cluster is not None and only is None:
             return
-        await recover_tools(self.store, self.actor, self.now(), only=only)
+
+        async def actor_of(conversation_id: str) -> ConversationActor:
+            if loaded is not None and conversation_id == loaded.id:
+                return loaded  # being loaded: others wait until this is done
+            return await self.actor(conversation_id)
+
+        await recover_tools(self.store, actor_of, self.now(), only=only)
         for row in await self.store.open_runs():
             if only is not None and row.conversation_id != only:
                 continue
-            actor = await self.actor(row.conversation_id)
+            actor = await actor_of(row.conversation_id)
             await actor.interrupt_recovered(row)
         leftovers = [
             r for r in await self.store.open_requests()
@@ -411,10 +420,10 @@ class Mind:
         loaded again after it was unloaded keeps its epoch and continues
         its seq (from the Store's head: past its seq reservation)."""
         actor = self._actors.get(conversation_id)
-        if actor is not None:
+        loading = self._loading.get(conversation_id)
+        if actor is not None and loading is None:
             actor.used_at = self.clock()
             return actor
-        loading = self._loading.get(conversation_id)
         if loading is None:
             loading = asyncio.get_running_loop().create_future()
             self._loading[conversation_id] = loading
@@ -444,8 +453,11 @@ class Mind:
                 self._actors[conversation_id] = actor
                 self._idle.set(actor, actor.idle_since() + self.unload_idle_s)
                 if fence is not None:
-                    # Taken over: close what the previous owner left open.
-                    await self._recover(only=conversation_id)
+                    # Taken over: close what the previous owner left open —
+                    # before any command gets the actor (they wait for the
+                    # load): a request retried meanwhile is answered with
+                    # its outcome, never as still running.
+                    await self._recover(only=conversation_id, loaded=actor)
                 loading.set_result(actor)
             except BaseException as exc:
                 loading.set_exception(exc)

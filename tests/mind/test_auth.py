@@ -11,6 +11,7 @@ import pytest
 
 from halfpi.gateway.session import FaceSession
 from halfpi.mind.auth import SharedReread, make_credential
+from halfpi.mind.service import RECHECK_FRESH_S
 from tests.support.rig import Peer, Wire, fake_time_mind
 
 
@@ -129,6 +130,9 @@ async def test_I8_a_token_revoked_by_another_process_is_refused_at_its_next_hell
         await rig.expect(first, lambda f: f["type"] == "face.welcome")
 
         assert await rig.mind.store.revoke_credential("face", "phone", now)
+        # The view the first hello read is fresh for RECHECK_FRESH_S: past
+        # that (and still before the next poll), the next hello reads again.
+        rig.advance(RECHECK_FRESH_S + 0.01)
         again = Peer(FaceSession(rig.mind, wire := Wire()), wire)
         again.send("face.hello", hello(token))
         refused = await rig.expect(again, lambda f: f["type"] in ("face.welcome", "face.error"))
@@ -138,6 +142,29 @@ async def test_I8_a_token_revoked_by_another_process_is_refused_at_its_next_hell
         assert first.wire.closed_with == 4003  # the live one learned it on the way
         rig.advance(0.25)  # this address's wait after a failure is over: …
         await rig.face()  # … the operator's token still works
+
+
+async def test_hellos_of_known_tokens_read_the_credentials_version_once_per_fresh_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every HTTP request is a handshake: a stream of them costs one read of
+    the credentials version per RECHECK_FRESH_S, not one each."""
+    async with fake_time_mind(tmp_path / "home") as rig:
+        reads = []
+        version = rig.mind.store.credentials_version
+
+        async def counted() -> int:
+            reads.append(rig.mind.now())
+            return await version()
+
+        monkeypatch.setattr(rig.mind.store, "credentials_version", counted)
+        rig.advance(RECHECK_FRESH_S + 0.01)  # what the start read is stale now
+        for _ in range(20):
+            await rig.face()
+        assert len(reads) == 1
+        rig.advance(RECHECK_FRESH_S + 0.01)
+        await rig.face()
+        assert len(reads) == 2
 
 
 def hello(token: str) -> dict[str, Any]:

@@ -106,6 +106,12 @@ class LocalHand(Protocol):
 # How long a handshake waits for the credentials version before it goes on
 # with the credentials read last (a Store that stopped answering).
 RECHECK_TIMEOUT_S = 1.0
+# A known token's handshake reads the credentials version unless a read that
+# started at most this long ago has finished: a token revoked earlier than
+# that is refused, on every node, and a stream of HTTP requests (each one a
+# handshake) costs at most ten reads a second, not one each
+# (benchmarks/http_requests.py).
+RECHECK_FRESH_S = 0.1
 
 
 class Ownership(Protocol):
@@ -180,12 +186,14 @@ class Mind:
             self.refresh_credentials, clock, config.credential_reread_s, self.scheduler.sleep
         )
         # A known token is checked against the credentials version at its
-        # handshake (a hello, an HTTP request: one cheap read; those arriving
-        # together share it): a credential revoked from another process or
-        # node since the last poll is refused at once, never welcomed for
-        # the poll's interval. A Store slower than RECHECK_TIMEOUT_S leaves
-        # the view read last in force.
+        # handshake (a hello, an HTTP request), unless the view is fresher
+        # than RECHECK_FRESH_S (those arriving together share one read): a
+        # credential revoked from another process or node since the last
+        # poll is refused within RECHECK_FRESH_S, never welcomed for the
+        # poll's interval. A Store slower than RECHECK_TIMEOUT_S leaves the
+        # view read last in force.
         self._recheck = SharedReread(self.refresh_credentials, clock, 0.0, self.scheduler.sleep)
+        self._credentials_read_at = float("-inf")  # when the last read that finished began
         self._refreshing = asyncio.Lock()
         self._live_connections: dict[str, int] = {}  # principal_id -> bound sessions
         self._cap_refusals: dict[str, int] = {}  # principal_id -> refused beyond the cap
@@ -687,10 +695,13 @@ class Mind:
 
     async def refresh_credentials(self) -> None:
         async with self._refreshing:  # one load at a time: never an older view last
+            began = self.clock()
             version = await self.store.credentials_version()
             if version == self.auth.version:
+                self._credentials_read_at = began
                 return
             revoked = self.auth.load(await self.store.credentials(), version)
+            self._credentials_read_at = began
         if revoked:
             for session in list(self.sessions):
                 if session.principal_id in revoked:
@@ -707,8 +718,9 @@ class Mind:
         credential table first, so a credential created a moment ago works at
         once — one shared re-read per ``credential_reread_s``, however many
         unknown tokens arrive; a known one a read of the credentials version
-        (shared by the hellos that arrive together), so one revoked a moment
-        ago, from another process or node, is refused at once. Failures are
+        unless one began at most ``RECHECK_FRESH_S`` ago (shared by the
+        handshakes that arrive together), so one revoked earlier than that,
+        from another process or node, is refused. Failures are
         logged with the address and the count, never the token.
         """
         wait = self.throttle.admit(address, self.now())
@@ -742,7 +754,7 @@ class Mind:
             )
             return None
         self.throttle.succeeded(address)  # the token is right: no longer a guess in flight
-        if known:
+        if known and self.clock() - self._credentials_read_at > RECHECK_FRESH_S:
             # Known from the view read last: still live? (Revoked by the CLI
             # or on another node since the last poll.) Read after the
             # throttle let go, so a burst of right tokens never waits on it.

@@ -11,8 +11,9 @@ import pytest
 
 from halfpi.gateway.session import FaceSession
 from halfpi.mind.auth import SharedReread, make_credential
-from halfpi.mind.service import RECHECK_FRESH_S
+from halfpi.mind.service import RECHECK_FRESH_S, RECHECK_TIMEOUT_S
 from tests.support.rig import Peer, Wire, fake_time_mind
+from tests.support.wait import until
 
 
 class Clock:
@@ -165,6 +166,43 @@ async def test_hellos_of_known_tokens_read_the_credentials_version_once_per_fres
         rig.advance(RECHECK_FRESH_S + 0.01)
         await rig.face()
         assert len(reads) == 2
+
+
+async def test_a_handshake_waits_for_a_hung_credentials_read_at_most_its_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Store that stopped answering: a known token is welcomed on the view
+    read last, an unknown one refused, each once RECHECK_TIMEOUT_S of the
+    Mind's clock has passed — no handshake waits for ever."""
+    async with fake_time_mind(tmp_path / "home") as rig:
+        reads: list[asyncio.Event] = []  # each read's release: none comes by itself
+        version = rig.mind.store.credentials_version
+
+        async def hung() -> int:
+            release = asyncio.Event()
+            reads.append(release)
+            await release.wait()
+            return await version()
+
+        monkeypatch.setattr(rig.mind.store, "credentials_version", hung)
+        answered = ("face.welcome", "face.error")
+        rig.advance(RECHECK_FRESH_S + 0.01)  # the start's read is stale: a hello reads
+        known = Peer(FaceSession(rig.mind, wire := Wire()), wire)
+        known.send("face.hello", hello(rig.face_token))
+        await until(lambda: len(reads) == 1)
+        assert not known.seen(lambda f: f["type"] in answered)
+        rig.advance(RECHECK_TIMEOUT_S)
+        await rig.expect(known, lambda f: f["type"] == "face.welcome")
+
+        reads[0].set()  # that read ends; the next one hangs as well
+        stranger = Peer(FaceSession(rig.mind, wire := Wire()), wire)
+        stranger.send("face.hello", hello("hpf_" + "0" * 43))
+        await until(lambda: len(reads) == 2)
+        assert not stranger.seen(lambda f: f["type"] in answered)
+        rig.advance(RECHECK_TIMEOUT_S)
+        refused = await rig.expect(stranger, lambda f: f["type"] in answered)
+        assert refused["payload"]["code"] == "unauthorized"
+        reads[1].set()
 
 
 def hello(token: str) -> dict[str, Any]:

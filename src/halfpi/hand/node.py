@@ -202,10 +202,13 @@ class HandNode:
         if not work:
             return
         _, pending = await asyncio.wait(work, timeout=WORK_END_S)
+        if not pending:
+            return
+        log.warning("%s did not end within %.0f s of the Hand stopping: cancelled",
+                    ", ".join(sorted(task.get_name() for task in pending)), WORK_END_S)
         for task in pending:
-            log.warning("a run or task did not end in %.0f s of the Hand stopping", WORK_END_S)
             task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        await asyncio.wait(pending, timeout=KILL_GRACE_S)  # a cancel may not finish either
 
     def _retrying(self, retry: Retry) -> None:
         """While the Mind cannot be reached: one line per change of reason."""
@@ -266,7 +269,7 @@ class HandNode:
             message = json.loads(text)
             kind, body = message.get("type"), message.get("payload") or {}
             if kind == "hand.check":
-                check = asyncio.create_task(self._check(body))
+                check = asyncio.create_task(self._check(body), name="a policy check")
                 self._checks.add(check)
                 check.add_done_callback(self._checks.discard)
             elif kind == "hand.run":
@@ -363,7 +366,8 @@ class HandNode:
                     dict(body.get("args") or {}),
                     body.get("timeout_s"),
                     body.get("approved") is True,
-                )
+                ),
+                name=f"run {run_id}",
             )
         finally:
             unbind(bound)
@@ -465,7 +469,8 @@ class HandNode:
             if self._stopping:
                 cancelled.set()
             work = asyncio.create_task(self._task_execute(
-                receipt.task_id, tool, args, timeout_s, body.get("approved") is True, cancelled))
+                receipt.task_id, tool, args, timeout_s, body.get("approved") is True, cancelled),
+                name=f"task {receipt.task_id}")
             self._task_work.add(work)
             work.add_done_callback(self._task_work.discard)
 

@@ -9,7 +9,6 @@ is built by the process wiring and handed in as a factory).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
@@ -106,6 +105,9 @@ class LocalHand(Protocol):
 # How long a handshake waits for the credentials version before it goes on
 # with the credentials read last (a Store that stopped answering).
 RECHECK_TIMEOUT_S = 1.0
+# How long shutting down waits for the local Hand to end its runs and tasks
+# (its own bound, hand/node.py WORK_END_S, and a margin).
+LOCAL_HAND_END_S = 10.0
 # A known token's handshake reads the credentials version unless a read that
 # started at most this long ago has finished: a token revoked earlier than
 # that is refused, on every node, and a stream of HTTP requests (each one a
@@ -402,9 +404,13 @@ class Mind:
         if self.local_hand is not None:
             await self.local_hand.stop()
         if self._local_hand_task is not None:
-            self._local_hand_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._local_hand_task
+            # It ends its runs and tasks (bounded) before it returns: cut
+            # short, it would leave them to the event loop's shutdown.
+            serving = self._local_hand_task
+            await asyncio.wait({serving}, timeout=LOCAL_HAND_END_S)
+            if not serving.done():
+                serving.cancel()
+                await asyncio.wait({serving}, timeout=1.0)
         # No timer fires any more (TTLs, graces, deadlines, maintenance).
         self.tasks.close()
         self.scheduler.close()
@@ -739,7 +745,7 @@ class Mind:
         credential = self.auth.authenticate(token, kind)
         known = credential is not None
         if not known:
-            await self._reread.wait()
+            await self._credentials_read(self._reread)
             credential = self.auth.authenticate(token, kind)
         if credential is None or (label is not None and credential.label != label):
             count = self.throttle.failed(address, self.now())
@@ -758,14 +764,26 @@ class Mind:
             # Known from the view read last: still live? (Revoked by the CLI
             # or on another node since the last poll.) Read after the
             # throttle let go, so a burst of right tokens never waits on it.
-            with contextlib.suppress(TimeoutError):  # a slow Store: the view read last
-                await asyncio.wait_for(self._recheck.wait(), RECHECK_TIMEOUT_S)
+            await self._credentials_read(self._recheck)
             if self.auth.authenticate(token, kind) is None:
                 self.env.metrics.handshakes_failed[kind] += 1
                 log.warning("handshake from %s failed: its %s credential was just revoked",
                             address, kind)
                 return None
         return credential
+
+    async def _credentials_read(self, reread: SharedReread) -> None:
+        """Wait for ``reread``'s next read, at most RECHECK_TIMEOUT_S of the
+        Mind's clock: a Store that stopped answering leaves the view read
+        last in force (a token it does not know is refused), never a
+        handshake waiting for ever."""
+        reading = asyncio.ensure_future(reread.wait())
+        timer = asyncio.ensure_future(self.scheduler.sleep(RECHECK_TIMEOUT_S))
+        try:
+            await asyncio.wait({reading, timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+            reading.cancel()  # the read itself goes on (shared, shielded)
 
     def bind(self, principal_id: str) -> bool:
         """Count one more live connection of ``principal_id``; False (and

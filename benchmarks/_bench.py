@@ -139,6 +139,14 @@ class MindServer(Server):
         return (self.home / "face.token").read_text().strip()
 
 
+def python_of(src: str) -> tuple[str, ...]:
+    """A Python that imports halfpi from ``src`` (another tree's src folder,
+    first on PYTHONPATH): ``MindServer(python=…)`` for a baseline Mind."""
+    if not Path(src, "halfpi").is_dir():
+        raise SystemExit(f"{src} holds no halfpi package")
+    return ("env", f"PYTHONPATH={src}", PYTHON)
+
+
 class RawServer(Server):
     """The baseline: the leanest server we can write in the same process model
     (``_raw_server.py``)."""

@@ -77,6 +77,7 @@ from _bench import (
     figure,
     median,
     percentile,
+    python_of,
     raise_nofile,
     stop_all,
     summary_table,
@@ -353,7 +354,7 @@ async def metrics_cost(tmp: Path, n: int, count: int, rounds: int,
     first on PYTHONPATH), the same chat, rounds alternating."""
     counted = MindServer(tmp / f"mind-metrics-{n}", delta_ms=0).start()
     plain = MindServer(tmp / f"mind-before-metrics-{n}", delta_ms=0,
-                       python=("env", f"PYTHONPATH={base_src}", sys.executable)).start()
+                       python=python_of(base_src)).start()
     runs: dict[str, list[dict[str, Any]]] = {"metrics": [], "before": []}
     scrapes = [0]
     scraper = asyncio.create_task(_scrape_every(int(counted.ready["port"]), 1.0, scrapes))

@@ -153,3 +153,10 @@ def test_an_untrusted_peer_is_its_own_address_whatever_it_forwards() -> None:
     assert client_address("192.0.2.1", ["203.0.113.9"], trusted) == "192.0.2.1"
     assert client_address("10.0.0.5", [], trusted) == "10.0.0.5"
     assert client_address("10.0.0.5", [" "], trusted) == "10.0.0.5"
+
+
+def test_a_repeated_thing_is_worth_a_log_line_at_powers_of_two_only() -> None:
+    from halfpi.core.throttle import worth_logging
+
+    assert [n for n in range(0, 70) if worth_logging(n)] == [1, 2, 4, 8, 16, 32, 64]
+    assert sum(worth_logging(n) for n in range(1, 1_000_001)) == 20

@@ -20,6 +20,7 @@ from halfpi.mind.replica import Replica
 from halfpi.mind.service import Mind
 from halfpi.process import running_mind
 from tests.support.client import FaceClient
+from tests.support.metrics import samples
 from tests.support.postgres import pg_url, postgres  # noqa: F401
 from tests.support.redis import RedisServer, redis_server  # noqa: F401
 
@@ -62,6 +63,16 @@ class Followed:
     owner: FaceClient
     follower: FaceClient
     cid: str
+
+
+async def give_up(mind: Mind, cid: str) -> None:
+    """The node steps down for ``cid`` and lets its lease go, as if it had
+    died: it never writes to the conversation again, another may take it."""
+    cluster = mind.cluster
+    assert isinstance(cluster, ClusterNode)
+    lease = cluster.held[cid]
+    mind.step_down(cid)
+    await cluster.leases.release(lease)
 
 
 async def followed(two_nodes: tuple[tuple[Mind, str], tuple[Mind, str], str]) -> Followed:
@@ -191,10 +202,7 @@ async def test_I11_a_request_retried_while_a_node_takes_its_conversation_over_ge
     content = "/pace 50 " + " ".join(f"w{i}" for i in range(60))
     await owner.command("face.chat", "q-slow", conversation_id=cid, content=content)
     await owner.reply("q-slow", ("face.accepted",))
-    assert isinstance(mind_a.cluster, ClusterNode)
-    lease = mind_a.cluster.held[cid]
-    mind_a.step_down(cid)  # as if it had died: it never writes to the conversation again
-    await mind_a.cluster.leases.release(lease)
+    await give_up(mind_a, cid)  # as if it had died
 
     # Node b's take-over holds at the open runs until the retry is on its way.
     at_open_runs, retry_waits = asyncio.Event(), asyncio.Event()
@@ -302,9 +310,7 @@ async def test_I4_a_follower_that_missed_the_last_batch_gets_it_when_a_new_owner
     await owner.close()
 
     # Node a gives the conversation up and takes it again: a new owner's settle.
-    lease = f.a.held[cid]
-    mind_a.step_down(cid)
-    await f.a.leases.release(lease)
+    await give_up(mind_a, cid)
     await mind_a.actor(cid)
     end = await follower.expect(
         lambda f: f["type"] == "face.event" and f["payload"]["type"] == "chat.completed"
@@ -321,12 +327,8 @@ async def test_I4_a_follower_that_missed_the_last_batch_gets_it_when_a_new_owner
 
 def cluster_samples(mind: Mind) -> dict[str, float]:
     """The cluster metrics of a scrape: sample name (with its outcome) → value."""
-    from halfpi.mind.metrics import MindCollector
-
-    return {sample.name + (f"/{sample.labels['outcome']}" if "outcome" in sample.labels
-                           else ""): sample.value
-            for family in MindCollector(mind).collect()
-            for sample in family.samples if sample.name.startswith("halfpi_cluster_")}
+    return {name + (f"/{outcome}" if outcome else ""): value
+            for (name, outcome), value in samples(mind, "halfpi_cluster_", "outcome").items()}
 
 
 async def test_cluster_metrics_count_leases_replicas_forwards_take_overs_and_step_downs(
@@ -344,9 +346,7 @@ async def test_cluster_metrics_count_leases_replicas_forwards_take_overs_and_ste
     await owner.close()
 
     # a gives it up; b, which has a follower, takes it over.
-    lease = f.a.held[cid]
-    mind_a.step_down(cid)
-    await f.a.leases.release(lease)
+    await give_up(mind_a, cid)
     await f.b.maintain()
     a, b = cluster_samples(mind_a), cluster_samples(mind_b)
     assert (a["halfpi_cluster_step_downs_total"], a["halfpi_cluster_leases_held"]) == (1, 0)

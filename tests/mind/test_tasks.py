@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from halfpi.core.tasks import answer_wait
+from tests.support.metrics import samples
 from tests.support.rig import Peer, Rig, fake_time_mind
 
 Frame = dict[str, Any]
@@ -298,11 +299,7 @@ async def test_a_dead_task_stays_dead_when_a_late_receipt_arrives(tmp_path: Path
 
 def task_samples(rig: Rig) -> dict[tuple[str, str], float]:
     """The task metrics of a scrape: (sample name, its state label) → value."""
-    from halfpi.mind.metrics import MindCollector
-
-    return {(sample.name, sample.labels.get("state", "")): sample.value
-            for family in MindCollector(rig.mind).collect()
-            for sample in family.samples if "task" in sample.name}
+    return samples(rig.mind, "halfpi_task", "state")
 
 
 async def test_tasks_admitted_delivered_and_ended_are_counted_for_metrics(

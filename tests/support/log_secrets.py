@@ -24,7 +24,7 @@ import pytest
 # A Face token, a Hand token, a stream ticket (mind/auth.py, mind/tickets.py):
 # prefix + at least 20 characters of token_urlsafe.
 TOKEN_RE = re.compile(r"\bhp[fhs]_[A-Za-z0-9_-]{20,}")
-SECRET_FILES = ("*.token", "stream.key")
+SECRET_FILES = ("*.token", "*.key")  # Face/Hand tokens, the stream key, a provider API key
 MAX_SECRET_FILE = 4096
 MIN_SECRET = 16  # shorter files (a test's empty or bad token file) are no secret
 

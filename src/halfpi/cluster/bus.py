@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
+from halfpi.core.throttle import worth_logging
+
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
@@ -176,7 +178,7 @@ class Bus:
             # published there): dropped. Nothing depends on one message —
             # a follower re-reads the stream, a forward times out.
             self.malformed += 1
-            if self.malformed in (1, 10) or self.malformed % 1000 == 0:
+            if worth_logging(self.malformed):
                 log.warning("dropped a malformed cluster message on %s (%d so far): %s",
                             channel, self.malformed, exc)
         except Exception:  # one bad message must not stop the link

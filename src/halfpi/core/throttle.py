@@ -138,3 +138,9 @@ def client_address(peer: str, forwarded_for: list[str], trusted: frozenset[str])
         if client:
             return client
     return peer
+
+
+def worth_logging(count: int) -> bool:
+    """Whether the ``count``-th occurrence of something repeated is worth a
+    log line: the 1st, 2nd, 4th, 8th… — a flood of a million writes twenty."""
+    return count > 0 and count & (count - 1) == 0

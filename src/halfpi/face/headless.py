@@ -41,6 +41,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from halfpi.core.throttle import worth_logging
 from halfpi.face.client import FaceClient, Result, Status, new_request_id
 from halfpi.face.errors import AuthError, ClientClosed, CommandError, FaceError
 from halfpi.face.transport import ConnectionLost, Transport, websocket_connector
@@ -128,8 +129,8 @@ class ConnectionNotes:
             self._complained = True
             retry = f"retrying in {status.next_in:.1f} s" if status.next_in is not None else ""
             if why and (url, why) == self._last_failure:
-                if status.attempt & (status.attempt - 1):
-                    return None  # not a power of two: already said
+                if not worth_logging(status.attempt):
+                    return None  # already said
                 return f"still cannot reach {url}; {retry} (attempt {status.attempt})"
             if why:
                 self._last_failure = (url, why)

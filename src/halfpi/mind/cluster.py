@@ -483,27 +483,27 @@ class ClusterNode:
         try:
             heard = await self.bus.publish(node_channel(owner), _encode(envelope))
         except Exception as exc:
-            self._forwards.pop(key, None)
-            self.forwards["unavailable"] += 1
-            raise Unavailable(f"could not reach node {owner}: {exc}") from None
+            raise self._unreachable(key, f"could not reach node {owner}: {exc}") from None
         if heard == 0:
-            self._forwards.pop(key, None)
-            self.forwards["unavailable"] += 1
-            raise Unavailable(f"node {owner}, the conversation's owner, is not answering; retry")
+            raise self._unreachable(
+                key, f"node {owner}, the conversation's owner, is not answering; retry")
         try:
             answer = await asyncio.wait_for(
                 asyncio.shield(done), self.mind.config.forward_timeout_s
             )
         except TimeoutError:
-            self._forwards.pop(key, None)
-            self.forwards["unavailable"] += 1
-            raise Unavailable(
-                f"node {owner}, the conversation's owner, did not answer; retry"
-            ) from None
+            raise self._unreachable(
+                key, f"node {owner}, the conversation's owner, did not answer; retry") from None
         self.forwards["answered"] += 1
         if answer.error_code:
             raise remote_error(answer)
         return answer
+
+    def _unreachable(self, key: str, message: str) -> Unavailable:
+        """A forward that got no answer: forgotten, counted, and the error to raise."""
+        self._forwards.pop(key, None)
+        self.forwards["unavailable"] += 1
+        return Unavailable(message)
 
     def reply(self, origin: str, envelope: Envelope) -> None:
         self.bus.post(node_channel(origin), _encode(envelope))

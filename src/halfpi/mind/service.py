@@ -35,7 +35,7 @@ from halfpi.core.ids import NodeId, new_conversation_id, new_node_id
 from halfpi.core.outbound import Message
 from halfpi.core.requests import RequestRecord, Tombstone
 from halfpi.core.scopes import SESSIONS_READ, scopes_for
-from halfpi.core.throttle import HandshakeThrottle
+from halfpi.core.throttle import HandshakeThrottle, worth_logging
 from halfpi.core.timers import Deadlines
 from halfpi.errors import (
     CloseCode,
@@ -732,7 +732,7 @@ class Mind:
         wait = self.throttle.admit(address, self.now())
         if wait is None:
             refused = self.throttle.refused(address)
-            if refused & (refused - 1) == 0:  # 1, 2, 4, 8, …: the log stays small
+            if worth_logging(refused):
                 log.warning(
                     "handshake from %s refused unchecked: %d attempts while throttled",
                     address,
@@ -792,7 +792,7 @@ class Mind:
         live = self._live_connections.get(principal_id, 0)
         if cap and live >= cap:
             refused = self._cap_refusals[principal_id] = self._cap_refusals.get(principal_id, 0) + 1
-            if refused & (refused - 1) == 0:  # 1, 2, 4, 8, …: the log stays small
+            if worth_logging(refused):
                 log.warning(
                     "refused a connection of %s: %d live already (%d refused)",
                     principal_id,

@@ -319,7 +319,7 @@ async def test_tasks_admitted_delivered_and_ended_are_counted_for_metrics(
 
 
 async def test_a_hand_back_while_an_away_attempt_is_written_gets_the_task_at_once(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The dispatcher finds the Hand away and writes when to look again;
     the Hand reconnects while that write is on its way (its reconnect's
@@ -330,16 +330,21 @@ async def test_a_hand_back_while_an_away_attempt_is_written_gets_the_task_at_onc
         face = await rig.face()
         cid = await rig.conversation(face)
         hand.session.close(1000, "gone")
-        dispatcher = rig.mind.tasks
-        write = dispatcher._write
+        write = rig.mind.store.write
         writing, go_on = asyncio.Event(), asyncio.Event()
 
-        async def slow_write(row: Any, update: Any) -> None:
-            writing.set()
-            await go_on.wait()
-            await write(row, update)
+        def slow_write(tx: Any) -> Any:
+            if not tx.task_updates or writing.is_set():
+                return write(tx)
+            writing.set()  # the away-attempt's write: held until the Hand is back
 
-        dispatcher._write = slow_write  # type: ignore[method-assign]
+            async def later() -> Any:
+                await go_on.wait()
+                return await write(tx)
+
+            return asyncio.ensure_future(later())
+
+        monkeypatch.setattr(rig.mind.store, "write", slow_write)
         await start_task(rig, face, cid, {**ECHO, "hand": "dev"})
         await writing.wait()  # the away-attempt is writing
         back = await rig.hand("dev")

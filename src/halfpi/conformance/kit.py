@@ -31,9 +31,11 @@ REVOKE_COMMAND_S = 10.0
 # A revocation takes effect on every server within a second (docs/protocol.md
 # §2); the kit allows as much again for a loaded machine.
 REVOKED_WITHIN_S = 2.0
+# How long a connection the server must close (evicted, revoked) may take.
+CLOSE_WITHIN_S = 8.0
 # Checks whose own steps may take longer than CHECK_TIMEOUT_S: the revocation
 # (its command, the close, the hellos after it).
-EXTRA_TIME_S = {"revocation": REVOKE_COMMAND_S + 8.0 + REVOKED_WITHIN_S}
+EXTRA_TIME_S = {"revocation": REVOKE_COMMAND_S + CLOSE_WITHIN_S + REVOKED_WITHIN_S}
 
 
 class CheckFailed(Exception):
@@ -418,7 +420,8 @@ class Kit:
                 break
             await asyncio.sleep(0.05)  # pacing the rounds, not waiting for anything
         stalling.flowing.set()
-        code = await slow.close_code(8, "the reader that stopped reading was not evicted")
+        code = await slow.close_code(CLOSE_WITHIN_S,
+                                     "the reader that stopped reading was not evicted")
         expect_that(code == 4008, f"the stalled reader was closed with {code}, not 4008")
         expect_that(slow.frames[-1]["type"] == "face.evicted",
                     f"its last frame was {slow.frames[-1]['type']}, not face.evicted")
@@ -454,7 +457,8 @@ class Kit:
         revoked_at = asyncio.get_running_loop().time()
         expect_that(revoke.returncode == 0, f"the revoke command exited {revoke.returncode}: "
                     f"{err.decode(errors='replace').strip()[-160:]}")
-        code = await victim.close_code(8, "the revoked credential's connection stayed open")
+        code = await victim.close_code(CLOSE_WITHIN_S,
+                                       "the revoked credential's connection stayed open")
         expect_that(code == 4003, f"the revoked credential's connection closed with {code}, "
                     "not 4003")
         # Each server learns of it within a second (docs/protocol.md §2): a

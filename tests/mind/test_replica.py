@@ -187,30 +187,43 @@ async def test_a_node_restarted_at_once_waits_for_its_previous_runs_lease_then_s
     await face.close()
 
 
-async def test_I11_a_request_retried_while_a_node_takes_its_conversation_over_gets_its_outcome(
+@dataclass
+class HeldTakeOver:
+    """Node a ran a slow chat and died (stepped down, its lease let go); node
+    b's take-over of the conversation is held at its read of open runs until
+    something else on b asks for the conversation."""
+
+    cid: str
+    content: str
+    taking_over: asyncio.Future[Any]
+    asked: asyncio.Event  # lets the take-over go on
+    url_b: str
+    token: str
+
+    async def done(self) -> None:
+        self.asked.set()  # (where nothing asked for the conversation)
+        await self.taking_over
+
+
+async def held_take_over(
     two_nodes: tuple[tuple[Mind, str], tuple[Mind, str], str],
     monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Node a dies mid-chat (here: steps down and lets its lease go); node b
-    takes the conversation over, and while b is still closing what a left
-    open, the chat's request is retried on b. The retry waits for the
-    take-over and gets the chat's outcome (interrupted) — never a
-    ``face.accepted`` for a chat that no node runs any more."""
+) -> HeldTakeOver:
     (mind_a, url_a), (mind_b, url_b), token = two_nodes
     owner = await FaceClient.connect(url_a, token)
     cid = await owner.create_conversation()
     content = "/pace 50 " + " ".join(f"w{i}" for i in range(60))
     await owner.command("face.chat", "q-slow", conversation_id=cid, content=content)
     await owner.reply("q-slow", ("face.accepted",))
-    await give_up(mind_a, cid)  # as if it had died
+    await give_up(mind_a, cid)  # as if it had died mid-chat
+    await owner.close()
 
-    # Node b's take-over holds at the open runs until the retry is on its way.
-    at_open_runs, retry_waits = asyncio.Event(), asyncio.Event()
+    at_open_runs, asked = asyncio.Event(), asyncio.Event()
     open_runs = mind_b.store.open_runs
 
     async def held_open_runs() -> Any:
         at_open_runs.set()
-        await retry_waits.wait()
+        await asked.wait()
         return await open_runs()
 
     monkeypatch.setattr(mind_b.store, "open_runs", held_open_runs)
@@ -218,20 +231,50 @@ async def test_I11_a_request_retried_while_a_node_takes_its_conversation_over_ge
     actor = mind_b.actor
 
     async def noticed_actor(conversation_id: str) -> Any:
-        if asyncio.current_task() is not taking_over:  # the retry's chat asks for it
-            retry_waits.set()
+        if asyncio.current_task() is not taking_over:  # someone else asks for it
+            asked.set()
         return await actor(conversation_id)
 
     monkeypatch.setattr(mind_b, "actor", noticed_actor)
     await at_open_runs.wait()  # the take-over is under way
-    retrier = await FaceClient.connect(url_b, token)
-    await retrier.command("face.chat", "q-slow", conversation_id=cid, content=content)
+    return HeldTakeOver(cid, content, taking_over, asked, url_b, token)
+
+
+async def test_I11_a_request_retried_while_a_node_takes_its_conversation_over_gets_its_outcome(
+    two_nodes: tuple[tuple[Mind, str], tuple[Mind, str], str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The chat's request is retried on b while b is still closing what a
+    left open: the retry waits for the take-over and gets the chat's outcome
+    (interrupted) — never a ``face.accepted`` for a chat no node runs."""
+    held = await held_take_over(two_nodes, monkeypatch)
+    retrier = await FaceClient.connect(held.url_b, held.token)
+    await retrier.command("face.chat", "q-slow", conversation_id=held.cid, content=held.content)
     first = await retrier.reply("q-slow", ("face.accepted", "face.result", "face.error"))
-    await taking_over
+    await held.done()
     assert first["type"] == "face.result", first
     assert first["payload"]["status"] == "interrupted"
-    await owner.close()
     await retrier.close()
+
+
+async def test_I11_a_snapshot_read_while_a_node_takes_its_conversation_over_shows_the_outcome(
+    two_nodes: tuple[tuple[Mind, str], tuple[Mind, str], str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A snapshot asked of b during the take-over waits for it: the dead
+    node's chat is already ``interrupted`` there, not shown still running."""
+    held = await held_take_over(two_nodes, monkeypatch)
+    reader = await FaceClient.connect(held.url_b, held.token)
+    asked = await reader.command("face.conversation.snapshot", conversation_id=held.cid,
+                                 messages_limit=50)
+    snap = await reader.reply(asked, ("face.snapshot", "face.error"))
+    await held.done()
+    assert snap["type"] == "face.snapshot", snap
+    [reply] = [m for m in snap["payload"]["messages"]
+               if m["request_id"] == "q-slow" and m["role"] == "assistant"]
+    assert reply["status"] == "interrupted"
+    assert snap["payload"]["pending_chats"] == []
+    await reader.close()
 
 
 def garbage(rng: random.Random, cid: str) -> list[bytes]:

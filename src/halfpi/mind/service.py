@@ -433,11 +433,11 @@ class Mind:
         exists, so no cursor of it is shown before the Store holds it; one
         loaded again after it was unloaded keeps its epoch and continues
         its seq (from the Store's head: past its seq reservation)."""
-        actor = self._actors.get(conversation_id)
-        loading = self._loading.get(conversation_id)
-        if actor is not None and loading is None:
+        actor = self._loaded(conversation_id)
+        if actor is not None:
             actor.used_at = self.clock()
             return actor
+        loading = self._loading.get(conversation_id)
         if loading is None:
             loading = asyncio.get_running_loop().create_future()
             self._loading[conversation_id] = loading
@@ -499,7 +499,7 @@ class Mind:
     async def view(self, conversation_id: str) -> ConversationView:
         """What a subscription or a read follows: the conversation's actor,
         or in cluster mode, when another node owns it, this node's replica."""
-        actor = self._actors.get(conversation_id)
+        actor = self._loaded(conversation_id)
         if actor is not None:
             actor.used_at = self.clock()
             return actor
@@ -522,6 +522,14 @@ class Mind:
                 field="conversation_id",
             )
         return await cluster.replica(conversation_id)
+
+    def _loaded(self, conversation_id: str) -> ConversationActor | None:
+        """The conversation's actor once it is loaded — not while a take-over
+        still closes what the previous owner left open: commands, reads and
+        subscriptions wait for that (through :meth:`actor`)."""
+        if conversation_id in self._loading:
+            return None
+        return self._actors.get(conversation_id)
 
     def owned(self, conversation_id: str) -> ConversationActor | None:
         """The conversation's actor if it is loaded here (and so owned)."""

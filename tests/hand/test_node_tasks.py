@@ -19,8 +19,6 @@ from halfpi.core.policy import Rule
 from halfpi.hand.node import HandNode
 from halfpi.hand.policy import HandPolicy
 from halfpi.hand.tasks import TaskBook
-from tests.support.client import FaceClient
-from tests.support.mind import hand_ready, local_mind
 from tests.support.scripted_mind import ScriptedMind
 from tests.support.wait import until
 
@@ -151,7 +149,9 @@ async def test_a_mind_that_does_not_speak_of_tasks_is_told_nothing_of_them(
         assert not [f for f in mind.from_hand if f["type"] == "hand.task.update"]
 
 
-async def test_a_stopping_hand_ends_its_running_task_and_records_it_lost(tmp_path: Path) -> None:
+async def test_I11_a_stopping_hand_ends_its_running_task_and_records_it_lost(
+    tmp_path: Path,
+) -> None:
     async with tasked_hand(tmp_path / "state") as (mind, node):
         mind.tell("hand.task.deliver", delivery_id="d-1", tool="exec_command",
                   args={"argv": ["sleep", "30"]})
@@ -190,28 +190,3 @@ async def test_a_task_delivered_as_the_hand_stops_never_starts_and_nothing_is_le
     assert (record.state, record.started_at) == ("lost", None)  # its command never started
     assert "running" not in updates(mind, task_id)
 
-
-async def test_a_mind_shutting_down_lets_its_local_hand_end_its_running_task(
-    tmp_path: Path,
-) -> None:
-    """The Mind stops its in-process Hand and waits for it to end what it runs
-    (bounded), not cutting it short: the task's command is ended and the
-    task recorded, before the event loop's shutdown could catch it mid-way."""
-    async with local_mind(tmp_path / "home", hand_approval=(("exec_command", "never"),)) as lmind:
-        await hand_ready(lmind)
-        face = await FaceClient.connect(lmind.url, lmind.token)
-        cid = await face.create_conversation()
-        await face.subscribe(cid)
-        # A command that ignores SIGTERM: ending it takes the kill grace.
-        args = json.dumps({"argv": ["sh", "-c", "trap '' TERM; sleep 30"]})
-        started = await face.chat_to_end(cid, f"/task exec_command {args}")
-        assert started["payload"]["status"] == "succeeded", started
-        await face.expect(lambda f: f["type"] == "face.event"
-                          and f["payload"]["type"] == "task.progress"
-                          and f["payload"]["data"]["task"]["state"] == "running")
-        await face.close()
-        hand = lmind.mind.local_hand
-        assert isinstance(hand, HandNode) and hand.book is not None
-    [record] = hand.book.tasks()
-    assert record.state == "lost", record
-    assert record.error == "the Hand stopped while the task was unfinished"

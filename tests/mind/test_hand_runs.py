@@ -42,7 +42,7 @@ from tests.support.client import FaceClient
 from tests.support.clock import FakeClock
 from tests.support.frames import Frame, event, events_of
 from tests.support.hand import FakeLink, allow_check, hello_payload, honest_result
-from tests.support.mind import LocalMind, MindProcess, local_mind
+from tests.support.mind import LocalMind, MindProcess, hand_ready, local_mind
 from tests.support.rig import Peer, Rig, fake_time_mind
 
 # -- the registry alone ---------------------------------------------------------------------
@@ -807,3 +807,29 @@ async def test_I11_mind_restart_marks_runs_lost_and_approvals_cancelled(
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(left.pid, signal.SIGKILL)
+
+
+async def test_I11_a_mind_shutting_down_lets_its_local_hand_end_its_running_task(
+    tmp_path: Path,
+) -> None:
+    """The Mind stops its in-process Hand and waits for it to end what it runs
+    (bounded), not cutting it short: the task's command is ended and the
+    task recorded, before the event loop's shutdown could catch it mid-way."""
+    async with local_mind(tmp_path / "home", hand_approval=(("exec_command", "never"),)) as lmind:
+        await hand_ready(lmind)
+        face = await FaceClient.connect(lmind.url, lmind.token)
+        cid = await face.create_conversation()
+        await face.subscribe(cid)
+        # A command that ignores SIGTERM: ending it takes the kill grace.
+        args = json.dumps({"argv": ["sh", "-c", "trap '' TERM; sleep 30"]})
+        started = await face.chat_to_end(cid, f"/task exec_command {args}")
+        assert started["payload"]["status"] == "succeeded", started
+        await face.expect(lambda f: f["type"] == "face.event"
+                          and f["payload"]["type"] == "task.progress"
+                          and f["payload"]["data"]["task"]["state"] == "running")
+        await face.close()
+        hand = lmind.mind.local_hand
+        assert isinstance(hand, HandNode) and hand.book is not None
+    [record] = hand.book.tasks()
+    assert record.state == "lost", record
+    assert record.error == "the Hand stopped while the task was unfinished"

@@ -130,6 +130,18 @@ class SharedReread:
             self._next = asyncio.get_running_loop().create_task(self._read())
         await asyncio.shield(self._next)
 
+    async def wait_within(self, seconds: float) -> None:
+        """:meth:`wait`, at most ``seconds`` of ``sleep``'s clock: a read that
+        hangs leaves the view read last in force (the read itself goes on,
+        shared), never a waiter waiting for ever."""
+        reading = asyncio.ensure_future(self.wait())
+        timer = asyncio.ensure_future(self.sleep(seconds))
+        try:
+            await asyncio.wait({reading, timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+            reading.cancel()  # only this waiter's: the read is shielded
+
     async def _read(self) -> None:
         previous = self._running
         if previous is not None and not previous.done():

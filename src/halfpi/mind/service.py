@@ -337,16 +337,14 @@ class Mind:
             if actor is not None:
                 actor.append(data)
 
-    async def _recover(
-        self, only: str | None = None, loaded: ConversationActor | None = None
-    ) -> None:
+    async def _recover(self, loaded: ConversationActor | None = None) -> None:
         """After a crash: open runs become ``interrupted`` (I11), open requests
         get a terminal result, and ``seq`` continues from the store.
 
         In cluster mode nothing is recovered at start (other nodes own their
         conversations): each conversation is, when a node takes it over
-        (``only``: that one; ``loaded``: its actor, which the commands that
-        arrive meanwhile wait for)."""
+        (``loaded``: its actor, being loaded — what arrives meanwhile waits)."""
+        only = None if loaded is None else loaded.id
         if self.cluster is not None and only is None:
             return
 
@@ -471,7 +469,7 @@ class Mind:
                     # before any command gets the actor (they wait for the
                     # load): a request retried meanwhile is answered with
                     # its outcome, never as still running.
-                    await self._recover(only=conversation_id, loaded=actor)
+                    await self._recover(loaded=actor)
                 loading.set_result(actor)
             except BaseException as exc:
                 loading.set_exception(exc)
@@ -753,7 +751,7 @@ class Mind:
         credential = self.auth.authenticate(token, kind)
         known = credential is not None
         if not known:
-            await self._credentials_read(self._reread)
+            await self._reread.wait_within(RECHECK_TIMEOUT_S)
             credential = self.auth.authenticate(token, kind)
         if credential is None or (label is not None and credential.label != label):
             count = self.throttle.failed(address, self.now())
@@ -772,26 +770,13 @@ class Mind:
             # Known from the view read last: still live? (Revoked by the CLI
             # or on another node since the last poll.) Read after the
             # throttle let go, so a burst of right tokens never waits on it.
-            await self._credentials_read(self._recheck)
+            await self._recheck.wait_within(RECHECK_TIMEOUT_S)
             if self.auth.authenticate(token, kind) is None:
                 self.env.metrics.handshakes_failed[kind] += 1
                 log.warning("handshake from %s failed: its %s credential was just revoked",
                             address, kind)
                 return None
         return credential
-
-    async def _credentials_read(self, reread: SharedReread) -> None:
-        """Wait for ``reread``'s next read, at most RECHECK_TIMEOUT_S of the
-        Mind's clock: a Store that stopped answering leaves the view read
-        last in force (a token it does not know is refused), never a
-        handshake waiting for ever."""
-        reading = asyncio.ensure_future(reread.wait())
-        timer = asyncio.ensure_future(self.scheduler.sleep(RECHECK_TIMEOUT_S))
-        try:
-            await asyncio.wait({reading, timer}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            timer.cancel()
-            reading.cancel()  # the read itself goes on (shared, shielded)
 
     def bind(self, principal_id: str) -> bool:
         """Count one more live connection of ``principal_id``; False (and

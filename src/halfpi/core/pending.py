@@ -1,0 +1,115 @@
+"""Connections that have not authenticated yet (docs/operations.md, "Limits").
+Pure: the servers apply these rules; time is an argument.
+
+Why: every accepted socket costs a file descriptor, and a peer that opens
+sockets and never finishes its request head or its hello costs one for as
+long as it is allowed to stay. Bounding the time alone is not enough: at a
+few hundred sockets a second, the bound's worth of them fills the Mind's
+descriptors, ``accept`` fails, and the Face that wants in is locked out
+with everyone else. So what has not shown a credential yet is also capped:
+
+- A connection is *pending* from its accept until it authenticates (a
+  Face's or Hand's hello is welcomed, an HTTP request's bearer token or
+  stream ticket is accepted) or closes.
+- At most ``per_address`` pending connections per address and ``total`` in
+  all. A new connection over a cap *displaces* the oldest pending one (of
+  its own address, else of all) rather than being refused: a flood closes
+  its own oldest sockets, while a Face, whose handshake takes milliseconds,
+  gets through unless a cap's worth of new connections arrive during it.
+- The caps follow the descriptor limit (:func:`limits_for`): pending
+  connections hold at most half of it, so authenticated Faces and Hands and
+  the Mind's own files always have the other half.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+
+# Past these, more pending connections buy nothing but memory.
+MAX_TOTAL = 16_384
+MAX_PER_ADDRESS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class PendingLimits:
+    total: int
+    per_address: int
+
+
+def limits_for(descriptors: int) -> PendingLimits:
+    """The caps for a process that may hold ``descriptors`` open files:
+    pending connections take at most half; one address at most an eighth of
+    that (between 4 and :data:`MAX_PER_ADDRESS`)."""
+    total = max(8, min(descriptors // 2, MAX_TOTAL))
+    per_address = max(4, min(total // 8, MAX_PER_ADDRESS))
+    return PendingLimits(total=total, per_address=min(per_address, total))
+
+
+class PendingConnections(Generic[K]):
+    """The pending connections, oldest first; ``K`` is whatever the server
+    names a connection by."""
+
+    def __init__(self, limits: PendingLimits) -> None:
+        self.limits = limits
+        self._all: OrderedDict[K, str] = OrderedDict()
+        self._by_address: dict[str, OrderedDict[K, None]] = {}
+        self.displaced = 0  # connections closed to make room, since the start
+
+    @property
+    def count(self) -> int:
+        return len(self._all)
+
+    def of(self, address: str) -> int:
+        return len(self._by_address.get(address, ()))
+
+    def admit(self, key: K, address: str) -> list[K]:
+        """A connection from ``address`` was accepted: it is pending. Returns
+        the connections it displaces (the server closes them)."""
+        out: list[K] = []
+        mine = self._by_address.setdefault(address, OrderedDict())
+        if len(mine) >= self.limits.per_address:
+            out.append(next(iter(mine)))
+            self.settle(out[-1])
+            mine = self._by_address.setdefault(address, OrderedDict())
+        if len(self._all) >= self.limits.total:
+            out.append(next(iter(self._all)))
+            self.settle(out[-1])
+            mine = self._by_address.setdefault(address, OrderedDict())
+        self._all[key] = address
+        mine[key] = None
+        self.displaced += len(out)
+        return out
+
+    def settle(self, key: K) -> None:
+        """``key`` authenticated or closed: it is no longer pending (again: nothing)."""
+        address = self._all.pop(key, None)
+        if address is None:
+            return
+        mine = self._by_address[address]
+        del mine[key]
+        if not mine:
+            del self._by_address[address]
+
+
+class Tally:
+    """Something that may repeat thousands of times a second (an ``accept``
+    failing with "Too many open files"), told at most once per interval:
+    :meth:`note` answers how many happened since the last line, when a line
+    is due, else ``None``. The first is told at once."""
+
+    def __init__(self, interval_s: float = 10.0) -> None:
+        self.interval_s = interval_s
+        self.count = 0
+        self.last: float | None = None
+
+    def note(self, now: float) -> int | None:
+        self.count += 1
+        if self.last is not None and now - self.last < self.interval_s:
+            return None
+        told, self.count, self.last = self.count, 0, now
+        return told

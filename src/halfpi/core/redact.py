@@ -1,0 +1,236 @@
+"""Secrets never leave through a tool (DESIGN §8): find them in tool output
+and put a marker in their place. Pure: text in, text out.
+
+Policy by path is not enough — a token copied under another name, a backup
+folder, ``/proc/<pid>/environ`` — so every tool output is scanned:
+
+- **by shape** (the Hand, which knows no secret of the Mind): halfpi's own
+  credentials, as ``mind/auth.py``, ``mind/tickets.py`` and ``mind/links.py``
+  make them — Face and Hand tokens (``hpf_``/``hph_`` + 43 URL-safe
+  characters), stream tickets (``hps_`` + 32) and sign-in links
+  (``#link=`` + a 22-character code);
+- **by exact value** (the Mind, which knows its own): the provider's API
+  key, the metrics token, the stream key.
+
+A match becomes ``[redacted: KIND]``; what was redacted is counted by kind,
+never kept. To keep false positives low a shape needs its prefix, at least
+22 characters after it (a shorter piece of a token leaves more than 128
+unknown bits: no use to anyone) and, for tokens and tickets, both upper-
+and lower-case letters, as random base64 has (an identifier such as
+``hph_token_for_tests`` has not). A secret that a command *transforms*
+(base64, reversed, one character a line) is not recognisable: that is what
+the approval of ``exec_command`` is for.
+
+Output arrives in chunks, and a chunk boundary may cut a secret in two:
+:class:`StreamRedactor` holds back the tail of each chunk that could still
+become one (at most :data:`MAX_CARRY` characters) until the next chunk or
+the end says what it is.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+HALFPI_TOKEN = "halfpi token"
+STREAM_TICKET = "stream ticket"
+SIGN_IN_LINK = "sign-in link"
+SHAPE_KINDS = (HALFPI_TOKEN, STREAM_TICKET, SIGN_IN_LINK)
+
+# A configured value shorter than this is no secret worth the name (and
+# redacting it would blank ordinary words); longer than MAX_VALUE, no key.
+MIN_VALUE = 8
+MAX_VALUE = 512
+# The most a stream holds back between chunks: more than any credential.
+MAX_CARRY = 1024
+
+_BODY = "A-Za-z0-9_-"
+_SHAPES = re.compile(
+    rf"(?P<token>hp[fh]_[{_BODY}]{{22,}})"
+    rf"|(?P<ticket>hps_[{_BODY}]{{22,}})"
+    rf"|(?P<link>#link=[{_BODY}]{{16,}})"
+)
+_KIND_OF_GROUP = {"token": HALFPI_TOKEN, "ticket": STREAM_TICKET, "link": SIGN_IN_LINK}
+# What the end of a chunk may be the beginning of: a shape's prefix, whole
+# or in part, with the characters of its body so far.
+_OPEN = re.compile(
+    rf"(?:hp[fhs]_[{_BODY}]*|#link=[{_BODY}]*|#(?:l(?:i(?:n(?:k)?)?)?)?|h(?:p[fhs]?)?)\Z"
+)
+_MARKER = re.compile(r"\[redacted: ([a-z][a-zA-Z -]{0,40})\]")
+_UPPER = re.compile("[A-Z]")
+_LOWER = re.compile("[a-z]")
+
+
+def marker(kind: str) -> str:
+    return f"[redacted: {kind}]"
+
+
+def _random_enough(body: str) -> bool:
+    return _UPPER.search(body) is not None and _LOWER.search(body) is not None
+
+
+Span = tuple[int, int, str]  # start, end, kind
+
+
+@dataclass(frozen=True, slots=True)
+class Redactor:
+    """What to look for: halfpi's credential shapes (``shapes``) and the
+    exact ``values`` (value → the kind named in its marker)."""
+
+    values: Mapping[str, str] = field(default_factory=dict)
+    shapes: bool = True
+
+    def __post_init__(self) -> None:
+        usable = {v: k for v, k in self.values.items() if MIN_VALUE <= len(v) <= MAX_VALUE}
+        # Longest first: of two values where one contains the other, the
+        # longer is what the output holds.
+        ordered = dict(sorted(usable.items(), key=lambda item: -len(item[0])))
+        object.__setattr__(self, "values", ordered)
+
+    def spans(self, text: str) -> list[Span]:
+        """Where ``text`` holds a secret, in order, never overlapping."""
+        found: list[Span] = []
+
+        def free(start: int, end: int) -> bool:
+            return all(end <= s or start >= e for s, e, _ in found)
+
+        for value, kind in self.values.items():
+            at = text.find(value)
+            while at != -1:
+                if free(at, at + len(value)):
+                    found.append((at, at + len(value), kind))
+                at = text.find(value, at + 1)
+        if self.shapes:
+            # Between the values found: a value's last characters never
+            # lengthen a shape into it.
+            bounds = [0, *(x for s, e, _ in sorted(found) for x in (s, e)), len(text)]
+            for pos, endpos in zip(bounds[::2], bounds[1::2], strict=True):
+                found += _shapes(text, pos, endpos)
+        return sorted(found)
+
+    def redact(self, text: str) -> tuple[str, Counter[str]]:
+        """``text`` with each secret replaced by its marker, and how many of
+        each kind were."""
+        return _apply(text, self.spans(text))
+
+    def hold_from(self, text: str) -> int:
+        """Where the tail that could still become a secret begins (``len(text)``
+        when none could): the part from there on waits for more text."""
+        start = len(text)
+        if self.shapes:
+            window = max(0, len(text) - MAX_CARRY)
+            found = _OPEN.search(text, window)
+            if found is not None:
+                start = found.start()
+        for value in self.values:
+            for size in range(min(len(value) - 1, len(text)), 0, -1):
+                if len(text) - size < start and text.endswith(value[:size]):
+                    start = len(text) - size
+                    break
+        return start
+
+
+def _shapes(text: str, pos: int, endpos: int) -> list[Span]:
+    found: list[Span] = []
+    for match in _SHAPES.finditer(text, pos, endpos):
+        group = match.lastgroup or "link"
+        body = match.group(group).partition("_")[2]
+        if group == "link" or _random_enough(body):
+            found.append((match.start(), match.end(), _KIND_OF_GROUP[group]))
+    return found
+
+
+def _apply(text: str, spans: Iterable[Span]) -> tuple[str, Counter[str]]:
+    counts: Counter[str] = Counter()
+    parts, at = [], 0
+    for start, end, kind in spans:
+        parts += [text[at:start], marker(kind)]
+        counts[kind] += 1
+        at = end
+    parts.append(text[at:])
+    return "".join(parts), counts
+
+
+def count_markers(text: str) -> Counter[str]:
+    """The markers of credential shapes in ``text`` (a Hand's redactions, as
+    the Mind counts them)."""
+    return Counter(k for k in _MARKER.findall(text) if k in SHAPE_KINDS)
+
+
+def credential_in(data: bytes) -> str | None:
+    """The kind of halfpi credential ``data`` (a file's content) holds, if
+    any: a file with a Face or Hand token in it is a token file, whatever
+    its name (the tool policy refuses it)."""
+    text = data.decode("latin-1")  # one character per byte: shapes are ASCII
+    for match in _SHAPES.finditer(text):
+        if match.lastgroup == "token" and _random_enough(match.group()[4:]):
+            return HALFPI_TOKEN
+    return None
+
+
+class StreamRedactor:
+    """One output stream (a run's stdout, say), redacted chunk by chunk.
+
+    :meth:`feed` returns what may be shown now — at most ``limit`` UTF-8
+    bytes (the Hand's 4 KiB chunks), the rest waiting for the next call —
+    and holds back a tail that could be the start of a secret; :meth:`flush`
+    (at the end of the stream) returns the rest, in pieces of at most
+    ``limit`` bytes. What is shown is exactly ``redactor.redact`` of the
+    whole stream, however it was cut (credentials never overlap: see
+    MAX_CARRY for the one exception, a run of token characters longer
+    than it)."""
+
+    def __init__(self, redactor: Redactor, limit: int | None = None) -> None:
+        self.redactor = redactor
+        self.limit = limit
+        self.counts: Counter[str] = Counter()
+        self._carry = ""  # raw text not judged yet
+        self._ready = ""  # redacted text not shown yet (beyond the limit)
+
+    def feed(self, text: str) -> str:
+        buffer = self._carry + text
+        spans = self.redactor.spans(buffer)
+        hold = self.redactor.hold_from(buffer)
+        for start, end, _ in spans:
+            if start < hold < end:
+                hold = start  # never cut a secret: judge it whole next time
+        if len(buffer) - hold > MAX_CARRY:
+            hold = len(buffer) - MAX_CARRY
+            shown, counts = self.redactor.redact(buffer[:hold])
+        else:
+            shown, counts = _apply(buffer, [s for s in spans if s[1] <= hold])
+            shown = shown[: len(shown) - (len(buffer) - hold)]
+        self.counts += counts
+        self._carry = buffer[hold:]
+        return self._take(self._ready + shown)
+
+    def drop(self) -> None:
+        """Forget what is held back (the stream had a gap: it does not go on)."""
+        self._carry = ""
+
+    def flush(self) -> list[str]:
+        shown, counts = self.redactor.redact(self._carry)
+        self.counts += counts
+        self._carry = ""
+        rest, pieces = self._ready + shown, []
+        self._ready = ""
+        while rest:
+            piece = self._take(rest)
+            pieces.append(piece)
+            rest, self._ready = self._ready, ""
+        return pieces
+
+    def _take(self, text: str) -> str:
+        """At most ``limit`` bytes of ``text``, on a character boundary; the
+        rest is kept for the next call."""
+        if self.limit is None or len(text.encode()) <= self.limit:
+            self._ready = ""
+            return text
+        encoded = text.encode()
+        cut = self.limit
+        while cut > 0 and (encoded[cut] & 0xC0) == 0x80:
+            cut -= 1
+        self._ready = encoded[cut:].decode()
+        return encoded[:cut].decode()

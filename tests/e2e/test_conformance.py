@@ -56,6 +56,26 @@ async def test_every_check_passes_against_a_mind_that_keeps_the_contract(
     assert f"{len(CHECKS) + 1} passed, 0 failed, 0 skipped" in run.stdout
 
 
+@pytest.mark.parametrize("delta_ms", [None, 400.0], ids=["default_flags", "slow_pace"])
+async def test_every_check_passes_whatever_the_targets_pace(
+    tmp_path: Path, server_kind: str, delta_ms: float | None,
+) -> None:
+    # `halfpi mind` as a user starts it: no flag, no pace in the environment
+    # (the scripted agent's 20 ms per delta), and a pace as slow as a model's.
+    # The kit asks for the replies it needs (/pace, /repeat) and waits on
+    # what it sees arrive, so the target's own pace cannot fail a check.
+    home = tmp_path / "home"
+    home.mkdir()
+    mind = MindProcess(home, server=server_kind, delta_ms=delta_ms).start()
+    try:
+        run = await halfpi_cli("conformance", mind.url, "--token", mind.token, timeout=120)
+    finally:
+        mind.terminate()
+    print(run.stdout)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert rows(run.stdout) == {**dict.fromkeys(CHECKS, "pass"), "revocation": "skip"}, run.stdout
+
+
 async def test_without_a_revocable_token_the_revocation_check_is_skipped_saying_why(
     mind_proc: MindProcess,
 ) -> None:

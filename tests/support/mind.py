@@ -24,7 +24,7 @@ from halfpi.process import Server, running_mind
 class MindProcess:
     """``halfpi mind`` as a child process on a free port of 127.0.0.1."""
 
-    def __init__(self, home: Path, *, delta_ms: float = 0.0, port: int = 0,
+    def __init__(self, home: Path, *, delta_ms: float | None = 0.0, port: int = 0,
                  extra_args: tuple[str, ...] = (), server: str = "native") -> None:
         self.home = home
         self.delta_ms = delta_ms
@@ -40,8 +40,10 @@ class MindProcess:
         return (self.home / "face.token").read_text().strip()
 
     def start(self, timeout: float = 20.0) -> MindProcess:
-        env = dict(os.environ, HALFPI_HOME=str(self.home),
-                   HALFPI_SCRIPTED_DELTA_MS=str(self.delta_ms), PYTHONUNBUFFERED="1")
+        env = dict(os.environ, HALFPI_HOME=str(self.home), PYTHONUNBUFFERED="1")
+        env.pop("HALFPI_SCRIPTED_DELTA_MS", None)
+        if self.delta_ms is not None:  # None: the Mind's own default pace
+            env["HALFPI_SCRIPTED_DELTA_MS"] = str(self.delta_ms)
         with open(self.home / "mind.log", "ab") as log:  # the child keeps its own copy
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "halfpi.cli", "mind", "--port", str(self.port),

@@ -4,6 +4,12 @@ Every check opens its own connections through the kit's proxy, runs one
 promise of the session contract against the target and ends within its
 time bound. The target is assumed to run the scripted agent (``/pace``,
 ``/tool``: docs/agent.md), as ``halfpi mind`` does without a model.
+
+No check depends on the target's own pace between deltas (20 ms by
+default, or whatever ``--delta-ms`` says): every reply a check waits for
+names its pace (``/pace MS TEXT``), and the load the slow-consumer check
+needs comes from many conversations at once, waited for while the target
+shows progress rather than against a fixed clock.
 """
 
 from __future__ import annotations
@@ -26,7 +32,15 @@ Frame = dict[str, Any]
 CHAT_ENDS = ("chat.completed", "chat.failed", "chat.cancelled", "chat.interrupted")
 CHECK_TIMEOUT_S = 15.0
 PING_ROUNDS = 20
-FILLER_WORDS = 600  # a 6 MB reply: far more than the socket buffers on the way
+# The slow consumer's load: FILLER_CHATS conversations answer at once, each
+# FILLER_WORDS words of FILLER_WORD_CHARS at pace 0 (one chat carries at most
+# 256 KiB): 6 MB in all, far more than the socket buffers on the way.
+FILLER_CHATS = 25
+FILLER_WORDS = 24
+FILLER_WORD_CHARS = 9_999
+# How long the reader that keeps up may see nothing new while the filler
+# replies are still owed: the deadline moves with every frame it receives.
+QUIET_S = 5.0
 REVOKE_COMMAND_S = 10.0
 # A revocation takes effect on every server within a second (docs/protocol.md
 # §2); the kit allows as much again for a loaded machine.
@@ -125,10 +139,16 @@ class Face:
         self._n += 1
         return f"conf-{stem}-{time.monotonic_ns()}-{self._n}"
 
-    async def expect(self, predicate: Callable[[Frame], bool], timeout: float = 5.0) -> Frame:
+    async def expect(self, predicate: Callable[[Frame], bool], timeout: float = 5.0, *,
+                     quiet: bool = False) -> Frame:
+        """The next frame ``predicate`` accepts, within ``timeout`` — or,
+        ``quiet``, as long as no ``timeout`` passes without any frame at all
+        (a deadline set by the progress the target shows, not by its pace)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
+            if quiet and self.seen < len(self.frames):
+                deadline = loop.time() + timeout
             while self.seen < len(self.frames):
                 frame = self.frames[self.seen]
                 self.seen += 1
@@ -215,7 +235,7 @@ class Kit:
         face = await self.face()
         cid = await face.conversation()
         rid = face.rid("chat")
-        chat = {"request_id": rid, "conversation_id": cid, "content": "replay me"}
+        chat = {"request_id": rid, "conversation_id": cid, "content": "/pace 0 replay me"}
         await face.send("face.chat", chat)
         first = await face.answer(rid, ("face.result",))
         await face.send("face.chat", chat)
@@ -236,7 +256,8 @@ class Kit:
         face = await self.face()
         cid = await face.conversation()
         rid = face.rid("chat")
-        chat = {"request_id": rid, "conversation_id": cid, "content": "cut right after"}
+        chat = {"request_id": rid, "conversation_id": cid,
+                "content": "/pace 0 cut right after"}
         await face.send("face.chat", chat)
         self.proxy.cut_all()
         again = await self.face()
@@ -389,26 +410,33 @@ class Kit:
         op = await Face.open(self.direct_url, self.token)
         peer = await Face.open(self.direct_url, self.token)
         self.faces += [op, peer]
-        cid = await op.conversation()
-        for face in (peer,):
-            sub = await face.command("face.subscribe", "sub", conversation_ids=[cid],
-                                     transient_types=[])
-            expect_that(sub["type"] == "face.accepted", f"subscribe refused: {sub['payload']}")
+        cids = [await op.conversation() for _ in range(FILLER_CHATS)]
+        sub = await peer.command("face.subscribe", "sub", conversation_ids=cids,
+                                 transient_types=[])
+        expect_that(sub["type"] == "face.accepted", f"subscribe refused: {sub['payload']}")
         stalling = self.node_proxy
         slow = await self.face(stalling)
-        sub = await slow.command("face.subscribe", "sub", conversation_ids=[cid],
+        sub = await slow.command("face.subscribe", "sub", conversation_ids=cids,
                                  transient_types=[])
         expect_that(sub["type"] == "face.accepted", f"subscribe refused: {sub['payload']}")
         stalling.flowing.clear()
-        word = "p" * 9999
-        rid = op.rid("filler")
-        await op.send("face.chat", {"request_id": rid, "conversation_id": cid,
-                                    "content": f"/repeat {FILLER_WORDS} {word}"})
-        done = await peer.expect(lambda f: f["type"] == "face.event"
-                                 and f["payload"]["type"] in CHAT_ENDS
-                                 and f["payload"]["data"].get("request_id") == rid, 8)
-        expect_that(done["payload"]["data"].get("content") == " ".join([word] * FILLER_WORDS),
-                    "the reader that kept up did not get the whole reply")
+        text = " ".join(["p" * FILLER_WORD_CHARS] * FILLER_WORDS)
+        owed: set[str] = set()
+        for cid in cids:  # at pace 0, whatever the target's own pace
+            rid = op.rid("filler")
+            owed.add(rid)
+            await op.send("face.chat", {"request_id": rid, "conversation_id": cid,
+                                        "content": f"/pace 0 {text}"})
+        while owed:
+            done = await peer.expect(lambda f: f["type"] == "face.event"
+                                     and f["payload"]["type"] in CHAT_ENDS
+                                     and f["payload"]["data"].get("request_id") in owed,
+                                     QUIET_S, quiet=True)
+            data = done["payload"]["data"]
+            owed.discard(data["request_id"])
+            why = data.get("error_code") or "content differs"
+            expect_that(data.get("content") == text, "the reader that kept up did not get "
+                        f"the whole reply ({done['payload']['type']}: {why})")
         # Its own unread answers pile up until they no longer fit its queue.
         # Under ASGI the target feels a full buffer only at its next send, so
         # the pings come in rounds, each a chance for it to notice.
@@ -425,7 +453,8 @@ class Kit:
         expect_that(code == 4008, f"the stalled reader was closed with {code}, not 4008")
         expect_that(slow.frames[-1]["type"] == "face.evicted",
                     f"its last frame was {slow.frames[-1]['type']}, not face.evicted")
-        return "the stalled reader got face.evicted + 4008; the other got the whole reply"
+        return (f"the stalled reader got face.evicted + 4008; the other got all "
+                f"{FILLER_CHATS} replies")
 
     # 8 -----------------------------------------------------------------
     async def revocation(self) -> str:

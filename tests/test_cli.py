@@ -51,3 +51,13 @@ def test_every_option_says_what_it_does_and_its_default(parser: argparse.Argumen
 @pytest.mark.parametrize("parser", ALL, ids=[p.prog for p in ALL])
 def test_every_parser_has_a_description(parser: argparse.ArgumentParser) -> None:
     assert parser.description, parser.prog
+
+
+def test_the_help_lists_every_command() -> None:
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    usage = parser.format_usage()
+    text = parser.format_help()
+    for name in commands.choices:
+        assert name in usage, (name, usage)
+        assert f"    {name} " in text, (name, text)

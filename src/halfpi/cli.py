@@ -74,6 +74,8 @@ class UserError(Exception):
 class Parser(argparse.ArgumentParser):
     """argparse, with a usage error as one line and exit status 64 (EX_USAGE)."""
 
+    commands: tuple[str, ...] = ()  # the top-level parser's subcommands
+
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"halfpi: {message}; see '{self.prog} --help'\n")
         raise SystemExit(EXIT_USAGE)
@@ -494,7 +496,7 @@ def cmd_face(args: argparse.Namespace) -> int:
     return run_terminal(urls, token, conversation=args.conversation)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> Parser:
     parser = Parser(
         prog="halfpi",
         description=DESCRIPTION,
@@ -504,8 +506,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--version", action="version", version=f"halfpi {__version__}", help="print the version"
     )
-    sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{mind,face,hand,backup,restore}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     home_help = "data directory (default $HALFPI_HOME, else ~/.halfpi)"
     store_help = (
         "where the Mind keeps its truth: sqlite:///PATH (default sqlite:///HOME/halfpi.db) "
@@ -902,6 +903,8 @@ def build_parser() -> argparse.ArgumentParser:
         "without one) (default: none: the check is skipped)",
     )
     conf.set_defaults(func=cmd_conformance)
+    parser.commands = tuple(sub.choices)
+    sub.metavar = "{" + ",".join(parser.commands) + "}"  # every command, in the usage line
     return parser
 
 
@@ -1074,7 +1077,14 @@ def cmd_hand_add(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # Unknown options are named before a missing command is asked for
+    # (argparse alone says "arguments are required" for `halfpi --bogus`).
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.command is None:
+        parser.error(f"name a command: {', '.join(parser.commands)}")
     try:
         return int(args.func(args))
     except (UserError, CannotStart) as exc:

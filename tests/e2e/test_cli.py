@@ -66,13 +66,15 @@ def one_line_error(done: subprocess.CompletedProcess[str], code: int, *words: st
         (("mind", "--delta-ms", "-5"), ("--delta-ms", "-5")),
         (("mind", "--allow-origin", "example.com"), ("--allow-origin", "example.com")),
         (("mind", "--bogus"), ("--bogus",)),
-        ((), ("mind", "face", "hand")),
+        ((), ("mind", "face", "hand", "conformance")),
+        (("mind", "--host", "0.0.0.0", "--port", "0"), ("0.0.0.0", "TLS", "--insecure")),
         (("face", "--mode", "headless", "--connect-timeout", "-1"), ("--connect-timeout",)),
         (("face", "--mode", "headless", "--retry-interrupted", "-2"), ("--retry-interrupted",)),
         (("face", "add"), ("label",)),
     ],
     ids=["port_too_big", "port_negative", "port_not_a_number", "log_level", "delta_ms",
-         "origin_without_scheme", "unknown_option", "no_command", "connect_timeout",
+         "origin_without_scheme", "unknown_option", "no_command",
+         "non_loopback_without_tls", "connect_timeout",
          "retry_interrupted", "missing_label"],
 )
 def test_a_bad_command_line_is_one_line_and_exit_64(
@@ -81,6 +83,12 @@ def test_a_bad_command_line_is_one_line_and_exit_64(
     done = halfpi(*args, "--home", str(tmp_path / "home")) if args else halfpi()
     one_line_error(done, EXIT_USAGE, *words)
     assert done.stdout == ""
+
+
+def test_an_unknown_option_before_any_command_is_named() -> None:
+    done = halfpi("--bogus")
+    one_line_error(done, EXIT_USAGE, "unrecognized", "--bogus")
+    assert "required" not in done.stderr
 
 
 def test_port_in_use_is_one_line_naming_the_port(tmp_path: Path) -> None:

@@ -10,19 +10,22 @@ fresh uvicorn protocol and feeds it the bytes read so far. From then on
 that connection is uvicorn's: keep-alive, chunked bodies, flow control and
 the ASGI cycle are a maintained HTTP server's, not ours. The WebSocket path
 is untouched (one branch on the first line of a connection).
+
+The native server makes its :class:`HttpHandover` on the first HTTP
+request, and only then are uvicorn, Starlette and the door's routes
+imported: a Mind whose Faces and Hands speak WebSocket starts without them
+(docs/performance.md, "Start-up").
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import uvicorn
-from starlette.applications import Starlette
-from uvicorn.server import ServerState
-
-from halfpi.gateway import http
-from halfpi.gateway.http.door import Door
+if TYPE_CHECKING:
+    from halfpi.mind.service import Mind
 
 # The longest request line read before deciding (RFC 9112 advises servers
 # to accept at least 8000 octets).
@@ -33,8 +36,15 @@ class HttpHandover:
     """The uvicorn side of the native server: its configuration, and the
     connections handed to it (for a bounded shutdown)."""
 
-    def __init__(self, door: Door) -> None:
-        app = Starlette(routes=http.routes(door))
+    def __init__(self, serving: Callable[[], Mind | None]) -> None:
+        import uvicorn
+        from starlette.applications import Starlette
+        from uvicorn.server import ServerState
+
+        from halfpi.gateway import http
+        from halfpi.gateway.http.door import Door
+
+        app = Starlette(routes=http.routes(Door(serving)))
         self.config = uvicorn.Config(
             app,
             lifespan="off",  # the Mind is started by `halfpi mind`, not by the app

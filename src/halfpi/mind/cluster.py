@@ -47,7 +47,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
-from redis.exceptions import RedisError
 
 from halfpi.cluster.bus import Bus, decoded
 from halfpi.cluster.lease import Lease, Leases
@@ -230,6 +229,8 @@ class ClusterNode:
         journal.on_lost = self._journal_lost
 
     async def start(self) -> None:
+        from redis.exceptions import RedisError  # cluster mode's extra: imported where used
+
         self.bus.on_resync = self._resync_all
         try:
             await self.bus.start({
@@ -588,19 +589,4 @@ class _NoCaller:
 
     def send(self, message: Message) -> None:
         """A snapshot call has no messages, only its answer."""
-
-
-async def conversation_of(mind: Mind, type_: str, payload: Any) -> str | None:
-    """The conversation a Face command acts on (None: it acts on none, or on
-    something this node cannot place: it runs here)."""
-    conversation_id = getattr(payload, "conversation_id", None)
-    if isinstance(conversation_id, str):
-        return conversation_id
-    if type_ == "face.approval.resolve":
-        row = await mind.store.get_approval(payload.approval_id)
-        return None if row is None else row.conversation_id
-    if type_ == "face.run.cancel":
-        run = await mind.store.get_tool_run(payload.run_id)
-        return None if run is None else run.conversation_id
-    return None
 

@@ -11,11 +11,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from halfpi.mind.health import TIMEOUT_S, TTL_S
 from tests.support.client import FaceClient
 from tests.support.http_door import base_url
 from tests.support.mind import MindProcess
 from tests.support.postgres import fresh_database
 from tests.support.redis import RedisServer, redis_server  # noqa: F401
+from tests.support.tmpfs import fill, small_filesystem
 
 pytestmark = pytest.mark.e2e
 
@@ -44,6 +46,61 @@ async def test_readiness_names_the_redis_journal_once_redis_is_gone(
             assert "redis://" not in ready.text
     finally:
         mind.kill()
+
+
+async def first_answer_not(client: httpx.AsyncClient, status: int) -> httpx.Response:
+    """Poll ``/readyz`` until it answers other than ``status``; within one
+    probe: its answer is kept ``TTL_S`` and each part has ``TIMEOUT_S``
+    (plus 2 s for a loaded machine)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + TTL_S + TIMEOUT_S + 2
+    while (ready := await client.get("/readyz")).status_code == status:
+        assert loop.time() < deadline, f"still {status} after one probe: {ready.text}"
+        await asyncio.sleep(0.05)
+    return ready
+
+
+async def test_readiness_follows_the_disk_of_a_real_mind_as_it_fills_and_frees(
+    tmp_path: Path, server_kind: str,
+) -> None:
+    """docs/operations.md: "a database that refuses writes shows". A Mind
+    whose home is on a 2 MiB filesystem: full and idle, the next probe says
+    503; a chat's failed commit says it at once; room back, the next probe
+    says 200 and chats commit again."""
+    with small_filesystem(tmp_path / "disk") as disk:
+        home = disk / "home"
+        home.mkdir()
+        mind = MindProcess(home, server=server_kind).start()
+        try:
+            face = await FaceClient.connect(mind.url, mind.token)
+            cid = await face.create_conversation()
+            async with httpx.AsyncClient(base_url=base_url(mind.url)) as client:
+                assert (await client.get("/readyz")).status_code == 200
+                filler = fill(disk)
+                ready = await first_answer_not(client, 200)
+                assert ready.status_code == 503
+                # the probe's own write failed to commit, or its room was refused
+                assert ready.json()["checks"]["store"] in (
+                    "the last commit failed", "its disk has no room (ENOSPC)")
+
+                filler.unlink()
+                assert (await first_answer_not(client, 503)).status_code == 200
+                assert (await face.chat_to_end(cid, "hello"))["type"] == "face.result"
+
+                filler = fill(disk)
+                failed = await face.chat_to_end(cid, "x" * 8000)
+                assert failed["type"] == "face.error", failed
+                assert "disk is full" in failed["payload"]["message"]
+                at_once = await client.get("/readyz")  # no probe in between
+                assert at_once.status_code == 503
+                assert at_once.json()["checks"]["store"] == "the last commit failed"
+
+                filler.unlink()
+                assert (await first_answer_not(client, 503)).status_code == 200
+                assert (await face.chat_to_end(cid, "hello"))["type"] == "face.result"
+            await face.close()
+        finally:
+            mind.kill()
 
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"

@@ -4,10 +4,13 @@ part named when it fails (docs/operations.md, "Health and metrics")."""
 from __future__ import annotations
 
 import asyncio
+from functools import partial
+from pathlib import Path
 
 from halfpi.errors import StoreError
-from halfpi.mind.health import ReadinessProbe
+from halfpi.mind.health import ReadinessProbe, take_room
 from tests.support.clock import FakeClock
+from tests.support.tmpfs import fill, small_filesystem
 
 
 async def test_a_readiness_probe_is_made_once_per_second_however_many_ask() -> None:
@@ -53,3 +56,43 @@ async def test_a_journal_that_does_not_answer_in_time_is_not_ready() -> None:
     probe = ReadinessProbe(write, ping, FakeClock(), timeout_s=0.05)
     readiness = await probe.check()
     assert readiness.checks == {"store": "ok", "journal": "no answer within 0.05 s"}
+
+
+async def test_a_failed_commit_is_not_ready_at_once_and_ready_after_a_probe_write_commits() -> None:
+    """The Store's last commit outcome is read at every check, not once per
+    probe: chats that fail to commit take the Mind out of rotation at once;
+    the next probe's own write, once it commits, brings it back."""
+    clock = FakeClock()
+    failed = False
+
+    async def write() -> None:
+        nonlocal failed
+        failed = False  # the probe's write committed
+
+    probe = ReadinessProbe(write, None, clock, commit_failed=lambda: failed)
+    assert (await probe.check()).ready
+    failed = True  # a chat's commit: "database or disk is full"
+    readiness = await probe.check()
+    assert not readiness.ready
+    assert readiness.checks["store"] == "the last commit failed"
+    assert probe.probes == 1  # no new probe was needed to say so
+    clock.now += 1.1
+    assert (await probe.check()).ready
+    assert probe.probes == 2
+
+
+async def test_a_disk_with_no_room_is_not_ready_and_ready_once_room_returns(
+    tmp_path: Path,
+) -> None:
+    with small_filesystem(tmp_path / "disk") as disk:
+        clock = FakeClock()
+        probe = ReadinessProbe(partial(asyncio.to_thread, take_room, disk), None, clock)
+        assert (await probe.check()).ready
+        filler = fill(disk)
+        clock.now += 1.1
+        readiness = await probe.check()
+        assert readiness.checks["store"] == "its disk has no room (ENOSPC)"
+        filler.unlink()
+        clock.now += 1.1
+        assert (await probe.check()).ready
+        assert list(disk.iterdir()) == []  # the probe leaves nothing behind

@@ -380,6 +380,14 @@ async def test_a_failing_event_append_fails_only_its_own_future(
     assert isinstance(results[2], TxOutcome) and results[2].committed
 
 
+async def test_a_meta_row_commits_and_the_last_commit_did_not_fail(store: Any) -> None:
+    """The readiness probe's write (``/readyz``): a real row, set again in place."""
+    assert store.last_commit_failed is False
+    await commit(store, WriteTx(meta=[("readyz_probe", "1.0")]))
+    await commit(store, WriteTx(meta=[("readyz_probe", "2.0")]))
+    assert store.last_commit_failed is False
+
+
 async def test_close_commits_what_is_queued(backend: Backend) -> None:
     first = backend.make()
     await first.open()

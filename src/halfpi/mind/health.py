@@ -2,10 +2,12 @@
 
 A readiness check makes one cheap round trip to each part a request needs:
 
-- the Store: an empty write through its writer (SQLite: ``BEGIN
-  IMMEDIATE``/``COMMIT`` on the group-commit thread, which takes the write
-  lock; PostgreSQL: an empty transaction), so a writer that is stuck or a
-  database that refuses writes shows;
+- the Store: a real write through its writer (one row of its ``meta``
+  table, committed by the group-commit writer like a chat's events), so a
+  writer that is stuck or a database that refuses writes shows; with SQLite
+  also room on the database's disk: the probe allocates ``ROOM_BYTES`` in a
+  new file next to the database and removes it, so a full disk shows even
+  while the database's write-ahead log still has pages to reuse;
 - the Journal: a Redis ``PING`` when the journal is Redis (cluster mode);
   an in-process journal is always there;
 - in cluster mode, the leases: the node's renewal rounds keep up (the last
@@ -13,15 +15,21 @@ A readiness check makes one cheap round trip to each part a request needs:
 
 A probe's answer is kept for ``ttl_s`` (1 s) on the Mind's clock, and
 checks that arrive while one runs share it: a load balancer polling every
-node a hundred times a second costs one write a second, not a hundred.
+node a hundred times a second costs one write a second, not a hundred. The
+Store's last commit outcome is read at every check, though: once a chat's
+commit failed, the Mind is not ready at once, until a later commit (the
+next probe's, at the latest) succeeds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from halfpi.store.base import WriteTx
@@ -35,6 +43,13 @@ log = logging.getLogger("halfpi.mind.health")
 TTL_S = 1.0
 # How long each part may take to answer before it counts as down.
 TIMEOUT_S = 2.0
+# The room the disk must still have: a group commit's worth of pages (16 of 4 KiB).
+ROOM_BYTES = 64 * 1024
+# The probe's file, next to the database; removed at once.
+ROOM_FILE = ".halfpi-readyz"
+# The probe's row in the Store's meta table: the time of its last write.
+PROBE_KEY = "readyz_probe"
+LAST_COMMIT_FAILED = "the last commit failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,11 +64,40 @@ class Readiness:
         return all(state == "ok" for state in self.checks.values())
 
 
+class NoRoom(Exception):
+    """The disk refused to give the probe new pages; ``why`` is the errno's
+    name (``ENOSPC``, ``EROFS``, ``EDQUOT``), never a path."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+def take_room(folder: Path, room: int = ROOM_BYTES) -> None:
+    """Allocate ``room`` bytes in a new file in ``folder`` and remove it:
+    :class:`NoRoom` when the filesystem cannot (full, read-only, over quota).
+    A real allocation, not ``statvfs``: quotas, reserved blocks and a disk
+    remounted read-only answer the way they will answer the database."""
+    path = folder / ROOM_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, room)
+        finally:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+    except OSError as exc:
+        raise NoRoom(errno.errorcode.get(exc.errno or 0, "error")) from None
+
+
 async def _probe(name: str, check: Awaitable[Any], timeout_s: float) -> tuple[str, str]:
     try:
         await asyncio.wait_for(check, timeout_s)
     except TimeoutError:
         return name, f"no answer within {timeout_s:g} s"
+    except NoRoom as exc:
+        log.warning("readiness: the %s's disk has no room (%s)", name, exc.why)
+        return name, f"its disk has no room ({exc.why})"
     except Exception as exc:  # any failure of the part: it is not ready
         log.warning("readiness: the %s failed its check: %s", name, type(exc).__name__)
         return name, f"unreachable ({type(exc).__name__})"
@@ -72,8 +116,10 @@ class ReadinessProbe:
         ttl_s: float = TTL_S,
         timeout_s: float = TIMEOUT_S,
         more: dict[str, Callable[[], Awaitable[Any]]] | None = None,
+        commit_failed: Callable[[], bool] = lambda: False,
     ) -> None:
         self._more = more or {}
+        self._commit_failed = commit_failed
         self._store_write = store_write
         self._journal_ping = journal_ping
         self._clock = clock
@@ -85,12 +131,14 @@ class ReadinessProbe:
         self.probes = 0  # probes made (not answers served): for tests
 
     async def check(self) -> Readiness:
-        if self._last is not None and self._clock() - self._at < self.ttl_s:
-            return self._last
-        if self._running is None:
-            self._running = asyncio.ensure_future(self._run())
-        running = self._running
-        return await asyncio.shield(running)
+        readiness = self._last
+        if readiness is None or self._clock() - self._at >= self.ttl_s:
+            if self._running is None:
+                self._running = asyncio.ensure_future(self._run())
+            readiness = await asyncio.shield(self._running)
+        if self._commit_failed():  # read at every check: no probe needed to say so
+            readiness = Readiness({**readiness.checks, "store": LAST_COMMIT_FAILED})
+        return readiness
 
     async def _run(self) -> Readiness:
         try:
@@ -114,15 +162,22 @@ async def _ready(name: str) -> tuple[str, str]:
 
 
 def probe_of(mind: Mind) -> ReadinessProbe:
-    """The readiness probe of a running Mind: its Store's writer, and its
-    Journal's Redis client when it has one."""
+    """The readiness probe of a running Mind: a real write through its
+    Store's writer (and, for SQLite, room on the database's disk), its
+    Store's last commit outcome, and its Journal's Redis client when it has one."""
+    folder = None if mind.config.postgres else mind.config.db_path.parent
 
     async def store_write() -> None:
-        await mind.store.write(WriteTx())
+        await mind.store.write(WriteTx(meta=((PROBE_KEY, repr(mind.now())),)))
+        if folder is not None:
+            await asyncio.to_thread(take_room, folder)
 
     client = getattr(mind.journal, "client", None)
     ping = getattr(client, "ping", None)
     more: dict[str, Callable[[], Awaitable[Any]]] | None = None
     if mind.cluster is not None:
         more = {"leases": mind.cluster.check_leases}
-    return ReadinessProbe(store_write, ping, mind.now, more=more)
+    return ReadinessProbe(
+        store_write, ping, mind.now, more=more,
+        commit_failed=lambda: bool(getattr(mind.store, "last_commit_failed", False)),
+    )

@@ -377,6 +377,9 @@ class WriteTx:
     epochs: Sequence[tuple[str, str]] = ()
     # the writer's fencing token for its conversation (cluster mode), else None
     fence: Fence | None = None
+    # (key, value) rows of the meta table to set: the readiness probe's own
+    # write, a real one (a row changes, pages are written) as a chat's is
+    meta: Sequence[tuple[str, str]] = ()
 
     @property
     def only_events(self) -> bool:
@@ -412,6 +415,10 @@ class MessagePage:
 
 class Store(Protocol):
     """Everything the Mind must not lose. All methods may raise StoreError."""
+
+    # True when the database refused the last group commit as a whole (a full
+    # disk, a lost connection), until a later one commits: ``/readyz`` reads it.
+    last_commit_failed: bool
 
     async def open(self) -> None: ...
 

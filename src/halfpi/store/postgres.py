@@ -98,6 +98,8 @@ class PostgresStore:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.batches = 0  # commits made, for tests and metrics
         self.commit_seconds = Histogram(COMMIT_BUCKETS)  # each group commit, for /metrics
+        # Did the last group commit fail as a whole? ``/readyz`` reads it.
+        self.last_commit_failed = False
         self.closed = False
 
     # lifecycle
@@ -173,6 +175,7 @@ class PostgresStore:
             except Exception as exc:  # the connection broke: fail this batch only
                 failure = StoreError(f"commit failed: {_line(exc)}")
                 outcomes = [(future, failure) for _, future in batch]
+                self.last_commit_failed = True
                 await self._reconnect()
             _resolve_all(outcomes)
 
@@ -224,6 +227,7 @@ class PostgresStore:
             raise
         except asyncpg.PostgresError as exc:
             await tr.rollback()
+            self.last_commit_failed = True
             failure = StoreError(f"commit failed: {_line(exc)}")
             return [(future, failure) for _, future in batch]
         except BaseException:
@@ -233,8 +237,10 @@ class PostgresStore:
         try:
             await tr.commit()
         except asyncpg.PostgresError as exc:
+            self.last_commit_failed = True
             failure = StoreError(f"commit failed: {_line(exc)}")
             return [(future, failure) for _, future in batch]
+        self.last_commit_failed = False
         self.batches += 1
         self.commit_seconds.observe(time.perf_counter() - started)
         return outcomes

@@ -321,6 +321,12 @@ async def apply_tx(conn: Conn, tx: WriteTx) -> TxOutcome:
             "UPDATE conversations SET epoch = $1 WHERE conversation_id = $2",
             [(epoch, conversation_id) for conversation_id, epoch in tx.epochs],
         )
+    if tx.meta:
+        await conn.executemany(
+            "INSERT INTO meta (key, value) VALUES ($1, $2)"
+            " ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+            list(tx.meta),
+        )
     if tx.seq_reservations:
         await conn.executemany(
             "UPDATE conversations SET seq_reserved = GREATEST(seq_reserved, $1)"

@@ -82,6 +82,9 @@ class SQLiteStore:
         self.batches = 0  # commits made, for tests and metrics
         # Time of each group commit (written by the writer thread only).
         self.commit_seconds = Histogram(COMMIT_BUCKETS)
+        # Did the database refuse the last group commit (a full disk, an I/O
+        # error)? Written by the writer thread; ``/readyz`` reads it.
+        self.last_commit_failed = False
         self.closed = False
 
     # lifecycle
@@ -176,6 +179,7 @@ class SQLiteStore:
             conn.execute("COMMIT")
             self.batches += 1
             self.commit_seconds.observe(time.perf_counter() - started)
+            self.last_commit_failed = False
         except _RetryCarefully:
             conn.execute("ROLLBACK")
             raise
@@ -184,6 +188,7 @@ class SQLiteStore:
                 conn.execute("ROLLBACK")
             failure = StoreError(f"commit failed: {exc}")
             outcomes = [(future, failure) for _, future in batch]
+            self.last_commit_failed = True
         return outcomes
 
     # reads
@@ -347,10 +352,13 @@ class _RetryCarefully(Exception):
 
 
 def _insert_merged(conn: sqlite3.Connection, merged: list[StoredEvent]) -> None:
+    """Insert the merged appends; a write they break (a constraint) sends
+    the batch to be redone carefully, a refusal of the database itself (a
+    full disk) fails the whole batch."""
     if merged:
         try:
             sql.insert_events(conn, merged)
-        except sqlite3.Error as exc:
+        except sqlite3.IntegrityError as exc:
             raise _RetryCarefully from exc
         merged.clear()
 
@@ -358,12 +366,14 @@ def _insert_merged(conn: sqlite3.Connection, merged: list[StoredEvent]) -> None:
 def _in_savepoint(
     conn: sqlite3.Connection, work: Callable[[], object]
 ) -> TxOutcome | BaseException:
-    """Run ``work`` so that its failure undoes only itself, not the batch."""
+    """Run ``work`` so that its failure undoes only itself, not the batch.
+    Only a write's own fault (a constraint) is its alone: when the database
+    refuses to write at all (a full disk, an I/O error) the batch fails."""
     conn.execute("SAVEPOINT tx")
     try:
         result = work()
         conn.execute("RELEASE tx")
-    except sqlite3.Error as exc:
+    except sqlite3.IntegrityError as exc:
         conn.execute("ROLLBACK TO tx")
         conn.execute("RELEASE tx")
         if sql.is_terminal_refusal(exc):

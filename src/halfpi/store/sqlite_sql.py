@@ -279,6 +279,12 @@ def apply_tx(conn: sqlite3.Connection, tx: WriteTx) -> TxOutcome:
             "UPDATE conversations SET epoch = ? WHERE conversation_id = ?",
             [(epoch, conversation_id) for conversation_id, epoch in tx.epochs],
         )
+    if tx.meta:
+        conn.executemany(
+            "INSERT INTO meta (key, value) VALUES (?, ?)"
+            " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            list(tx.meta),
+        )
     if tx.seq_reservations:
         conn.executemany(
             "UPDATE conversations SET seq_reserved = MAX(seq_reserved, ?)"

@@ -1,7 +1,7 @@
 """What an operator's tools ask the door (docs/operations.md, "Health and
 metrics"): ``GET /healthz`` (the process is up), ``GET /readyz`` (it can
-serve: its Store takes a write, its Journal answers) and ``GET /metrics``
-(Prometheus). None of them takes a face token; ``/metrics`` takes the
+serve: its Store commits a write and its disk has room, its Journal
+answers) and ``GET /metrics`` (Prometheus). None of them takes a face token; ``/metrics`` takes the
 scrape token when the Mind was given one (``--metrics-token-file``).
 """
 
@@ -52,10 +52,12 @@ def describe() -> list[spec.Operation]:
         spec.Operation(
             method="get", path=READYZ, operation_id="get_readyz",
             summary="The Mind can serve", tag="operations", public=True,
-            description="200 when the Store took an empty write and the Journal answered "
-                        "(Redis PING in cluster mode); 503 while the Mind starts or drains, "
-                        "or when a part failed its check (named in `checks`). One probe "
-                        "is made per second at most; checks in between get its answer. "
+            description="200 when the Store committed a write (with SQLite: and its disk "
+                        "had room for 64 KiB more) and the Journal answered (Redis PING in "
+                        "cluster mode); 503 while the Mind starts or drains, when a part "
+                        "failed its check (named in `checks`), and at once when the Store's "
+                        "last commit failed, until one succeeds. One probe is made per second "
+                        "at most; checks in between get its answer. "
                         "A 503 carries `status` and `checks` next to its `error`.",
             responses={200: spec.Body(_READY_SCHEMA, "ready")},
             errors=frozenset({ErrorCode.UNAVAILABLE}),

@@ -157,3 +157,11 @@ def test_a_stream_holds_back_no_more_than_a_credential_could_need() -> None:
     assert stream.feed("ends with hp") == "ends with "  # "hp" may begin "hph_…"
     assert stream.feed("x") == "hpx"
     assert stream.flush() == []
+
+
+def test_a_marker_is_never_longer_than_what_it_replaces() -> None:
+    """So a redacted output never outgrows the bounds the Mind enforces."""
+    shortest = ["hph_" + "aB" * 11, "hps_" + "aB" * 11, "#link=" + "a" * 18]
+    for text in shortest:
+        out, counts = SHAPES.redact(text)
+        assert counts and len(out) <= len(text), (text, out)

@@ -225,3 +225,98 @@ async def test_exec_command_children_do_not_inherit_secrets(
     assert outcome.status == "succeeded", outcome
     assert "HARMLESS_VALUE=kept" in out
     assert "should_not_leak" not in out
+
+
+# -- a secret known by what it holds or where it was copied (issue 23, 3) ----------
+
+def _token() -> str:
+    import secrets
+
+    return "hph_" + secrets.token_urlsafe(32)
+
+
+@pytest.mark.parametrize("approved", [False, True])
+async def test_a_file_holding_a_token_is_refused_whatever_its_name(
+    disk: Disk, approved: bool
+) -> None:
+    """``halfpi hand add laptop > laptop.token``, as docs/hands.md says: no
+    name the policy knows, but a token's shape inside."""
+    for place in (disk.root / "laptop.token", disk.outside / "notes.txt"):
+        place.write_text(_token() + "\n")
+        decision = disk.policy(read_file=Rule.NEVER).check("read_file", {"path": str(place)})
+        assert decision.verdict is Verdict.DENY, decision
+        assert decision.category == FORBIDDEN_PATH and "token" in decision.reason
+        with pytest.raises(ToolError) as refused:
+            await read(disk.policy(read_file=Rule.NEVER), place, approved=approved)
+        assert refused.value.category == FORBIDDEN_PATH
+
+
+def _backup(folder: Path, *, secrets: list[str] | None) -> None:
+    """A folder as ``halfpi backup`` leaves it (its manifest, its files)."""
+    import json
+
+    folder.mkdir()
+    for name in ("halfpi.db", "agent.toml", "openai.key"):
+        (folder / name).write_text(f"{name} content\n")
+    manifest: dict[str, Any] = {"halfpi": "0", "schema": 5,
+                                "files": ["halfpi.db", "agent.toml", "openai.key"]}
+    if secrets is not None:
+        manifest["secrets"] = secrets
+    (folder / "backup.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("listed", ["secrets", "files only (an older backup)"])
+async def test_the_secrets_of_a_backup_folder_are_refused_wherever_it_was_copied(
+    disk: Disk, listed: str
+) -> None:
+    folder = disk.root / "copied" / "mind-backup"
+    folder.parent.mkdir()
+    _backup(folder, secrets=["halfpi.db", "openai.key"] if listed == "secrets" else None)
+    policy = disk.policy(read_file=Rule.NEVER, exec_command=Rule.NEVER)
+    key = folder / "openai.key"
+    assert policy.check("read_file", {"path": str(key)}).verdict is Verdict.DENY
+    with pytest.raises(ToolError) as refused:
+        await read(policy, key, approved=True)
+    assert refused.value.category == FORBIDDEN_PATH
+    for args in ({"argv": ["cat", str(key)]}, {"command": "cat openai.key", "cwd": str(folder)}):
+        decision = policy.check("exec_command", args)
+        assert decision.verdict is Verdict.DENY and "backup" in decision.reason, (args, decision)
+    if listed == "secrets":  # what the manifest does not call a secret stays readable
+        assert "agent.toml content" in await read(policy, folder / "agent.toml", approved=False)
+
+
+def test_a_json_file_named_like_a_manifest_protects_nothing(disk: Disk) -> None:
+    (disk.root / "backup.json").write_text('{"files": ["notes.txt"]}')
+    (disk.root / "notes.txt").write_text("plain\n")
+    decision = disk.policy().check("read_file", {"path": str(disk.root / "notes.txt")})
+    assert decision.verdict is Verdict.ALLOW, decision
+
+
+def test_a_path_that_cannot_be_resolved_is_refused_at_once_with_its_reason(disk: Disk) -> None:
+    """``/proc/1/root/…``: resolving it is not permitted (PermissionError). It
+    is refused with a reason, never an exception that leaves the check
+    unanswered."""
+    blocked = disk.outside / "blocked"
+    blocked.mkdir()
+    (blocked / "inner").symlink_to(disk.far)
+    os.chmod(blocked, 0)
+    try:
+        if os.geteuid() == 0 and os.access(blocked / "inner", os.R_OK):
+            path = "/proc/1/root/etc/passwd"  # root passes mode 0: the kernel's own refusal
+        else:
+            path = str(blocked / "inner" / "x")
+        for tool, args in (("read_file", {"path": path}),
+                           ("exec_command", {"argv": ["cat", path]})):
+            try:
+                os.path.realpath(path)
+            except PermissionError:
+                pass
+            else:
+                pytest.skip("this machine resolves the path: nothing to refuse")
+            decision = disk.policy().check(tool, args)
+            assert decision.verdict is Verdict.DENY, decision
+            assert "cannot be resolved" in decision.reason and path in decision.reason
+            with pytest.raises(ToolError):
+                disk.policy().enforce(tool, args, approved=True)
+    finally:
+        os.chmod(blocked, 0o700)

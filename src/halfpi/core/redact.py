@@ -14,12 +14,14 @@ folder, ``/proc/<pid>/environ`` — so every tool output is scanned:
 
 A match becomes ``[redacted: KIND]``; what was redacted is counted by kind,
 never kept. To keep false positives low a shape needs its prefix, at least
-22 characters after it (a shorter piece of a token leaves more than 128
-unknown bits: no use to anyone) and, for tokens and tickets, both upper-
-and lower-case letters, as random base64 has (an identifier such as
-``hph_token_for_tests`` has not). A secret that a command *transforms*
-(base64, reversed, one character a line) is not recognisable: that is what
-the approval of ``exec_command`` is for.
+22 characters after it (18 for a link's code; a shorter piece of a token
+leaves more than 128 unknown bits: no use to anyone) and, for tokens and
+tickets, both upper- and lower-case letters, as random base64 has (an
+identifier such as ``hph_token_for_tests`` has not). A marker is never
+longer than what it replaces, so redacted output is never longer either.
+A secret that a command *transforms* (base64, reversed, one character a
+line) is not recognisable: that is what the approval of ``exec_command``
+is for.
 
 Output arrives in chunks, and a chunk boundary may cut a secret in two:
 :class:`StreamRedactor` holds back the tail of each chunk that could still
@@ -50,7 +52,7 @@ _BODY = "A-Za-z0-9_-"
 _SHAPES = re.compile(
     rf"(?P<token>hp[fh]_[{_BODY}]{{22,}})"
     rf"|(?P<ticket>hps_[{_BODY}]{{22,}})"
-    rf"|(?P<link>#link=[{_BODY}]{{16,}})"
+    rf"|(?P<link>#link=[{_BODY}]{{18,}})"
 )
 _KIND_OF_GROUP = {"token": HALFPI_TOKEN, "ticket": STREAM_TICKET, "link": SIGN_IN_LINK}
 # What the end of a chunk may be the beginning of: a shape's prefix, whole
@@ -234,3 +236,25 @@ class StreamRedactor:
             cut -= 1
         self._ready = encoded[cut:].decode()
         return encoded[:cut].decode()
+
+
+# -- files that hold secrets, known wherever they are copied ------------------------
+
+# ``halfpi backup`` writes this manifest into its folder: it lists the files
+# taken and, under ``secrets``, those that hold a secret (backup.py).
+BACKUP_MANIFEST = "backup.json"
+
+
+def backup_secrets(manifest: object) -> frozenset[str] | None:
+    """The names of the files that hold secrets in a folder whose manifest
+    is ``manifest`` (parsed JSON); None when it is no halfpi backup's. A
+    manifest without ``secrets`` (an older backup) calls every file it
+    lists one: a backup is as secret as the home it was taken from."""
+    if not isinstance(manifest, dict) or "halfpi" not in manifest:
+        return None
+    files = manifest.get("files")
+    if not isinstance(files, list):
+        return None
+    listed = manifest.get("secrets")
+    names = listed if isinstance(listed, list) else files
+    return frozenset(n for n in names if isinstance(n, str))

@@ -62,6 +62,13 @@ from halfpi.hand.conceal import conceal
 from halfpi.hand.executor import KILL_GRACE_S, TOOLS, Outcome, ToolError
 from halfpi.hand.leftovers import Leftovers
 from halfpi.hand.policy import HandPolicy, scrub_environment, without_secrets
+from halfpi.hand.redaction import (
+    LogRedaction,
+    ProgressRedaction,
+    redact_result,
+    redact_text,
+    say_redacted,
+)
 from halfpi.hand.tasks import TaskBook, TaskRecord
 from halfpi.logs import bind, unbind
 
@@ -324,7 +331,12 @@ class HandNode:
         """Answer ``hand.check``: the verdict on the paths as they resolve now."""
         tool, args = str(body.get("tool")), dict(body.get("args") or {})
         if tool in self.tools:
-            decision = (await asyncio.to_thread(self.policy.check, tool, args)).to_wire()
+            try:
+                decision = (await asyncio.to_thread(self.policy.check, tool, args)).to_wire()
+            except Exception as exc:  # a check always gets an answer, never a silence
+                log.exception("the policy check of %s failed", tool[:100])
+                decision = {"verdict": "deny", "reason": f"the policy check failed: {exc}",
+                            "category": "policy_error"}
         else:
             decision = {
                 "verdict": "deny",
@@ -401,6 +413,7 @@ class HandNode:
                 )
             )
 
+        redacted = ProgressRedaction(progress)  # no credential leaves in its output
         try:
             if tool is None:
                 raise ToolError("unknown_tool", f"this Hand has no tool {run.tool!r}")
@@ -409,18 +422,21 @@ class HandNode:
             args, keywords = self._policy_keywords(tool, run.tool, args, approved)
             outcome = await tool(
                 args,
-                progress,
+                redacted,
                 run.cancelled,
                 partial(self.leftovers.spawned, run.run_id),
                 **keywords,
             )
+            redacted.close()
             result = outcome.to_wire()
         except ToolError as exc:
             result = Outcome("failed", error_category=exc.category, error=str(exc)).to_wire()
         except Exception as exc:  # a tool bug must still end the run
             log.exception("tool %s crashed", run.tool)
             result = Outcome("failed", error_category="tool_crashed", error=str(exc)).to_wire()
-        run.result = result
+        counts = redacted.counts
+        run.result = result = redact_result(result, counts)
+        say_redacted(f"run {run.run_id} ({run.tool})", counts)
         # The tool's name and how it ended: never its arguments or output.
         log.debug("run %s: %s ended %s", run.run_id, run.tool, result.get("status"))
         self.leftovers.ended(run.run_id)
@@ -496,9 +512,8 @@ class HandNode:
             def progress(kind: str, text: str, gap: bool) -> None:
                 pass  # the log keeps every byte (below); progress is for foreground runs
 
-            def output(kind: str, data: bytes) -> None:
-                book.append_log(task_id, data)
-
+            # Redacted before a byte of it is kept (docs/hands.md, "Redaction").
+            output = LogRedaction(partial(book.append_log, task_id))
             try:
                 if tool is None:
                     raise ToolError("unknown_tool", f"this Hand has no tool {name!r}")
@@ -511,6 +526,7 @@ class HandNode:
                 if "output" not in keywords:
                     output("stdout", outcome.stdout)
                     output("stderr", outcome.stderr)
+                output.close()
                 state, exit_code, error = outcome.status, outcome.exit_code, outcome.error
             except ToolError as exc:
                 state, exit_code, error = "failed", None, f"{exc.category}: {exc}"
@@ -519,6 +535,9 @@ class HandNode:
                 state, exit_code, error = "failed", None, f"tool_crashed: {exc}"
             if state == "cancelled":
                 state, error = self._cancelled_as(task_id)
+            counts = output.counts
+            error = redact_text(error, counts)
+            say_redacted(f"task {task_id} ({name})", counts)
             self.leftovers.ended(task_id)
             book.move(task_id, state, self.clock(), exit_code=exit_code,
                       error=None if error is None else error[:REASON_CHARS])

@@ -23,6 +23,8 @@ Its children never see the Hand's secrets: :func:`scrub_environment`.
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
 import os
 import shlex
 import shutil
@@ -39,6 +41,7 @@ from halfpi.core.policy import (
     ToolPolicy,
     Verdict,
 )
+from halfpi.core.redact import BACKUP_MANIFEST, backup_secrets, credential_in
 from halfpi.hand.executor import ToolError
 
 # Environment variables a tool's processes never inherit from the Hand.
@@ -48,6 +51,11 @@ SECRET_PREFIX = "HALFPI_"
 INODES_PER_DIR = 256
 # Characters a shell puts before a file name: redirections, subshells.
 _SHELL_LEAD = "<>&|;(){}0123456789"
+# How much of a file is looked at for a credential's shape (a token file is
+# one line), and of a folder's backup manifest; how many words of a command.
+SNIFF_BYTES = 64 * 1024
+MANIFEST_BYTES = 64 * 1024
+SNIFFED_PATHS = 64
 
 
 def is_secret_name(name: str) -> bool:
@@ -81,10 +89,26 @@ def without_secrets(args: dict[str, Any], environ: Mapping[str, str]) -> dict[st
 
 
 def _real(path: str | Path, base: str | None = None) -> str:
+    """``realpath``; a path that cannot be resolved (a link the Hand may not
+    read, such as ``/proc/1/root``) is refused with its reason, at once."""
     try:
         return os.path.realpath(os.path.join(base or os.getcwd(), os.fspath(path)))
     except ValueError:  # an embedded NUL
         raise ToolError("bad_arguments", "a path contains a NUL character") from None
+    except OSError as exc:
+        denied = exc.errno in (errno.EACCES, errno.EPERM)
+        raise ToolError(
+            "permission_denied" if denied else "bad_arguments",
+            f"{os.fspath(path)} cannot be resolved ({exc.strerror or exc}): refused",
+        ) from None
+
+
+def _configured(path: str | Path) -> str:
+    """A root or protected path as configured: resolved where it can be."""
+    try:
+        return _real(path)
+    except ToolError:
+        return os.path.abspath(path)
 
 
 class HandPolicy:
@@ -98,16 +122,16 @@ class HandPolicy:
         *,
         pid: int | None = None,
     ) -> None:
-        resolved_roots = [_real(r) for r in roots] or [_real(os.getcwd())]
+        resolved_roots = [_configured(r) for r in roots] or [_configured(os.getcwd())]
         self.rules = dict(rules or {})
         self.pid = os.getpid() if pid is None else pid
         self.core = ToolPolicy.build(
-            resolved_roots, self.rules, [_real(p) for p in protected], self.pid
+            resolved_roots, self.rules, [_configured(p) for p in protected], self.pid
         )
 
     def protect(self, paths: Iterable[str | Path]) -> None:
         """Protect more paths (the Mind names its home in ``hand.welcome``)."""
-        more = [_real(p) for p in paths]
+        more = [_configured(p) for p in paths]
         self.core = ToolPolicy.build(
             self.core.roots, self.rules, [*self.core.protected, *more], self.pid
         )
@@ -140,6 +164,10 @@ class HandPolicy:
                 info = os.stat(path)
                 if (info.st_dev, info.st_ino) in inodes:
                     return _linked(path)
+        for path in list(dict.fromkeys((*paths, *mentions)))[:SNIFFED_PATHS]:
+            secret = secret_file(path)
+            if secret is not None:
+                return Decision(Verdict.DENY, secret, FORBIDDEN_PATH)
         return decision
 
     def enforce(self, tool: str, args: dict[str, Any], *, approved: bool) -> None:
@@ -159,6 +187,11 @@ class HandPolicy:
                 (info.st_dev, info.st_ino) in self._protected_inodes()
             ):
                 decision = _linked(opened)
+            if decision.verdict is not Verdict.DENY and stat.S_ISREG(info.st_mode):
+                secret = _backup_secret(opened) or _holds_credential(
+                    opened, os.pread(fd, SNIFF_BYTES, 0))
+                if secret is not None:
+                    decision = Decision(Verdict.DENY, secret, FORBIDDEN_PATH)
             _refuse_unless_permitted(decision, approved)
             if not stat.S_ISREG(info.st_mode):
                 raise ToolError("bad_arguments", f"not a regular file: {path}")
@@ -212,6 +245,75 @@ class HandPolicy:
                                 inner = entry.stat(follow_symlinks=False)
                                 found.add((inner.st_dev, inner.st_ino))
         return found
+
+
+def secret_file(path: str) -> str | None:
+    """Why the file (or folder) at resolved ``path`` holds a secret, or None:
+    a file of a halfpi backup that its manifest calls a secret, a backup
+    folder itself, or a file with a halfpi token in it — whatever their
+    names, wherever they were copied."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    if stat.S_ISDIR(info.st_mode):
+        if _manifest_secrets(path) is not None:
+            return f"{path} is protected (a halfpi backup: as secret as the Mind's home)"
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        return None
+    found = _backup_secret(path)
+    if found is not None:
+        return found
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None  # the tool cannot open it either
+    try:
+        return _holds_credential(path, os.pread(fd, SNIFF_BYTES, 0))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _holds_credential(path: str, head: bytes) -> str | None:
+    kind = credential_in(head)
+    if kind is None:
+        return None
+    return f"{path} is protected (it holds a {kind}: a credential file, whatever its name)"
+
+
+def _backup_secret(path: str) -> str | None:
+    folder, _, name = path.rpartition("/")
+    secrets = _manifest_secrets(folder or "/")
+    if secrets is None or name not in secrets:
+        return None
+    return (f"{path} is protected (a secret of a halfpi backup, as its {BACKUP_MANIFEST} "
+            "says)")
+
+
+def _manifest_secrets(folder: str) -> frozenset[str] | None:
+    """The secrets a halfpi backup manifest in ``folder`` lists, if it has one."""
+    try:
+        fd = os.open(os.path.join(folder, BACKUP_MANIFEST),
+                     os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO never blocks
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        raw = os.pread(fd, MANIFEST_BYTES + 1, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(raw) > MANIFEST_BYTES:
+        return None
+    try:
+        return backup_secrets(json.loads(raw))
+    except ValueError:  # not JSON: no manifest of ours
+        return None
 
 
 def _refuse_unless_permitted(decision: Decision, approved: bool) -> None:

@@ -1,0 +1,133 @@
+"""No tool output leaves a Hand with a halfpi credential in it (DESIGN §8).
+
+Everything a tool says is scanned (:mod:`halfpi.core.redact`, by shape: a
+Hand knows no secret of the Mind) where it is framed for the Mind or kept:
+
+- a run's **progress** (:class:`ProgressRedaction` wraps the tool's
+  progress sink: one stream per kind, a chunk's tail held back until the
+  next one says whether it was the start of a token; the pieces it passes
+  on keep the per-run bounds — 4 KiB, 256 events, 1 MiB — that the Mind
+  enforces);
+- a run's **result** (:func:`redact_result`: ``stdout``, ``stderr``,
+  ``error``); a redacted result says ``truncated: true`` — what it shows
+  is not all the tool wrote — while ``output_bytes`` and ``digest`` still
+  cover what it really wrote (DESIGN §6);
+- a background task's **log** (:class:`LogRedaction`, before a byte of it
+  is written) and its ``error``.
+
+What was redacted is logged — how many of which kind, never the value —
+and the Mind counts the markers it receives (``halfpi_tool_output_redactions``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from halfpi.core.hand_wire import CHUNK_BYTES, PROGRESS_BYTES, PROGRESS_EVENTS
+from halfpi.core.redact import Redactor, StreamRedactor
+
+log = logging.getLogger("halfpi.hand")
+
+SHAPES = Redactor()
+KINDS = ("stdout", "stderr")
+
+Progress = Callable[[str, str, bool], None]  # (kind, text, gap)
+
+
+class ProgressRedaction:
+    """A run's progress sink, redacted; :meth:`close` at the tool's end
+    passes on what was held back."""
+
+    def __init__(self, sink: Progress) -> None:
+        self.sink = sink
+        self.streams = {kind: StreamRedactor(SHAPES, limit=CHUNK_BYTES) for kind in KINDS}
+        self.events = 0
+        self.bytes = 0
+        self.gap = False
+
+    def __call__(self, kind: str, text: str, gap: bool) -> None:
+        stream = self.streams.get(kind)
+        if stream is None:  # not a stream the Mind knows: it refuses it anyway
+            self.sink(kind, text, gap)
+            return
+        if gap:
+            stream.drop()  # what it held does not go on where the gap is
+            self.gap = True
+        self._send(kind, stream.feed(text))
+
+    def close(self) -> None:
+        for kind, stream in self.streams.items():
+            for piece in stream.flush():
+                self._send(kind, piece)
+
+    @property
+    def counts(self) -> Counter[str]:
+        return sum((s.counts for s in self.streams.values()), Counter())
+
+    def _send(self, kind: str, text: str) -> None:
+        if not text:
+            return
+        size = len(text.encode())
+        if self.events >= PROGRESS_EVENTS or self.bytes + size > PROGRESS_BYTES:
+            self.gap = True
+            return
+        self.events += 1
+        self.bytes += size
+        gap, self.gap = self.gap, False
+        self.sink(kind, text, gap)
+
+
+def redact_result(result: dict[str, Any], counts: Counter[str]) -> dict[str, Any]:
+    """A result as the Mind may have it; what was redacted is added to ``counts``."""
+    redacted = dict(result)
+    found: Counter[str] = Counter()
+    for key in ("stdout", "stderr", "error"):
+        value = result.get(key)
+        if isinstance(value, str) and value:
+            redacted[key], seen = SHAPES.redact(value)
+            found += seen
+    if found:
+        redacted["truncated"] = True  # not all the tool wrote is shown
+    counts += found
+    return redacted
+
+
+def redact_text(text: str | None, counts: Counter[str]) -> str | None:
+    if not text:
+        return text
+    shown, found = SHAPES.redact(text)
+    counts += found
+    return shown
+
+
+class LogRedaction:
+    """A background task's output on its way to its log: redacted before it
+    is written (bytes as Latin-1, one character each: the shapes are ASCII)."""
+
+    def __init__(self, write: Callable[[bytes], object]) -> None:
+        self.write = write
+        self.streams = {kind: StreamRedactor(SHAPES) for kind in KINDS}
+
+    def __call__(self, kind: str, data: bytes) -> None:
+        shown = self.streams[kind].feed(data.decode("latin-1"))
+        if shown:
+            self.write(shown.encode("latin-1"))
+
+    def close(self) -> None:
+        for stream in self.streams.values():
+            for piece in stream.flush():
+                self.write(piece.encode("latin-1"))
+
+    @property
+    def counts(self) -> Counter[str]:
+        return sum((s.counts for s in self.streams.values()), Counter())
+
+
+def say_redacted(what: str, counts: Counter[str]) -> None:
+    """One line for the Hand's log: what was redacted, never the value."""
+    if counts:
+        found = ", ".join(f"{n} {kind}{'s' if n > 1 else ''}" for kind, n in sorted(counts.items()))
+        log.warning("%s: redacted %s from its output", what, found)

@@ -40,6 +40,7 @@ from halfpi.core.scopes import ALL_FACE_SCOPES, PROFILES
 from halfpi.mind.home import Address, CannotStart, StaleAddress, prepare_home, read_address
 
 if TYPE_CHECKING:
+    from halfpi.client.redial import Locate
     from halfpi.store.base import Store
 
 T = TypeVar("T")
@@ -430,9 +431,10 @@ def _ca_file(args: argparse.Namespace) -> str | None:
     return path
 
 
-def _face_target(args: argparse.Namespace) -> tuple[list[str], str]:
+def _face_target(args: argparse.Namespace) -> tuple[list[str], str, Locate | None]:
     """Where to dial: ``--url``, else ``$HALFPI_URL``, else the address the
-    home's Mind wrote (DESIGN §12), else the default port on loopback."""
+    home's Mind wrote (DESIGN §12), else the default port on loopback; in
+    that last case, how to find the Mind again before every redial."""
     home = _home(args.home)
     token = _token(args, "HALFPI_TOKEN")
     ca_file = _ca_file(args)
@@ -454,11 +456,27 @@ def _face_target(args: argparse.Namespace) -> tuple[list[str], str]:
     if not urls[0]:
         address = _mind_address(home)
         urls = [address.face_url if address else f"ws://127.0.0.1:{DEFAULT_PORT}/v1/face"]
-    return urls, token
+        return urls, token, _locator(home)
+    return urls, token, None
+
+
+def _locator(home: Path) -> Locate:
+    """Where the home's Mind says it is now, read before every redial: a Mind
+    restarted with ``--port 0`` listens on a new port and is found there.
+    A missing or stale file says nothing (the last address is dialed)."""
+
+    def locate() -> list[str] | None:
+        try:
+            address = read_address(home)
+        except StaleAddress:
+            return None
+        return [address.face_url] if address is not None else None
+
+    return locate
 
 
 def cmd_face(args: argparse.Namespace) -> int:
-    urls, token = _face_target(args)
+    urls, token, locate = _face_target(args)
     if args.mode == "headless":
         # stderr is for people: every line starts with "halfpi: " (docs/faces.md).
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="halfpi: %(message)s")
@@ -471,6 +489,7 @@ def cmd_face(args: argparse.Namespace) -> int:
             new_conversation=args.new_conversation,
             retry_interrupted=args.retry_interrupted,
             connect_timeout=args.connect_timeout,
+            locate=locate,
         )
         return asyncio.run(run_headless(options))
     if not sys.stdout.isatty() or not sys.stdin.isatty():
@@ -493,7 +512,7 @@ def cmd_face(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
 
-    return run_terminal(urls, token, conversation=args.conversation)
+    return run_terminal(urls, token, conversation=args.conversation, locate=locate)
 
 
 def build_parser() -> Parser:

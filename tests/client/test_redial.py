@@ -90,3 +90,14 @@ def test_the_narrator_says_a_failure_once_per_change_of_reason() -> None:
     assert said.failed(Retry(A, 1, 0.25, 0.0, "refused", lost=True)) == (
         f"lost the connection to the Mind at {A}: refused; reconnecting in 0.2 s"
     )
+
+
+def test_a_located_mind_is_dialed_where_it_says_it_is_now() -> None:
+    """A client that found its Mind through an address file (``--home``)
+    asks again before every dial: a Mind restarted on another port is
+    dialed there; while the file says nothing, the last address stands."""
+    where: list[list[str] | None] = [None, [B], [B], None, [A]]
+    plan = Redial([A], delays=lambda: backoff(jitter=False), locate=lambda: where.pop(0))
+    assert [plan.next_url() for _ in range(5)] == [A, B, B, B, A]
+    assert plan.urls == [A]
+

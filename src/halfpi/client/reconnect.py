@@ -34,7 +34,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from halfpi.client.redial import Delays, Redial, Retry
+from halfpi.client.redial import Delays, Locate, Redial, Retry
 from halfpi.client.transport import ConnectionLost, Connector, Transport
 
 W = TypeVar("W")
@@ -66,8 +66,9 @@ class Reconnect(Generic[W]):
         rng: random.Random | None = None,
         max_delay_s: float | None = None,
         on_retry: Callable[[Retry], None] | None = None,
+        locate: Locate | None = None,
     ) -> None:
-        self.plan = Redial(urls, delays=delays, rng=rng, max_delay_s=max_delay_s)
+        self.plan = Redial(urls, delays=delays, rng=rng, max_delay_s=max_delay_s, locate=locate)
         self.connector = connector
         self.handshake = handshake
         self.sleep = sleep

@@ -10,6 +10,11 @@ after a restart is found again within the first short delays.
 2 s: a local Mind that went away is restarting, and its clients should be
 back within two seconds of it, not thirty.
 
+**Decision:** a client that found its Mind through the address file of the
+Mind's home (``--home``: ``HOME/mind.json``) asks again before every dial
+(``locate``): a Mind restarted with ``--port 0`` listens on a new port, and
+its clients must follow it there instead of dialling the old one forever.
+
 No asyncio and no clock here: time is an argument (``now``), the random
 source is injectable, so every decision is tested without waiting.
 :class:`~halfpi.client.reconnect.Reconnect` is the asyncio loop that follows
@@ -33,6 +38,8 @@ LOCAL_CAP_S = 2.0
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 Delays = Callable[[], Iterator[float]]
+# Where the Mind says it is now (its address file), or None: nothing to say.
+Locate = Callable[[], list[str] | None]
 
 
 def is_local(url: str) -> bool:
@@ -76,6 +83,7 @@ class Redial:
         delays: Delays | None = None,
         rng: random.Random | None = None,
         max_delay_s: float | None = None,
+        locate: Locate | None = None,
     ) -> None:
         self.urls = [urls] if isinstance(urls, str) else list(urls)
         if not self.urls:
@@ -88,9 +96,16 @@ class Redial:
         self.url = self.urls[0]  # the one being dialed, or connected to
         self.attempt = 0  # failures since the last welcomed session
         self._welcomed = False
+        self._locate = locate
+        self._located: list[str] | None = None
 
     def next_url(self) -> str:
-        """The URL to dial now: the next one in turn."""
+        """The URL to dial now: the next one in turn (of where the Mind says
+        it is now, when it can be asked)."""
+        located = self._locate() if self._locate is not None else None
+        if located and located != self._located:
+            self._located = located
+            self._turn = itertools.cycle(located)
         self.url = next(self._turn)
         return self.url
 

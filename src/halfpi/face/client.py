@@ -43,7 +43,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from halfpi.client.reconnect import Link, Reconnect
-from halfpi.client.redial import LOCAL_CAP_S, REMOTE_CAP_S, Retry, default_cap, is_local
+from halfpi.client.redial import LOCAL_CAP_S, REMOTE_CAP_S, Locate, Retry, default_cap, is_local
 from halfpi.client.transport import (
     AUTH_CLOSE_CODES,
     ConnectionLost,
@@ -85,6 +85,7 @@ class FaceClient:
         ssl: Trust | None = None,
         clock: Callable[[], float] = time.monotonic,
         max_delay_s: float | None = None,
+        locate: Locate | None = None,
     ) -> None:
         self.urls = [urls] if isinstance(urls, str) else list(urls)
         if not self.urls:
@@ -116,6 +117,8 @@ class FaceClient:
             clock=lambda: self.clock(),
             delays=self._delays,
             on_retry=self._retrying,
+            # Where the Mind says it is now (HOME/mind.json), asked before every dial.
+            locate=locate,
         )
         self.status = Status("connecting", url=self.url)
         self._waiters: dict[str, Waiter] = {}

@@ -41,6 +41,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from halfpi.client.redial import Locate
 from halfpi.core.throttle import worth_logging
 from halfpi.face.client import FaceClient, Result, Status, new_request_id
 from halfpi.face.errors import AuthError, ClientClosed, CommandError, FaceError
@@ -86,6 +87,8 @@ class HeadlessOptions:
     retry_interrupted: int = 0
     # Give up (EXIT_UNREACHABLE) after this long without a Mind; None: never.
     connect_timeout: float | None = None
+    # Where the Mind says it is now (HOME/mind.json), asked before every dial.
+    locate: Locate | None = None
 
 
 class Output:
@@ -156,6 +159,7 @@ class Headless:
             connector=self._connect,
             on_status=self._status,
             on_message=self._message,
+            locate=options.locate,
         )
         self.conversation = options.conversation
         self.exit_code = EXIT_OK

@@ -30,6 +30,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Input, OptionList, Static
 from textual.widgets.option_list import Option
 
+from halfpi.client.redial import Locate
 from halfpi.face.client import FaceClient, Status
 from halfpi.face.errors import CommandError, FaceError
 from halfpi.face.render import escape_controls
@@ -483,6 +484,8 @@ class TerminalFace(App[int]):
 TASK_LINES = 5  # background tasks shown above the prompt
 
 
-def run_terminal(urls: list[str], token: str, conversation: str | None = None) -> int:
-    TerminalFace(urls, token, conversation).run()
+def run_terminal(
+    urls: list[str], token: str, conversation: str | None = None, locate: Locate | None = None
+) -> int:
+    TerminalFace(urls, token, conversation, locate=locate).run()
     return 0

@@ -8,7 +8,8 @@ so the Mind keeps serving while it runs; the copy is the database as of
 one moment), the home's own files that are not in the database (the
 local tokens, the stream key, the agent's settings and key), and
 ``backup.json`` (what was taken, when, by which halfpi, at which schema
-version). It is as secret as the home: every file 0600.
+version, and which files hold a secret: a Hand's tool policy refuses those
+wherever the folder is copied). It is as secret as the home: every file 0600.
 
 Restore copies it into a home that is empty (or not there yet), checking
 the database's integrity first. The Mind started there loads every
@@ -30,13 +31,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from halfpi import __version__
+from halfpi.core.redact import BACKUP_MANIFEST
 from halfpi.private import private_dir, write_private
 from halfpi.store.sqlite_schema import SCHEMA_VERSION, user_version
 
 DATABASE = "halfpi.db"
-MANIFEST = "backup.json"
+MANIFEST = BACKUP_MANIFEST
 # The home's files a Mind needs besides its database (those present are taken).
 HOME_FILES = ("face.token", "hand.token", "stream.key", "agent.toml", "openai.key")
+# Those that hold a secret: the manifest lists them, and a Hand's tool policy
+# refuses them wherever the folder is copied (docs/hands.md, "Tool policy").
+SECRET_FILES = frozenset({DATABASE, "face.token", "hand.token", "stream.key", "openai.key"})
 
 
 class BackupError(Exception):
@@ -98,6 +103,7 @@ def backup(home: Path, database: Path, dest: Path) -> Taken:
                 write_private(dest / name, path.read_bytes())
                 files.append(name)
         manifest = {"halfpi": __version__, "schema": schema, "files": files,
+                    "secrets": [f for f in files if f in SECRET_FILES],
                     "taken_at": time.time()}
         write_private(dest / MANIFEST, json.dumps(manifest, indent=1).encode() + b"\n")
     except BaseException:

@@ -37,6 +37,7 @@ from halfpi.config import (
 )
 from halfpi.core.policy import Rule, parse_approval
 from halfpi.core.scopes import ALL_FACE_SCOPES, PROFILES
+from halfpi.extras import MissingExtra, missing, need
 from halfpi.mind.home import Address, CannotStart, StaleAddress, prepare_home, read_address
 
 if TYPE_CHECKING:
@@ -227,6 +228,7 @@ def cmd_mind(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    _need_extras(config)
     from halfpi.errors import HomeInUse
     from halfpi.logs import configure
 
@@ -239,6 +241,17 @@ def cmd_mind(args: argparse.Namespace) -> int:
         print(f"halfpi: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _need_extras(config: Config) -> None:
+    """The optional packages the configured features import are installed,
+    or one line names the extra to install (``halfpi.extras``)."""
+    if config.agent == "openai":
+        need("openai", "the model provider (--agent openai)")
+    if config.postgres:
+        need("asyncpg", "the PostgreSQL store (--store postgresql://…)")
+    if config.journal_kind == "redis":
+        need("redis", "the Redis journal (--redis)")
 
 
 def _metrics_token(path: str | None) -> str | None:
@@ -301,6 +314,7 @@ def _on_store(args: argparse.Namespace, work: Callable[[Store], Awaitable[T]]) -
     from halfpi.wiring import run_on_store
 
     config = Config(home=_home(args.home), store_url=args.store)
+    _need_extras(config)
     prepare_home(config.home)
     try:
         return run_on_store(config, work)
@@ -499,6 +513,7 @@ def cmd_face(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    need("textual", "the terminal face")
     from halfpi.face.terminal import run_terminal
 
     # The screen is the terminal: logs go to a file, never onto the screen.
@@ -1106,9 +1121,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"name a command: {', '.join(parser.commands)}")
     try:
         return int(args.func(args))
-    except (UserError, CannotStart) as exc:
+    except (UserError, CannotStart, MissingExtra) as exc:
         print(f"halfpi: {exc}", file=sys.stderr)
         return exc.code if isinstance(exc, UserError) else EXIT_FAILURE
+    except ModuleNotFoundError as exc:  # an optional package on a path no need() guards
+        extra = missing(exc)
+        if extra is None:
+            raise
+        print(f"halfpi: {extra}", file=sys.stderr)
+        return EXIT_FAILURE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BrokenPipeError:

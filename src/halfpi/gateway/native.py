@@ -34,7 +34,6 @@ from websockets.typing import Origin
 from halfpi.core.throttle import client_address
 from halfpi.gateway.hand_session import HandSession
 from halfpi.gateway.handover import MAX_REQUEST_LINE, HttpHandover
-from halfpi.gateway.http.door import Door
 from halfpi.gateway.session import FaceSession
 
 if TYPE_CHECKING:
@@ -99,7 +98,18 @@ class FaceServer:
         # client learns why rather than just losing its connection.
         self.hard_limit = mind.config.max_frame_bytes * 4
         self.accepting = True
-        self.http = HttpHandover(Door(self.serving))
+        self._http: HttpHandover | None = None
+
+    @property
+    def http(self) -> HttpHandover:
+        """The HTTP door's server, made on the first HTTP request: a Mind
+        serving only WebSockets never imports uvicorn and Starlette."""
+        if self._http is None:
+            self._http = HttpHandover(self.serving)
+        return self._http
+
+    def _http_connections(self) -> int:
+        return 0 if self._http is None else self._http.connections
 
     def serving(self) -> Mind | None:
         """The Mind, while new requests are served (the HTTP door's view)."""
@@ -134,15 +144,17 @@ class FaceServer:
     async def wait_closed(self, timeout: float) -> None:
         """Wait (bounded) for connections to finish their close handshakes
         and HTTP responses."""
-        self.http.shutdown()
+        if self._http is not None:
+            self._http.shutdown()
         deadline = asyncio.get_running_loop().time() + timeout
-        while (self.connections or self.http.connections) and (
+        while (self.connections or self._http_connections()) and (
             asyncio.get_running_loop().time() < deadline
         ):
             await asyncio.sleep(0.05)
         for connection in list(self.connections):
             connection.abort()
-        self.http.abort()
+        if self._http is not None:
+            self._http.abort()
 
 
 class WebSocketConnection(asyncio.Protocol):

@@ -26,7 +26,6 @@ from halfpi.errors import NotOwner, Unavailable
 from halfpi.logs import bind, unbind
 from halfpi.mind import cancels, commands
 from halfpi.mind.caller import Caller
-from halfpi.mind.cluster import conversation_of
 
 if TYPE_CHECKING:
     from halfpi.mind.auth import Credential
@@ -136,6 +135,21 @@ async def _handle(mind: Mind, caller: Caller, type_: str, payload: Any) -> None:
                 await cluster.forward(exc.owner, caller, type_, payload)
             return
     await HANDLERS[type_](mind, caller, payload)
+
+
+async def conversation_of(mind: Mind, type_: str, payload: Any) -> str | None:
+    """The conversation a Face command acts on (None: it acts on none, or on
+    something this node cannot place: it runs here)."""
+    conversation_id = getattr(payload, "conversation_id", None)
+    if isinstance(conversation_id, str):
+        return conversation_id
+    if type_ == "face.approval.resolve":
+        row = await mind.store.get_approval(payload.approval_id)
+        return None if row is None else row.conversation_id
+    if type_ == "face.run.cancel":
+        run = await mind.store.get_tool_run(payload.run_id)
+        return None if run is None else run.conversation_id
+    return None
 
 
 async def dispatch(mind: Mind, caller: Caller, type_: str, payload: Any) -> None:

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import programs
 from tests.support.mind import LocalMind, MindProcess, local_mind
 from tests.support.procs import Marks
 from tests.support.proxy import FaultProxy
@@ -45,3 +46,14 @@ def marks() -> Iterator[Marks]:
         yield m
     finally:
         m.kill_all()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> Iterator[None]:
+    """ONE line at the end of a run that skipped tests for a missing system
+    program, naming what to install (tests/support/programs.py); after the
+    short summary's list of skips, so it is not lost above them."""
+    yield
+    line = programs.summary()
+    if line is not None:
+        terminalreporter.write_line(line, yellow=True, bold=True)

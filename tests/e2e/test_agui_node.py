@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import httpx
 import pytest
 
 from halfpi.core.agui import messages_of
+from tests.support import programs
 from tests.support.mind import MindProcess
 from tests.support.proxy import FaultProxy
 
@@ -21,15 +21,15 @@ DRIVER = NODE_DIR / "driver.mjs"
 
 
 def need_node() -> str:
-    node = shutil.which("node")
-    assert node, "node is needed for the AG-UI client test"
-    assert (NODE_DIR / "node_modules" / "@ag-ui" / "client").is_dir(), (
-        "the AG-UI client is not installed: run `npm ci --prefix tests/agui/node` (.ci/run)")
-    return node
+    """node, with the AG-UI client installed (``npm ci``, once per run); skips
+    without node (CI requires it: HALFPI_NODE)."""
+    programs.node_modules(NODE_DIR)
+    return programs.require("node")
 
 
 @pytest.fixture
 def slow_mind(tmp_path: Path, server_kind: str) -> Any:
+    need_node()  # skips (or fails, in CI) before any process starts
     (tmp_path / "home").mkdir()
     proc = MindProcess(tmp_path / "home", server=server_kind, delta_ms=40.0).start()
     try:

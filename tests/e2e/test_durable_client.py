@@ -14,13 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support import programs
 from tests.support.http_door import Door, door_client, key
 from tests.support.mind import MindProcess
 from tests.support.proxy import FaultProxy
@@ -28,17 +28,12 @@ from tests.support.stream import assert_contiguous, delta_text
 from tests.support.wait import until
 
 NODE_DIR = Path(__file__).resolve().parents[1] / "durable" / "node"
-NPM_LINE = "npm ci --prefix tests/durable/node"
 
 
 def driver() -> Path:
-    """The node driver, or a failure that says how to install its client
-    (CI runs that line: .ci/run); never a silent skip."""
-    if shutil.which("node") is None:
-        pytest.fail("node is not installed: the Durable Streams client test needs it")
-    if not (NODE_DIR / "node_modules" / "@durable-streams" / "client").is_dir():
-        pytest.fail(f"the Durable Streams client is not installed: run `{NPM_LINE}` "
-                    "(as .ci/run does)")
+    """The node driver, its client installed (``npm ci``, once per run); skips
+    without node, named in the run's summary (CI requires it: HALFPI_NODE)."""
+    programs.node_modules(NODE_DIR)
     return NODE_DIR / "driver.mjs"
 
 

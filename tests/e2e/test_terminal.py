@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import os
 import re
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -21,14 +20,22 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import programs
 from tests.support.client import FaceClient
 from tests.support.mind import MindProcess
 from tests.support.proxy import FaultProxy
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
+    pytest.mark.usefixtures("tmux_installed"),
 ]
+
+
+@pytest.fixture
+def tmux_installed() -> None:
+    """Skips without tmux (the run's summary names it); CI requires it (HALFPI_TMUX)."""
+    programs.require("tmux")
+
 
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india",
          "juliett", "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo"]

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from tests.support import programs
+
 REQUIRED = os.environ.get("HALFPI_REDIS") == "required"
 
 
@@ -67,11 +69,7 @@ class RedisServer:
 
 def require_redis_server() -> None:
     """Skip (or, with HALFPI_REDIS=required, fail) without ``redis-server``."""
-    if shutil.which("redis-server") is None:
-        why = "redis-server is not installed (apt-get install redis-server)"
-        if REQUIRED:
-            pytest.fail(f"HALFPI_REDIS=required but {why}")
-        pytest.skip(why)
+    programs.require("redis-server")
 
 
 def free_port() -> int:

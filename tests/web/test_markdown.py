@@ -14,7 +14,6 @@ end-to-end tests (``tests/e2e/test_web.py``: a reply with ``<script>`` and
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 import pytest
 
 import halfpi.web
-from tests.support.browser import REQUIRED
+from tests.support import programs
 
 APP = Path(halfpi.web.__file__).with_name("app.js")
 RUNNER = Path(__file__).with_name("markdown_runner.mjs")
@@ -33,10 +32,7 @@ ALLOWED = {"p", "h1", "h2", "h3", "h4", "h5", "h6", "pre", "code", "strong", "em
 
 @pytest.fixture(autouse=True)
 def _node() -> None:
-    if shutil.which("node") is None:
-        if REQUIRED:  # CI: the web face's tests must run
-            pytest.fail("HALFPI_BROWSER=required but node is not installed (apt install nodejs)")
-        pytest.skip("node is not installed (apt-get install nodejs)")
+    programs.require("node")  # CI (HALFPI_NODE=required): the web face's tests must run
 
 
 def render(*texts: str) -> list[dict[str, Any]]:

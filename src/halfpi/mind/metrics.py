@@ -202,3 +202,7 @@ class MindCollector(Collector):
         yield CounterMetricFamily("halfpi_handshakes_throttled",
                                   "Handshakes refused unchecked while their address waits",
                                   value=metrics.handshakes_throttled)
+        yield _by(CounterMetricFamily("halfpi_tool_output_redactions",
+                                      "Secrets redacted from tool output before it was stored "
+                                      "or shown (by the Mind or its Hand), by kind",
+                                      labels=["kind"]), mind.redaction.counts)

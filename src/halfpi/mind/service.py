@@ -55,6 +55,7 @@ from halfpi.mind.counters import ClusterCounts
 from halfpi.mind.hands import HandRegistry
 from halfpi.mind.records import approval_pending
 from halfpi.mind.recovery import recover_tools
+from halfpi.mind.redaction import OutputRedaction
 from halfpi.mind.registry import Registry
 from halfpi.mind.scheduler import Scheduler
 from halfpi.mind.subscriptions import ConversationView, Sink, Subscriptions
@@ -205,10 +206,13 @@ class Mind:
         self.hands.on_presence = self._hand_presence
         self.approvals = Approvals(config.approval_ttl_s, self.scheduler)
         self.approvals.announce = self.announce
+        # What the Mind redacts from tool output: its secrets (mind/redaction.py).
+        self.redaction = OutputRedaction.of(config)
         # Background tasks: the outbox's dispatcher, on the same clock.
         self.tasks = TaskDispatcher(
             lambda: self.store, self.scheduler, self.hands, self.actor, self.spawn
         )
+        self.tasks.redaction = self.redaction
         self.hands.on_link = self.tasks.on_presence
         # What every actor is given (not the Mind): the store, the journal,
         # time, the chat driver, and where results and news go.
@@ -218,7 +222,9 @@ class Mind:
             clock=clock,
             # The Mind's waits between retries: on the same clock, unless injected.
             sleep=sleep or self.scheduler.sleep,
-            drive=ChatDriver(agent, ToolCalls(self.hands, self.approvals, config), self.tasks),
+            drive=ChatDriver(
+                agent, ToolCalls(self.hands, self.approvals, config, self.redaction), self.tasks
+            ),
             deliver=self.registry.deliver,
             announce=self.announce,
             tool_history=config.tool_history,

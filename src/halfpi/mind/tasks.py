@@ -61,6 +61,7 @@ from halfpi.errors import (
     Unavailable,
 )
 from halfpi.mind.hands import HandRegistry
+from halfpi.mind.redaction import OutputRedaction
 from halfpi.mind.scheduler import Scheduler
 from halfpi.mind.tools import TOOL_RULES
 from halfpi.store.base import Store, TaskRow, TaskUpdate, WriteTx
@@ -89,6 +90,7 @@ class TaskDispatcher:
         spawn: Callable[[Any, str], asyncio.Task[Any]],
         *,
         draw: Callable[[], float] = random.random,
+        redaction: OutputRedaction | None = None,
     ) -> None:
         self._store = store
         self.scheduler = scheduler
@@ -97,6 +99,8 @@ class TaskDispatcher:
         self.actor = actor
         self.spawn = spawn
         self.draw = draw  # the jitter's randomness (a test fixes it)
+        # The Mind's secrets never leave through a task's log or error (DESIGN §8).
+        self.redaction = redaction or OutputRedaction(dict)
         self._timer: Timer | None = None
         self._pumping = False
         self._again = False
@@ -320,10 +324,11 @@ class TaskDispatcher:
             update = TaskUpdate(row.task_id, now, delivered_at=now, hand_task_id=msg.task_id,
                                 answer=msgspec.to_builtins(msg))
         else:
+            error = self.redaction.text(msg.error, f"task {row.task_id}, Hand {hand_label}")
             update = TaskUpdate(
                 row.task_id, now, delivered_at=now, hand_task_id=msg.task_id,
                 started_at=msg.started_at, ended_at=msg.ended_at, exit_code=msg.exit_code,
-                error=msg.error, log_bytes=msg.log_bytes, log_truncated=msg.log_truncated,
+                error=error, log_bytes=msg.log_bytes, log_truncated=msg.log_truncated,
             )
         if row.terminal:
             if row.state == "cancelled" and not TASK.is_terminal(msg.state):
@@ -509,11 +514,20 @@ class TaskDispatcher:
                 waiting.remove(future)
                 if not waiting:
                     del self._logs[key]
+        raw = base64.b64decode(page.data_b64)
+        next_offset = page.next_offset
+        if len(raw) >= min(limit, LOG_PAGE_BYTES) or not TASK.is_terminal(page.state):
+            # More may follow: a page that ends inside a secret ends before it
+            # (the next page starts there and holds it whole).
+            held = len(raw) - self.redaction.redactor.hold_from(raw.decode("latin-1"))
+            if 0 < held < len(raw):
+                raw, next_offset = raw[:-held], page.offset + len(raw) - held
         data: Any = UNSET
         if body:
-            data = base64.b64decode(page.data_b64).decode("utf-8", errors="replace")
+            data = self.redaction.text(raw.decode("utf-8", errors="replace"),
+                                       f"the log of task {row.task_id}, Hand {row.hand_label}")
         return TaskLogPage(task_id=row.task_id, offset=page.offset,
-                           next_offset=page.next_offset, truncated=page.truncated,
+                           next_offset=next_offset, truncated=page.truncated,
                            state=page.state, data=data)
 
 

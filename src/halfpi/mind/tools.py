@@ -35,6 +35,7 @@ from halfpi.core.projection import project_args, truncate_output
 from halfpi.mind.actor import ChatRun, ConversationActor
 from halfpi.mind.approvals import Approvals
 from halfpi.mind.hands import HandRegistry, HandUnavailable, ToolRun
+from halfpi.mind.redaction import OutputRedaction
 from halfpi.store.base import ToolCallRow, ToolRunRow, WriteTx
 
 # Per-tool display rules for argument fields (DESIGN §6); secrets are masked
@@ -93,10 +94,18 @@ class ToolCalls:
     the approvals, this Mind's approval floor — and it appends to the
     conversation through the actor's public API."""
 
-    def __init__(self, hands: HandRegistry, approvals: Approvals, config: Config) -> None:
+    def __init__(
+        self,
+        hands: HandRegistry,
+        approvals: Approvals,
+        config: Config,
+        redaction: OutputRedaction | None = None,
+    ) -> None:
         self.hands = hands
         self.approvals = approvals
         self.config = config
+        # The Mind's secrets never leave through a tool (DESIGN §8).
+        self.redaction = redaction or OutputRedaction.of(config)
 
     def specs(self) -> tuple[ToolSpec, ...]:
         """The tools a model is offered: those of the conversation's Hand
@@ -258,12 +267,27 @@ class ToolCalls:
         )
         transparent = call.detail_mode == "transparent"
         progress_seq = 0
+        # Each stream redacted as it comes: a secret cut by a chunk boundary
+        # waits, whole, for the next chunk or the end (core/redact.py).
+        streams = {kind: self.redaction.stream() for kind in ("stdout", "stderr")}
+        gaps: set[str] = set()
+
+        def show(kind: str, text: str) -> None:
+            nonlocal progress_seq
+            if text:
+                progress_seq += 1
+                gap = kind in gaps
+                gaps.discard(kind)
+                actor.emit_progress(run, call.tool_call_id, kind, text, gap, progress_seq)
 
         def on_progress(kind: str, text: str, gap: bool) -> None:
-            nonlocal progress_seq
-            if transparent:  # summary admissions get no progress at all (DESIGN §6)
-                progress_seq += 1
-                actor.emit_progress(run, call.tool_call_id, kind, text, gap, progress_seq)
+            stream = streams.get(kind)
+            if not transparent or stream is None:
+                return  # summary admissions get no progress at all (DESIGN §6)
+            if gap:
+                stream.drop()
+                gaps.add(kind)
+            show(kind, stream.feed(text))
 
         def on_state(status: str) -> None:
             nonlocal record
@@ -296,6 +320,11 @@ class ToolCalls:
             raise
         finally:
             run.tool_runs.pop(record.run_id, None)
+        if transparent:
+            for kind, stream in streams.items():
+                for piece in stream.flush():
+                    show(kind, piece)
+        result = self.redaction.result(result, _where(actor, call, record.run_id, hand_id))
         return await _complete(actor, run, call, record.run_id, result["status"], result)
 
     async def _settle_run(
@@ -311,7 +340,15 @@ class ToolCalls:
             result = await asyncio.shield(tool_run.done)
         finally:
             silent.cancel()
+        where = _where(actor, call, tool_run.run_id, tool_run.hand_id)
+        result = self.redaction.result(result, where)
         await _complete(actor, run, call, tool_run.run_id, result["status"], result)
+
+
+def _where(actor: ConversationActor, call: ToolCallRow, run_id: str, hand_id: str) -> str:
+    """Where a tool's output came from, for the audit line (never the output)."""
+    return (f"conversation {actor.id}, tool call {call.tool_call_id} ({call.tool}), "
+            f"run {run_id}, Hand {hand_id}")
 
 
 def _timeout_of(args: dict[str, Any]) -> float:

@@ -1,0 +1,115 @@
+"""The Mind redacts the exact values of its own secrets from tool output
+(DESIGN §8, issue 23 item 3a): the provider's API key, the metrics token and
+the stream key, in progress (also when a chunk boundary cuts one in two),
+results, what the agent is given and task logs — before anything is stored
+or shown; counted for ``/metrics`` and logged without the value."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import secrets
+import sqlite3
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.client import FaceClient
+from tests.support.frames import event
+from tests.support.metrics import samples
+from tests.support.mind import LocalMind, hand_ready, local_mind
+
+# Writes the secrets of the file named by argv[1], the first one cut by the
+# 4 KiB read boundary of the Hand's pipe.
+LEAK = (
+    "import sys, time\n"
+    "out = sys.stdout.buffer\n"
+    "first, *rest = open(sys.argv[1], 'rb').read().split()\n"
+    "out.write(b'x' * 4086 + first[:15]); out.flush(); time.sleep(0.3)\n"
+    "out.write(first[15:] + b'\\n' + b'\\n'.join(rest) + b'\\n'); out.flush()\n"
+)
+
+
+@contextlib.asynccontextmanager
+async def leaky_mind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                     ) -> AsyncIterator[tuple[LocalMind, dict[str, str], Path]]:
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    values = {"provider API key": "sk-proj-" + secrets.token_urlsafe(40),
+              "metrics token": "metrics-" + secrets.token_hex(16),
+              "stream key": secrets.token_hex(32)}
+    monkeypatch.setenv("OPENAI_API_KEY", values["provider API key"])
+    (home / "stream.key").write_text(values["stream key"] + "\n")
+    leak = tmp_path / "copied.txt"  # the secrets, copied where a tool may read
+    leak.write_text("\n".join(values.values()) + "\n")
+    script = tmp_path / "leak.py"
+    script.write_text(LEAK)
+    async with local_mind(home, metrics_token=values["metrics token"],
+                          hand_approval=(("exec_command", "never"),)) as lmind:
+        await hand_ready(lmind)
+        yield lmind, values, leak
+
+
+def stored(db: Path) -> str:
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        return "\n".join(str(row) for table in ("tool_calls", "messages", "events")
+                         for row in conn.execute(f"SELECT * FROM {table}"))
+
+
+async def test_the_minds_secrets_never_leave_through_a_tool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    async with leaky_mind(tmp_path, monkeypatch) as (lmind, values, leak):
+        face = await FaceClient.connect(lmind.url, lmind.token)
+        cid = await face.create_conversation()
+        await face.subscribe(cid, detail_mode="transparent")
+        for content in (
+            "/tool exec_command " + json.dumps({"argv": [sys.executable,
+                                                         str(tmp_path / "leak.py"), str(leak)]}),
+            "/tool read_file " + json.dumps({"path": str(leak)}),
+        ):
+            done = await face.chat_to_end(cid, content)
+            assert done["payload"]["status"] == "succeeded", done
+        completed = [f for f in face.seen if event("chat.tool_completed")(f)]
+        assert len(completed) == 2
+        for frame in completed:
+            shown = frame["payload"]["data"]["result"]["stdout"]
+            for kind in values:
+                assert f"[redacted: {kind}]" in shown, shown[-300:]
+        progress = "".join(f["payload"]["data"] for f in face.seen
+                           if f["type"] == "face.chat.tool.progress")
+        assert progress.startswith("x" * 4086 + "[redacted: provider API key]\n"), progress[4000:]
+        everything = json.dumps(face.seen) + stored(lmind.config.db_path) + caplog.text
+        for kind, value in values.items():
+            assert value not in everything, kind
+            assert value[:20] not in everything, kind
+        counted = samples(lmind.mind, "halfpi_tool_output_redactions", "kind")
+        assert counted == {("halfpi_tool_output_redactions_total", k): 2 for k in values}
+        audit = [r.getMessage() for r in caplog.records if "redacted" in r.getMessage()]
+        assert audit and all("provider API key" in line or "metrics token" in line
+                             for line in audit), audit
+        await face.close()
+
+
+async def test_a_task_log_is_read_with_the_minds_secrets_redacted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with leaky_mind(tmp_path, monkeypatch) as (lmind, values, leak):
+        face = await FaceClient.connect(lmind.url, lmind.token)
+        cid = await face.create_conversation()
+        await face.subscribe(cid, detail_mode="transparent")
+        started = await face.chat_to_end(
+            cid, "/task exec_command " + json.dumps({"argv": ["cat", str(leak)]}))
+        assert started["payload"]["status"] == "succeeded", started
+        ended = await face.expect(event("task.completed"), 20)
+        task_id = ended["payload"]["data"]["task"]["task_id"]
+        asked = await face.command("face.task.log", task_id=task_id, offset=0)
+        page = (await face.reply(asked))["payload"]["data"]
+        for kind, value in values.items():
+            assert value not in json.dumps(page)
+            assert f"[redacted: {kind}]" in page["data"], page
+        await face.close()

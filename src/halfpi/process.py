@@ -216,6 +216,12 @@ async def serve(config: Config) -> None:
             dial_url(config, server.port, "/v1/hand"),
             time.time(),
         )
+        # The signals are the Mind's before it says it listens: a SIGTERM
+        # sent the moment the line is read drains like any other.
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
         write_address(config.home, address)
         ready = {
             "event": "listening",
@@ -228,10 +234,6 @@ async def serve(config: Config) -> None:
         }
         sys.stdout.write(json.dumps(ready) + "\n")
         sys.stdout.flush()
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
         try:
             await stop.wait()
         finally:

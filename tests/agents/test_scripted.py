@@ -35,3 +35,30 @@ async def test_a_failed_tool_says_why() -> None:
          "error": "no Hand is connected"},
     )
     assert text == "read_file failed: no Hand is connected"
+
+
+async def test_a_summary_admission_reply_shows_neither_output_nor_error_details() -> None:
+    """An observer reads the reply's text: for a summary admission it holds
+    what the structured fields show, no more (DESIGN §6: a summary admission
+    stores no output bodies)."""
+    text = await reply_to(
+        '/tool exec_command {"command": "cat notes"}',
+        {"status": "succeeded", "success": True, "exit_code": 0, "stdout": "the notes\n",
+         "output_bytes": 10, "detail_mode": "summary"},
+    )
+    assert text == "exec_command succeeded (exit 0; output not shown: summary detail)"
+    text = await reply_to(
+        '/tool read_file {"path": "/home/me/plans.txt"}',
+        {"status": "failed", "success": False, "error_category": "not_found",
+         "error": "no such file: /home/me/plans.txt", "detail_mode": "summary"},
+    )
+    assert text == "read_file failed: not_found"
+
+
+async def test_a_transparent_admission_reply_echoes_the_output() -> None:
+    text = await reply_to(
+        '/tool exec_command {"command": "cat notes"}',
+        {"status": "succeeded", "success": True, "exit_code": 0, "stdout": "the notes\n",
+         "detail_mode": "transparent"},
+    )
+    assert text == "exec_command succeeded (exit 0)\nthe notes\n"

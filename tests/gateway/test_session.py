@@ -96,7 +96,7 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     # The maintenance loop is far away: the test calls tick itself.
     config = Config(home=tmp_path, credential_poll_s=3600.0, local_hand=False)
     mind = Mind(config, SQLiteStore(config.db_path), MemoryJournal(config.journal),
-                ScriptedAgent(0.0), clock=clock)
+                ScriptedAgent(0.0), clock=clock, monotonic=clock)
     await mind.start()
     try:
         yield Rig(mind, clock, config.face_token_path.read_text().strip())
@@ -172,7 +172,7 @@ async def test_blocked_writes_before_hello_close_4008_without_cursors(tmp_path: 
     config = Config(home=tmp_path, credential_poll_s=3600.0, local_hand=False,
                     hello_timeout_s=1000.0)
     mind = Mind(config, SQLiteStore(config.db_path), MemoryJournal(config.journal),
-                ScriptedAgent(0.0), clock=clock)
+                ScriptedAgent(0.0), clock=clock, monotonic=clock)
     await mind.start()
     try:
         rig = Rig(mind, clock, "")

@@ -48,7 +48,8 @@ async def mind(tmp_path: Path) -> AsyncIterator[tuple[Mind, Clock]]:
         SQLiteStore(config.db_path),
         MemoryJournal(config.journal),
         ScriptedAgent(0.0),
-        clock=clock,
+        clock=clock.wall,
+        monotonic=clock,
     )
     clock.drives(m.scheduler)
     await m.start()

@@ -88,16 +88,46 @@ async def test_close_calls_every_timer_off_and_wakes_sleepers_with_cancel() -> N
     assert len(scheduler.timers) == 0
 
 
+def test_a_scheduler_refuses_the_wall_clock() -> None:
+    """Its timers are durations: ``time.time`` would stall them for the
+    length of a backward step of the system clock (STYLE: two clocks)."""
+    with pytest.raises(ValueError, match="monotonic"):
+        Scheduler(time.time)
+    assert Scheduler().clock is time.monotonic
+
+
+async def test_wait_first_ends_at_the_first_done_or_at_its_timeout_on_the_minds_clock() -> None:
+    clock = FakeClock()
+    scheduler = clock.scheduler()
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future[str] = loop.create_future()
+    waiting = asyncio.ensure_future(scheduler.wait_first((answer,), 5.0))
+    await asyncio.sleep(0)
+    clock.advance(4.999)
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    answer.set_result("here")
+    assert await asyncio.wait_for(waiting, 5) is True
+    assert len(scheduler.timers) == 0, "its timer is called off"
+
+    silent: asyncio.Future[str] = loop.create_future()
+    waiting = asyncio.ensure_future(scheduler.wait_first((silent,), 5.0))
+    await asyncio.sleep(0)
+    clock.advance(5.0)
+    assert await asyncio.wait_for(waiting, 5) is False
+    assert not silent.done(), "what it waited for is not cancelled"
+
+
 # -- driven by the event loop (production): real time, milliseconds ------------------
 
 
 async def test_a_driven_scheduler_runs_a_timer_by_itself_at_its_time() -> None:
-    scheduler = Scheduler(time.time)
+    scheduler = Scheduler()
     scheduler.start()
     try:
         fired = asyncio.get_running_loop().create_future()
-        due = time.time() + 0.02
-        scheduler.call_at(due, lambda: fired.set_result(time.time()))
+        due = time.monotonic() + 0.02
+        scheduler.call_at(due, lambda: fired.set_result(time.monotonic()))
         at = await asyncio.wait_for(fired, 5)
         assert at >= due, "never before its time"
     finally:
@@ -105,7 +135,7 @@ async def test_a_driven_scheduler_runs_a_timer_by_itself_at_its_time() -> None:
 
 
 async def test_an_earlier_timer_wakes_a_driven_scheduler_armed_for_a_later_one() -> None:
-    scheduler = Scheduler(time.time)
+    scheduler = Scheduler()
     scheduler.start()
     try:
         later: list[str] = []
@@ -119,12 +149,12 @@ async def test_an_earlier_timer_wakes_a_driven_scheduler_armed_for_a_later_one()
 
 
 async def test_a_driven_scheduler_sleeps_on_the_minds_clock() -> None:
-    scheduler = Scheduler(time.time)
+    scheduler = Scheduler()
     scheduler.start()
     try:
-        started = time.time()
+        started = time.monotonic()
         await asyncio.wait_for(scheduler.sleep(0.02), 5)
-        assert time.time() - started >= 0.02
+        assert time.monotonic() - started >= 0.02
     finally:
         scheduler.close()
 

@@ -232,6 +232,9 @@ async def test_I9_summary_admission_stores_nothing_and_is_never_upgraded(
     await chatter.reply(resolve_id)
     result = await chatter.reply(chat_id, timeout=20)
     assert result["payload"]["status"] == "succeeded"
+    # Nor does the reply's text (what an observer reads) carry the output.
+    assert result["payload"]["content"] == (
+        "exec_command succeeded (exit 0; output not shown: summary detail)")
     await live.expect(event("chat.completed", request_id=chat_id))
     completed = events_of(live.seen, "chat.tool_completed", request_id=chat_id)
     assert completed[0]["payload"]["data"]["status"] == "succeeded"

@@ -10,19 +10,34 @@ T0 = 1_000_000.0
 
 
 class FakeClock:
-    """The Mind's clock in a test (``Mind(clock=...)``, ``Scheduler(clock)``):
-    it reads :attr:`now`, which moves only when the test moves it.
+    """The Mind's two clocks in a test (``Mind(clock=c.wall, monotonic=c)``,
+    ``Scheduler(c)``): calling it reads the monotonic clock, :attr:`now`;
+    :meth:`wall` reads the wall clock, :attr:`now` plus :attr:`wall_offset`.
+    Both move only when the test moves them.
 
-    :meth:`advance` moves it and runs, on every scheduler it :meth:`drives`,
+    :meth:`advance` moves both and runs, on every scheduler it :meth:`drives`,
     the timers that came due — a two-minute TTL passes in microseconds, and
-    nothing fires between two steps the test did not ask for."""
+    nothing fires between two steps the test did not ask for.
+    :meth:`step_wall` moves the wall clock alone, either way, as an operator
+    or NTP setting the system time does: no timer may notice."""
 
     def __init__(self, now: float = T0) -> None:
         self.now = now
+        self.wall_offset = 0.0
         self.schedulers: list[Scheduler] = []
 
     def __call__(self) -> float:
         return self.now
+
+    def wall(self) -> float:
+        return self.now + self.wall_offset
+
+    def step_wall(self, seconds: float) -> int:
+        """The wall clock jumps by ``seconds`` (back when negative); the
+        monotonic one stands still. Returns how many timers ran (none
+        should)."""
+        self.wall_offset += seconds
+        return sum(s.run_due(self.now) for s in self.schedulers)
 
     def drives(self, scheduler: Scheduler) -> Scheduler:
         """From now on only :meth:`advance` runs ``scheduler``'s timers (call

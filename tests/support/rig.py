@@ -186,7 +186,8 @@ async def fake_time_mind(
         SQLiteStore(config.db_path),
         journal or MemoryJournal(config.journal),
         agent or ScriptedAgent(0.0),
-        clock=clock,
+        clock=clock.wall,
+        monotonic=clock,
     )
     clock.drives(mind.scheduler)
     await mind.start()

@@ -108,18 +108,24 @@ async def _task(chat: ChatInput, rest: str) -> str:
 
 
 async def _tool(chat: ChatInput, rest: str, pace: float) -> AsyncIterator[Delta]:
+    """The call's outcome, then its output. For a summary admission the reply
+    says no more than the structured fields show (DESIGN §6): no output, and
+    of an error only its category (its message may name the arguments)."""
     name, args = _name_and_args(rest, "/tool")
     result = await chat.call_tool(name, args)
     status = result.get("status", "failed")
-    summary = f"{name} {status}"
-    if result.get("exit_code") is not None:
-        summary += f" (exit {result['exit_code']})"
-    detail = result.get("error") or result.get("error_category")
+    summary_only = result.get("detail_mode") == "summary"
+    output = str(result.get("stdout") or "")
+    notes = [] if result.get("exit_code") is None else [f"exit {result['exit_code']}"]
+    if summary_only and (output or result.get("output_bytes")):
+        notes.append("output not shown: summary detail")
+    summary = f"{name} {status}" + (f" ({'; '.join(notes)})" if notes else "")
+    detail = result.get("error_category") if summary_only else None
+    detail = detail or result.get("error") or result.get("error_category")
     if detail and status != "succeeded" and detail != status:  # never "denied: denied"
         summary += f": {detail}"
     yield Delta(summary)
-    output = str(result.get("stdout") or "")
-    if output:
+    if output and not summary_only:
         yield Delta("\n")
         for part in words(output[:MAX_TOOL_ECHO]):
             yield Delta(part)

@@ -109,7 +109,11 @@ class ActorEnv:
 
     store: Store
     journal: Journal
+    # Wall time: what events and rows are stamped with (``ts``, ``started_at``).
     clock: Callable[[], float]
+    # Monotonic time: every duration (idle time, the checkpoint interval, a
+    # chat's length), so a step of the wall clock changes none of them.
+    monotonic: Callable[[], float]
     # Waits ``seconds`` (injected: tests advance time themselves).
     sleep: Callable[[float], Awaitable[object]]
     # Runs an admitted chat to its end (``mind/chat.py``).
@@ -164,6 +168,7 @@ class ChatRun:
     """One admitted chat, from ``chat.started`` to its terminal event."""
 
     __slots__ = (
+        "began",
         "completed_calls",
         "content",
         "detail_mode",
@@ -196,12 +201,15 @@ class ChatRun:
         content: str,
         started_at: float,
         detail_mode: str = "transparent",
+        *,
+        began: float,
     ) -> None:
         self.run_id = run_id
         self.request_id = request_id
         self.principal_id = principal_id
         self.content = content
-        self.started_at = started_at
+        self.started_at = started_at  # wall time, shown and stored
+        self.began = began  # the same moment on the monotonic clock (durations)
         self.state = CHAT.initial
         self.text: list[str] = []  # every delta produced so far
         self.text_chars = 0  # their length
@@ -221,7 +229,7 @@ class ChatRun:
         self.stop_why: str | None = None  # one line for people: who or what stopped it
         # The text-so-far checkpoint (DESIGN §5): when, and how much was saved;
         # the timer that saves what a stalled stream showed since.
-        self.saved_at = started_at
+        self.saved_at = began
         self.saved_chars = 0
         self.save_timer: Timer | None = None
         # Resolves with the terminal status once it is committed.
@@ -324,8 +332,8 @@ class ConversationActor:
         self.next_seq = head + 1
         self.published = head
         # When it last published, and when the Mind last handed it out: the
-        # idle time the unloading counts from (the Mind's clock).
-        self.active_at = self.used_at = env.clock()
+        # idle time the unloading counts from (the Mind's monotonic clock).
+        self.active_at = self.used_at = env.monotonic()
         # Set once the Mind unloaded it: it never writes again (I2).
         self.unloaded = False
         # The last journal append still under way (None: all are in).
@@ -345,7 +353,8 @@ class ConversationActor:
         # Store refuses it once another node took over, DESIGN §10).
         self.fence: Fence | None = None
 
-    def now(self) -> float:
+    def wall(self) -> float:
+        """Wall time, for stamps (durations count on ``env.monotonic``)."""
         return self.env.clock()
 
     def cursor(self, seq: int) -> str:
@@ -418,7 +427,7 @@ class ConversationActor:
         unloaded: the conversation's writer is the one loaded now (I2)."""
         if self.unloaded:
             raise Unavailable("the conversation was unloaded while this command waited; retry")
-        now = self.now() if now is None else now
+        now = self.wall() if now is None else now
         seq = self._take_seq()
         cursor = self.cursor(seq)
         kind = data.kind()
@@ -530,7 +539,8 @@ class ConversationActor:
     def _publish(self, message: Message) -> None:
         self.published = message.seq
         self.env.metrics.published += 1
-        now = self.active_at = self.env.clock()
+        self.active_at = self.env.monotonic()
+        now = self.env.clock()
         # In seq order, not waited for: the journal keeps its order, and a
         # replay that needs the entry waits for it (``journaled``).
         appending = self.env.journal.append(self.id, entry_of(message, now))
@@ -574,9 +584,10 @@ class ConversationActor:
         chat starts."""
         if self.run is not None:
             raise Busy("a chat is already running in this conversation")
-        now = self.now()
+        now = self.wall()
         run = ChatRun(
-            new_run_id(now), record.request_id, record.principal_id, content, now, detail_mode
+            new_run_id(now), record.request_id, record.principal_id, content, now, detail_mode,
+            began=self.env.monotonic(),
         )
         self.run = run  # reserve the slot before awaiting: one active chat
         try:
@@ -671,11 +682,11 @@ class ConversationActor:
         # delta would assemble the same text again for nothing).
         unsaved = run.visible_chars - run.saved_chars
         if unsaved >= env.checkpoint_chars and unsaved >= run.saved_chars >> 3:
-            self._checkpoint(run, self.now())
+            self._checkpoint(run, env.monotonic())
         elif run.save_timer is None:
             # ``checkpoint_s`` after the last save: while its timer is armed,
             # the timer saves (no clock read per delta of a fast stream).
-            now = self.now()
+            now = env.monotonic()
             if now - run.saved_at >= env.checkpoint_s:
                 self._checkpoint(run, now)
             elif env.call_later is not None:
@@ -684,9 +695,9 @@ class ConversationActor:
 
     def _checkpoint_due(self, run: ChatRun) -> None:
         run.save_timer = None
-        self._checkpoint(run, self.now())
+        self._checkpoint(run, self.env.monotonic())
 
-    def _checkpoint(self, run: ChatRun, now: float) -> None:
+    def _checkpoint(self, run: ChatRun, now: float) -> None:  # now: monotonic
         """DESIGN §5: save the text Faces were shown so far (published deltas
         only, never more), riding the group commit, so a reply cut short by a
         crash keeps it: once ``checkpoint_s`` passed or ``checkpoint_chars``
@@ -756,7 +767,7 @@ class ConversationActor:
         cursor = self.cursor(seq)
         body = FaceEvent(
             conversation_id=self.id, seq=seq, cursor=cursor, type=data.kind(), data=data,
-            ts=self.now(),
+            ts=self.wall(),
         )
         self._transient(
             Message(
@@ -881,7 +892,7 @@ class ConversationActor:
     ) -> None:
         """One attempt: a fresh event (a new ``seq``: a failed attempt's seq
         was never shown, and later events may have been shown since)."""
-        now = self.now()
+        now = self.wall()
         data = ChatEnded(
             request_id=run.request_id,
             run_id=run.run_id,
@@ -934,7 +945,7 @@ class ConversationActor:
         data = result.get("data")
         self.env.metrics.chat_ended(
             status,
-            self.now() - run.started_at,
+            self.env.monotonic() - run.began,
             result.get("error_code"),
             data.get("usage") if isinstance(data, dict) else None,
         )
@@ -972,7 +983,7 @@ class ConversationActor:
     async def rename(self, record: RequestRecord, name: str) -> RequestRecord | Tombstone:
         """``face.conversation.rename``: the request record, the new name and
         its ``conversation.changed`` event in one transaction (I5)."""
-        now = self.now()
+        now = self.wall()
         staged = self._name_event(name, now)
         record.conversation_id = self.id
         record.accepted = builtins(
@@ -1020,7 +1031,11 @@ class ConversationActor:
     async def interrupt_recovered(self, row: RunRow) -> None:
         """A run found open at start-up: its outcome is unknown, so it is
         ``interrupted`` (I11) — never resumed, never re-run."""
-        run = ChatRun(row.run_id, row.request_id, row.principal_id, "", row.started_at)
+        # Began as long ago as its stored start says (its length, for /metrics).
+        began = self.env.monotonic() - max(0.0, self.wall() - row.started_at)
+        run = ChatRun(
+            row.run_id, row.request_id, row.principal_id, "", row.started_at, began=began
+        )
         if row.content:
             run.text.append(row.content)  # the last checkpoint: what Faces were shown
         # No retry: a Store that refuses writes at start-up fails the start.

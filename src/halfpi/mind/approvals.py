@@ -51,6 +51,9 @@ class Approval:
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
     timer: Timer | None = None  # the TTL, on the Mind's scheduler
+    # When the TTL runs out on the scheduler's monotonic clock (``row.expires_at``
+    # is the same moment in wall time, for people).
+    expires: float = float("inf")
     # Its ``approval.requested`` is published (and announced).
     shown: bool = False
 
@@ -91,7 +94,7 @@ class Approvals:
         detail_mode: str,
         reason: str,
     ) -> Approval:
-        now = actor.now()
+        now = actor.wall()
         row = ApprovalRow(
             new_id("a", now),
             actor.id,
@@ -108,9 +111,12 @@ class Approvals:
         )
         approval = Approval(row, actor)
         self.live[row.approval_id] = approval
-        # Expires exactly at the ``expires_at`` every Face was shown.
+        # Expires ``ttl_s`` from now on the monotonic clock: at the
+        # ``expires_at`` every Face was shown, unless the wall clock was set
+        # meanwhile — a step of it neither stalls nor hastens the TTL.
+        approval.expires = self.scheduler.now() + self.ttl_s
         approval.timer = self.scheduler.call_at(
-            row.expires_at, self.settle, approval, "expired", None, None, None
+            approval.expires, self.settle, approval, "expired", None, None, None
         )
 
         def shown() -> None:
@@ -144,7 +150,7 @@ class Approvals:
         if approval.timer is not None:
             approval.timer.cancel()
         actor = approval.actor
-        now = actor.now()
+        now = actor.wall()
         approval.row = dataclasses.replace(
             approval.row,
             status=state,
@@ -203,7 +209,7 @@ class Approvals:
                     ErrorCode.APPROVAL_NOT_FOUND, "no such approval", field="approval_id"
                 )
             return self._standing(stored)
-        if approval.state == "pending" and approval.actor.now() >= approval.row.expires_at:
+        if approval.state == "pending" and self.scheduler.now() >= approval.expires:
             self.settle(approval, "expired", None, None, None)
         applied = self.settle(
             approval, DECISION_STATE[decision], principal_id, decision, reason, label

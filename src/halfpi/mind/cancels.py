@@ -140,7 +140,7 @@ async def _admit(
         return builtins(Result(request_id=record.request_id, status="succeeded", data=data))
 
     if finished is not None:
-        record.finish(result_for(finished), mind.now())
+        record.finish(result_for(finished), mind.wall())
     outcome = await mind.store.write(WriteTx(admit=record))
     if outcome.existing is not None:
         return outcome.existing
@@ -165,7 +165,7 @@ async def _settle(
         WriteTx(
             finished=[
                 FinishedRequest(
-                    record.principal_id, record.request_id, "succeeded", result, mind.now()
+                    record.principal_id, record.request_id, "succeeded", result, mind.wall()
                 )
             ]
         )

@@ -40,10 +40,9 @@ import asyncio
 import contextlib
 import logging
 import secrets
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
@@ -149,7 +148,7 @@ class Replier(Protocol):
 class _Forward:
     caller: Replier
     done: asyncio.Future[Envelope]
-    at: float = field(default_factory=time.monotonic)
+    at: float  # when it was sent, on the Mind's monotonic clock
     answered: bool = False  # its face.result (or face.error) reached the caller
 
 
@@ -215,8 +214,10 @@ class ClusterNode:
         self._making: dict[str, asyncio.Future[Replica]] = {}
         self._forwards: dict[str, _Forward] = {}
         self._renewer: asyncio.Task[None] | None = None
-        # When the last renewal round ended having reached Redis (readiness).
-        self.renewed_at = time.monotonic()
+        # When the last renewal round ended having reached Redis (readiness),
+        # on the Mind's monotonic clock, as are all the waits of this node:
+        # its scheduler's, so a step of the wall clock stalls none of them.
+        self.renewed_at = mind.now()
         self._last_sweep = float("-inf")
         # Read by GET /metrics: forwarded calls by outcome ("answered",
         # "unavailable": no node heard it or no answer in time), take-overs
@@ -278,7 +279,7 @@ class ClusterNode:
                         "this node's previous run still holds the conversation for "
                         f"{remaining} ms; retry"
                     )
-                await asyncio.sleep(remaining / 1000.0 + 0.01)  # until that lease expires
+                await self.mind.scheduler.sleep(remaining / 1000.0 + 0.01)  # until it expires
                 lease = await self.leases.acquire(conversation_id, at_least)
                 if lease is None:
                     holder = await self.leases.holder(conversation_id)
@@ -325,7 +326,7 @@ class ClusterNode:
     async def _renew_loop(self) -> None:
         period = self.mind.config.lease_ms / 3000.0
         while True:
-            await asyncio.sleep(period)  # the renewal period (a production timer)
+            await self.mind.scheduler.sleep(period)  # the renewal period
             reached = True
             for conversation_id, lease in list(self.held.items()):
                 try:
@@ -338,12 +339,12 @@ class ClusterNode:
                     log.warning("lost the lease of %s: stepping down", conversation_id)
                     self.mind.step_down(conversation_id)
             if reached:
-                self.renewed_at = time.monotonic()
+                self.renewed_at = self.mind.now()
 
     async def check_leases(self) -> None:
         """Readiness: the last renewal round reached Redis within ``lease_ms``
         (a node that cannot renew loses what it owns)."""
-        behind = time.monotonic() - self.renewed_at
+        behind = self.mind.now() - self.renewed_at
         if behind > self.mind.config.lease_ms / 1000.0:
             raise RuntimeError(f"lease renewals are {behind:.1f} s behind")
 
@@ -398,7 +399,7 @@ class ClusterNode:
         actor); every ``lease_ms`` the chats left open by a dead node are
         swept (their conversation taken, and so closed)."""
         followed = []
-        now = time.monotonic()
+        now = self.mind.now()
         for conversation_id, replica in list(self.replicas.items()):
             if replica.subscribers:
                 replica.empty_since = None
@@ -456,7 +457,7 @@ class ClusterNode:
         assert principal is not None
         key = secrets.token_hex(8)
         done: asyncio.Future[Envelope] = asyncio.get_running_loop().create_future()
-        self._forwards[key] = _Forward(caller, done)
+        self._forwards[key] = _Forward(caller, done, self.mind.now())
         envelope = Envelope(
             "cmd", key, origin=self.node_id, principal_id=principal,
             detail_mode=caller.detail_mode, type=type_, body=msgspec.json.encode(payload),
@@ -473,7 +474,7 @@ class ClusterNode:
             "snap", key, origin=self.node_id, conversation_id=conversation_id,
             limit=limit, detail_mode=mode,
         )
-        self._forwards[key] = _Forward(_NoCaller(), done)
+        self._forwards[key] = _Forward(_NoCaller(), done, self.mind.now())
         answer = await self._call(owner, key, envelope, done)
         self._forwards.pop(key, None)
         return _decode_snapshot(answer.body)
@@ -488,13 +489,10 @@ class ClusterNode:
         if heard == 0:
             raise self._unreachable(
                 key, f"node {owner}, the conversation's owner, is not answering; retry")
-        try:
-            answer = await asyncio.wait_for(
-                asyncio.shield(done), self.mind.config.forward_timeout_s
-            )
-        except TimeoutError:
+        if not await self.mind.scheduler.wait_first((done,), self.mind.config.forward_timeout_s):
             raise self._unreachable(
-                key, f"node {owner}, the conversation's owner, did not answer; retry") from None
+                key, f"node {owner}, the conversation's owner, did not answer; retry")
+        answer = done.result()
         self.forwards["answered"] += 1
         if answer.error_code:
             raise remote_error(answer)

@@ -180,7 +180,7 @@ async def approval_resolve(mind: Mind, caller: Caller, p: wire.ApprovalResolve) 
         )
         record.finish(
             builtins(Result(request_id=record.request_id, status="succeeded", data=data)),
-            mind.now(),
+            mind.wall(),
         )
         outcome = await mind.store.write(WriteTx(admit=record))
         if outcome.existing is not None:

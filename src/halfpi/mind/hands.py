@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -127,13 +128,15 @@ class HandRegistry:
         *,
         check_timeout_s: float = CHECK_TIMEOUT_S,
         local_label: str = "local",
+        wall: Callable[[], float] = time.time,
     ) -> None:
         # The embedded Hand's label: the default Hand while it is connected.
         self.local_label = local_label
         # Every timer here (grace, run deadline, check timeout) is on the
-        # Mind's scheduler, so its clock is the one they count on.
+        # Mind's scheduler, so its monotonic clock is the one they count on;
+        # ``wall`` only stamps what Faces are shown (connected_at, disconnected_at).
         self.scheduler = scheduler
-        self.clock = scheduler.now
+        self.clock = wall
         self.grace_s = grace_s
         self.check_timeout_s = check_timeout_s
         self.hands: dict[str, HandState] = {}

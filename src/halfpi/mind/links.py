@@ -139,8 +139,8 @@ class Redeemed:
 async def redeem_link(mind: Mind, code: str) -> Redeemed:
     """Redeem ``code`` on this Mind's home: a new Face credential, its token
     returned once (only its hash is stored, as for ``halfpi face add``)."""
-    link = claim_link(mind.config.home, code, mind.now())
-    credential, token = make_credential("face", link.label, link.profile, link.scopes, mind.now())
+    link = claim_link(mind.config.home, code, mind.wall())
+    credential, token = make_credential("face", link.label, link.profile, link.scopes, mind.wall())
     try:
         await mind.store.add_credential(credential)
     except LabelInUse:

@@ -1,4 +1,4 @@
-"""Every timer of the Mind on one heap, on the Mind's own clock.
+"""Every timer of the Mind on one heap, on the Mind's monotonic clock.
 
 The approval TTL, a Hand's grace period, a run's deadline, a policy check's
 timeout, the wait between attempts to commit a chat's end, the handshake
@@ -18,13 +18,22 @@ runs what is due with :meth:`Scheduler.run_due`.
 
 The armed asyncio timer only decides *when to look*: what runs is decided
 by the injected clock, so a fake clock that has not moved runs nothing.
+
+The clock is monotonic (``time.monotonic``, the event loop's own, by
+default): every timer here is a duration, and a step of the wall clock — an
+operator or NTP setting the time back an hour — must neither stall them for
+the step nor fire them all at once (STYLE: two clocks). Wall time is only
+for what is shown and stored (``expires_at``, ``ts``); a schedule kept as
+wall time (an outbox row's next attempt) is turned into a delay by its owner
+before it reaches this heap.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from halfpi.core.timers import Timer, Timers
@@ -33,7 +42,11 @@ log = logging.getLogger("halfpi.scheduler")
 
 
 class Scheduler:
-    def __init__(self, clock: Callable[[], float], *, driven: bool = True) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, *, driven: bool = True
+    ) -> None:
+        if clock is time.time:
+            raise ValueError("the scheduler counts durations: give it a monotonic clock")
         self.clock = clock
         # True: from :meth:`start` on, an asyncio timer runs what is due.
         # False: only :meth:`run_due` does (whoever moves a fake clock calls it).
@@ -50,8 +63,8 @@ class Scheduler:
     # -- setting timers -------------------------------------------------------------
 
     def call_at(self, when: float, callback: Callable[..., object], *args: Any) -> Timer:
-        """Run ``callback(*args)`` once the clock reads ``when``; ``cancel()`` the
-        returned timer to take it back."""
+        """Run ``callback(*args)`` once the (monotonic) clock reads ``when``;
+        ``cancel()`` the returned timer to take it back."""
         timer = self.timers.call_at(when, callback, *args)
         if self._loop is not None and (self._armed_for is None or when < self._armed_for):
             self._arm()
@@ -70,6 +83,22 @@ class Scheduler:
         finally:
             timer.cancel()
             self._sleepers.discard(future)
+
+    async def wait_first(self, futures: Iterable[asyncio.Future[Any]], timeout: float) -> bool:
+        """Wait until one of ``futures`` is done, at most ``timeout`` seconds of
+        the Mind's clock (``asyncio.wait``'s timeout, counted here so a fake
+        clock drives it too). True if one is done; none is cancelled."""
+        waiting = set(futures)
+        if any(f.done() for f in waiting):
+            return True
+        expired: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        timer = self.call_later(timeout, _wake, expired)
+        try:
+            await asyncio.wait(waiting | {expired}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+            expired.cancel()
+        return any(f.done() for f in waiting)
 
     def next_deadline(self) -> float | None:
         return self.timers.next_deadline()
@@ -122,7 +151,8 @@ class Scheduler:
         self._armed_for = when
         if when is not None:
             # The injected clock says how far away it is; the loop's clock
-            # counts that long. If they disagree, the next look re-arms.
+            # (monotonic too) counts that long. If they disagree, the next
+            # look re-arms.
             delay = max(0.0, when - self.clock())
             self._armed = loop.call_at(loop.time() + delay, self._fire)
 

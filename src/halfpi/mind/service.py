@@ -167,26 +167,32 @@ class Mind:
         agent: Agent,
         *,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[object]] | None = None,
         local_hand: LocalHandFactory | None = None,
     ) -> None:
         self.config = config
         self.journal = journal
         self.agent = agent
+        # Two clocks (STYLE; docs/operations.md "Clocks"): ``clock``, wall
+        # time, for what is shown and stored (``ts``, ``expires_at``,
+        # ``created_at``); ``monotonic`` for every duration and timer, so a
+        # step of the system clock neither stalls nor hastens any of them.
         self.clock = clock
+        self.monotonic = monotonic
         self.registry = Registry(store, clock)
-        # Every timer of the Mind, on ``clock``: tests move a fake clock and
-        # run what is due (``scheduler.run_due``), nothing waits for real.
-        self.scheduler = Scheduler(clock)
+        # Every timer of the Mind, on ``monotonic``: tests move a fake clock
+        # and run what is due (``scheduler.run_due``), nothing waits for real.
+        self.scheduler = Scheduler(monotonic)
         self.node_id = NodeId(config.node_id) if config.node_id else new_node_id(clock())
         # Cluster mode (docs/cluster.md): set by the process wiring before start.
         self.cluster: Ownership | None = None
         self.auth = CredentialCache()
         self.throttle = HandshakeThrottle(config.handshake_throttle)
         # Stream tickets and the key of SSE resume tokens (docs/protocol.md §17).
-        self.tickets = StreamTickets(config.home, clock)
+        self.tickets = StreamTickets(config.home, monotonic, clock)
         self._reread = SharedReread(
-            self.refresh_credentials, clock, config.credential_reread_s, self.scheduler.sleep
+            self.refresh_credentials, monotonic, config.credential_reread_s, self.scheduler.sleep
         )
         # A known token is checked against the credentials version at its
         # handshake (a hello, an HTTP request), unless the view is fresher
@@ -195,13 +201,15 @@ class Mind:
         # poll is refused within RECHECK_FRESH_S, never welcomed for the
         # poll's interval. A Store slower than RECHECK_TIMEOUT_S leaves the
         # view read last in force.
-        self._recheck = SharedReread(self.refresh_credentials, clock, 0.0, self.scheduler.sleep)
+        self._recheck = SharedReread(
+            self.refresh_credentials, monotonic, 0.0, self.scheduler.sleep
+        )
         self._credentials_read_at = float("-inf")  # when the last read that finished began
         self._refreshing = asyncio.Lock()
         self._live_connections: dict[str, int] = {}  # principal_id -> bound sessions
         self._cap_refusals: dict[str, int] = {}  # principal_id -> refused beyond the cap
         self.hands = HandRegistry(
-            self.scheduler, config.hand_grace_s, local_label=config.local_hand_label
+            self.scheduler, config.hand_grace_s, local_label=config.local_hand_label, wall=clock
         )
         self.hands.on_presence = self._hand_presence
         self.approvals = Approvals(config.approval_ttl_s, self.scheduler)
@@ -210,7 +218,7 @@ class Mind:
         self.redaction = OutputRedaction.of(config)
         # Background tasks: the outbox's dispatcher, on the same clock.
         self.tasks = TaskDispatcher(
-            lambda: self.store, self.scheduler, self.hands, self.actor, self.spawn
+            lambda: self.store, self.scheduler, self.hands, self.actor, self.spawn, wall=clock
         )
         self.tasks.redaction = self.redaction
         self.hands.on_link = self.tasks.on_presence
@@ -220,6 +228,7 @@ class Mind:
             store=store,
             journal=journal,
             clock=clock,
+            monotonic=monotonic,
             # The Mind's waits between retries: on the same clock, unless injected.
             sleep=sleep or self.scheduler.sleep,
             drive=ChatDriver(
@@ -252,6 +261,12 @@ class Mind:
         self._last_prune = float("-inf")  # the first maintenance round prunes
 
     def now(self) -> float:
+        """The Mind's monotonic clock: what every timer, deadline and
+        duration (liveness, throttling, idle time) counts on."""
+        return self.monotonic()
+
+    def wall(self) -> float:
+        """Wall time: what is shown and stored (``ts``, ``created_at``)."""
         return self.clock()
 
     # One store, one sleep, one draining flag, shared with the actors and the
@@ -307,7 +322,7 @@ class Mind:
         """First start: the owner's own terminal gets an operator credential
         that may approve, its token written to ``face.token`` (mode 0600)."""
         scopes = scopes_for("operator", approve=True)
-        credential, token = make_credential("face", "local", "operator", scopes, self.now())
+        credential, token = make_credential("face", "local", "operator", scopes, self.wall())
         await self.store.add_credential(credential)
         write_token_file(self.config.face_token_path, token)
         await self.refresh_credentials()
@@ -315,7 +330,7 @@ class Mind:
 
     async def _create_local_hand_credential(self) -> None:
         label = self.config.local_hand_label
-        credential, token = make_credential("hand", label, "hand", frozenset(), self.now())
+        credential, token = make_credential("hand", label, "hand", frozenset(), self.wall())
         await self.store.add_credential(credential)
         write_token_file(self.config.hand_token_path, token)
         await self.refresh_credentials()
@@ -359,7 +374,7 @@ class Mind:
                 return loaded  # being loaded: others wait until this is done
             return await self.actor(conversation_id)
 
-        await recover_tools(self.store, actor_of, self.now(), only=only)
+        await recover_tools(self.store, actor_of, self.wall(), only=only)
         for row in await self.store.open_runs():
             if only is not None and row.conversation_id != only:
                 continue
@@ -370,7 +385,7 @@ class Mind:
             if only is None or r.conversation_id == only
         ]
         if leftovers:
-            now = self.now()
+            now = self.wall()
             tx = WriteTx(
                 finished=[
                     FinishedRequest(
@@ -439,7 +454,7 @@ class Mind:
         its seq (from the Store's head: past its seq reservation)."""
         actor = self._loaded(conversation_id)
         if actor is not None:
-            actor.used_at = self.clock()
+            actor.used_at = self.monotonic()
             return actor
         loading = self._loading.get(conversation_id)
         if loading is None:
@@ -505,7 +520,7 @@ class Mind:
         or in cluster mode, when another node owns it, this node's replica."""
         actor = self._loaded(conversation_id)
         if actor is not None:
-            actor.used_at = self.clock()
+            actor.used_at = self.monotonic()
             return actor
         cluster = self.cluster
         if cluster is None:
@@ -626,7 +641,7 @@ class Mind:
     async def create_conversation(
         self, record: RequestRecord, name: str | None
     ) -> RequestRecord | Tombstone:
-        now = self.now()
+        now = self.wall()
         conversation_id = new_conversation_id(now)
         row = ConversationRow(conversation_id, name, now, record.principal_id)
         record.conversation_id = conversation_id
@@ -700,7 +715,7 @@ class Mind:
         """An empty set of subscriptions for a new connection (``sink``)."""
         return Subscriptions(
             sink, self.journal, self.spawn, self.config.snapshot_messages,
-            self.env.metrics.resets,
+            self.env.metrics.resets, self.scheduler.sleep,
         )
 
     def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
@@ -713,7 +728,7 @@ class Mind:
 
     async def refresh_credentials(self) -> None:
         async with self._refreshing:  # one load at a time: never an older view last
-            began = self.clock()
+            began = self.monotonic()
             version = await self.store.credentials_version()
             if version == self.auth.version:
                 self._credentials_read_at = began
@@ -772,7 +787,7 @@ class Mind:
             )
             return None
         self.throttle.succeeded(address)  # the token is right: no longer a guess in flight
-        if known and self.clock() - self._credentials_read_at > RECHECK_FRESH_S:
+        if known and self.monotonic() - self._credentials_read_at > RECHECK_FRESH_S:
             # Known from the view read last: still live? (Revoked by the CLI
             # or on another node since the last poll.) Read after the
             # throttle let go, so a burst of right tokens never waits on it.
@@ -840,7 +855,8 @@ class Mind:
         return len(due)
 
     def _maintenance_round(self) -> None:
-        """A scheduler timer, every ``credential_poll_s`` of the Mind's clock:
+        """A scheduler timer, every ``credential_poll_s`` of the Mind's
+        (monotonic) clock:
         the round itself awaits the store, so it runs as a task, and the next
         one is set when it ends (rounds never overlap)."""
         self.spawn(self._maintain(), name="mind maintenance")
@@ -855,7 +871,8 @@ class Mind:
                 await self.cluster.maintain()
             if now - self._last_prune > 60.0:
                 self._last_prune = now
-                await self.store.prune_requests(now, self.config.requests)
+                # What is pruned is decided by the stored (wall) times.
+                await self.store.prune_requests(self.wall(), self.config.requests)
         except Exception:  # keep maintaining; the next round may succeed
             log.exception("maintenance round failed")
         finally:

@@ -185,6 +185,7 @@ class Subscriptions:
         "replaying",
         "resets",
         "sink",
+        "sleep",
         "snapshot_messages",
         "spawn",
     )
@@ -196,6 +197,7 @@ class Subscriptions:
         spawn: Spawn,
         snapshot_messages: int,
         resets: Counter[str] | None = None,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ) -> None:
         # Resets sent, by reason: the Mind's counters (``GET /metrics``).
         self.resets: Counter[str] = Counter() if resets is None else resets
@@ -203,6 +205,9 @@ class Subscriptions:
         self.journal = journal
         self.spawn = spawn
         self.snapshot_messages = snapshot_messages
+        # The wait between attempts to follow a conversation again: the
+        # Mind's scheduler (its monotonic clock; a test's fake one).
+        self.sleep = sleep
         self.by_conversation: dict[str, Subscription] = {}
         self.replaying: list[Subscription] = []  # still catching up, in install order
         # Where each conversation was first subscribed from: the cursor to
@@ -424,7 +429,7 @@ class Subscriptions:
                 return
             except Exception as exc:
                 log.warning("could not follow %s again (%s); trying again", cid, exc)
-                await asyncio.sleep(0.1 * 2**attempt)  # a backoff between attempts
+                await self.sleep(0.1 * 2**attempt)  # a backoff between attempts
         # Never a silent gap: a connection that cannot be brought back on the
         # log is closed, and its Face resumes from its cursors.
         close = getattr(self.sink, "close", None)

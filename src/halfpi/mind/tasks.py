@@ -5,7 +5,7 @@ the outbox dispatcher, the Hand's answers and the last known snapshot.
   its outbox row (``WriteTx.tasks``) and its ``task.started`` event are one
   transaction through the conversation's actor (so a cluster node's fence
   guards it), and the dispatcher is woken.
-- **Delivery** on the Mind's clock (its scheduler): every due row is sent
+- **Delivery** on the Mind's scheduler: every due row is sent
   to its Hand as ``hand.task.deliver`` with its ``delivery_id``, the attempt
   counted first (a crash after the send still counts it). No receipt within
   :func:`halfpi.core.tasks.answer_wait` (2 s * 2^n, ±25 %, cap 30 s): the next
@@ -17,6 +17,10 @@ the outbox dispatcher, the Hand's answers and the last known snapshot.
   Hand moves it), an update moves it as ``core.states.OUTBOX`` allows — a
   terminal state with its durable ``task.completed`` (the Store keeps the
   first terminal state, I10), another with a transient ``task.progress``.
+- **Two clocks**: a row's schedule (``next_attempt_at``) is stored, so it
+  is wall time; the timer that looks for it counts the delay on the
+  scheduler's monotonic clock, and when it fires the rows due by then are
+  sent even if the wall clock was set back meanwhile.
 - **Stale**: a task whose Hand is away is shown ``stale``; the Hand's
   re-announcement after it reconnects refreshes it.
 """
@@ -28,6 +32,7 @@ import base64
 import dataclasses
 import logging
 import random
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -91,10 +96,11 @@ class TaskDispatcher:
         *,
         draw: Callable[[], float] = random.random,
         redaction: OutputRedaction | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
         self.scheduler = scheduler
-        self.clock = scheduler.now
+        self.clock = wall  # stored times; the scheduler's clock counts the waits
         self.hands = hands
         self.actor = actor
         self.spawn = spawn
@@ -102,6 +108,10 @@ class TaskDispatcher:
         # The Mind's secrets never leave through a task's log or error (DESIGN §8).
         self.redaction = redaction or OutputRedaction(dict)
         self._timer: Timer | None = None
+        # The wall time the armed timer looks for rows due at, and the
+        # latest such time reached (by the monotonic delay) meanwhile.
+        self._timer_for = 0.0
+        self._reached = float("-inf")
         self._pumping = False
         self._again = False
         self._attempting: set[str] = set()
@@ -144,22 +154,26 @@ class TaskDispatcher:
             self._timer = None
 
     def wake(self, at: float) -> None:
-        """Look for due rows at ``at`` (the Mind's clock), or earlier if asked."""
+        """Look for due rows at ``at`` (wall time, as stored), or earlier if
+        asked: after ``at - now`` seconds of the scheduler's clock."""
         if self.closed:
             return
-        if at <= self.clock():
+        delay = at - self.clock()
+        if delay <= 0:
             self._fire()
             return
         timer = self._timer
-        if timer is not None and not timer.done and timer.when <= at:
+        if timer is not None and not timer.done and self._timer_for <= at:
             return
         if timer is not None:
             timer.cancel()
-        self._timer = self.scheduler.call_at(at, self._fire)
+        self._timer_for = at
+        self._timer = self.scheduler.call_later(delay, self._fire, at)
 
-    def _fire(self) -> None:
-        if self._timer is not None and self._timer.when <= self.clock():
+    def _fire(self, at: float | None = None) -> None:
+        if at is not None:  # the timer's delay ran out: rows due at ``at`` are due
             self._timer = None
+            self._reached = max(self._reached, at)
         if self._pumping:
             self._again = True
             return
@@ -171,7 +185,10 @@ class TaskDispatcher:
             while True:
                 self._again = False
                 now = self.clock()
-                rows = await self.store.due_tasks(now, PAGE)
+                # A wall clock set back meanwhile delays nothing: the rows
+                # due when the timer's delay ran out are due.
+                reached, self._reached = self._reached, float("-inf")
+                rows = await self.store.due_tasks(max(now, reached), PAGE)
                 for row in rows:
                     await self._attempt(row, now)
                 if len(rows) < PAGE and not self._again:
@@ -190,7 +207,7 @@ class TaskDispatcher:
         """The agent starts a background task: its outbox row and its
         ``task.started`` in one transaction (with the chat's request), then
         the dispatcher delivers it. Returns what the agent is told."""
-        now = actor.now()
+        now = actor.wall()
         args = dict(args)
         hand_label = args.pop("hand", None) or self.hands.default_hand()
         hand = self.hands.hands.get(hand_label) if isinstance(hand_label, str) else None

@@ -3,20 +3,22 @@
 The Mind keeps, for every transport that streams over HTTP:
 
 - the **tickets** (``core/tickets.py``: one use, 60 s, bound, kept hashed),
-  on the Mind's clock. They live in memory: a Mind that restarts forgets
+  on the Mind's monotonic clock. They live in memory: a Mind that restarts forgets
   them (a page asks for a new one; a stream already open reconnects with
   its grant).
 - the **key** that seals resume tokens and the grants inside them
   (``core/sse.py``). It is kept in the home (``stream.key``, 0600, made on
   first use), so tokens and grants outlive a restart, even a ``kill -9``:
   a browser reconnecting to the restarted Mind is let in and told plainly
-  what it missed (a reset), instead of being refused.
+  what it missed (a reset), instead of being refused. A grant's expiry is
+  wall time, then: it is sealed into a token that outlives the process.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,9 +40,12 @@ TICKET_PREFIX = "hps_"
 
 
 class StreamTickets:
-    def __init__(self, home: Path, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, home: Path, clock: Callable[[], float], wall: Callable[[], float] = time.time
+    ) -> None:
         self.path = home / KEY_FILE
-        self.clock = clock
+        self.clock = clock  # monotonic: a ticket's 60 s
+        self.wall = wall  # a grant's expiry, sealed into tokens
         self.book = TicketBook(ttl_s=TICKET_TTL_S)
         self.grant_ttl_s = GRANT_TTL_S
         self._key: bytes | None = None
@@ -75,10 +80,10 @@ class StreamTickets:
 
     def grant(self, principal_id: str, detail_mode: str) -> Grant:
         """A grant from now for ``GRANT_TTL_S`` (whole seconds)."""
-        return Grant(principal_id, int(self.clock() + self.grant_ttl_s), detail_mode)
+        return Grant(principal_id, int(self.wall() + self.grant_ttl_s), detail_mode)
 
     def grant_valid(self, grant: Grant) -> bool:
-        return self.clock() < grant.expires_at
+        return self.wall() < grant.expires_at
 
 
 def _load_or_make(path: Path) -> bytes:

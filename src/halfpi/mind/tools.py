@@ -447,4 +447,7 @@ async def complete_call(
         "stderr": stderr,
         "error_category": data.error_category,
         "error": result.get("error"),
+        # What the agent may say of it where everyone reads (DESIGN §6).
+        "detail_mode": call.detail_mode,
+        "output_bytes": data.output_bytes,
     }

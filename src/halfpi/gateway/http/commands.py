@@ -59,6 +59,7 @@ from halfpi.mind import api
 
 if TYPE_CHECKING:
     from halfpi.mind.auth import Credential
+    from halfpi.mind.scheduler import Scheduler
     from halfpi.mind.service import Mind
     from halfpi.mind.subscriptions import Subscriptions
 
@@ -116,19 +117,20 @@ class HttpCaller:
                 return m
         return None
 
-    async def wait_final(self, timeout: float, gone: asyncio.Future[Any]) -> None:
-        """Until the final reply, ``timeout`` seconds, or the client is ``gone``."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+    async def wait_final(self, timeout: float, gone: asyncio.Future[Any],
+                         scheduler: Scheduler) -> None:
+        """Until the final reply, ``timeout`` seconds of the Mind's monotonic
+        clock (its scheduler: a step of the wall clock changes nothing), or
+        the client is ``gone``."""
+        deadline = scheduler.now() + timeout
         while self.final() is None and not gone.done():
-            remaining = deadline - loop.time()
+            remaining = deadline - scheduler.now()
             if remaining <= 0:
                 return
             self.arrived.clear()
             waiter = asyncio.ensure_future(self.arrived.wait())
             try:
-                await asyncio.wait({waiter, gone}, timeout=remaining,
-                                   return_when=asyncio.FIRST_COMPLETED)
+                await scheduler.wait_first((waiter, gone), remaining)
             finally:
                 waiter.cancel()
 
@@ -303,7 +305,7 @@ class Commands:
             if final is None and wait > 0:
                 gone = asyncio.ensure_future(disconnect(request))
                 try:
-                    await caller.wait_final(wait, gone)
+                    await caller.wait_final(wait, gone, mind.scheduler)
                 finally:
                     gone.cancel()
                 final = caller.final()

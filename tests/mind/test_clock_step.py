@@ -1,0 +1,201 @@
+"""Two clocks: a step of the wall clock stalls no timer of the Mind (issue 23, 4).
+
+Wall time is what people see and what is stored (``ts``, ``expires_at``,
+``created_at``); every duration — heartbeats, liveness, revocation polling,
+approval TTLs, a Hand's grace, a run's deadline, the maintenance round —
+counts on the monotonic clock (STYLE: two clocks; aioquic takes ``now``).
+An operator or NTP setting the system clock back an hour must not stop the
+Mind's timers for an hour, nor one set forward fire them all at once.
+
+The rig's :class:`FakeClock` moves the wall clock alone (``step_wall``);
+one test drives a Mind's scheduler from the real event loop while its wall
+clock jumps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from halfpi.agents.scripted import ScriptedAgent
+from halfpi.config import Config
+from halfpi.errors import CloseCode
+from halfpi.journal.memory import MemoryJournal
+from halfpi.mind.hands import DEADLINE_SLACK_S
+from halfpi.mind.service import Mind
+from halfpi.store.sqlite import SQLiteStore
+from tests.mind.test_approvals import waiting_approval
+from tests.mind.test_hand_runs import running_chat
+from tests.mind.test_maintenance import maintenance_after
+from tests.mind.test_tasks import deliveries, start_task, until_attempts
+from tests.support.clock import T0
+from tests.support.frames import event
+from tests.support.rig import fake_time_mind
+
+HOUR = 3600.0
+STEPS = pytest.mark.parametrize("step", [-HOUR, HOUR], ids=["back", "forward"])
+
+
+class SteppedWall:
+    """The real wall clock, plus an offset the test sets (a clock step)."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+
+async def test_a_running_minds_scheduler_ignores_a_step_of_its_wall_clock(
+    tmp_path: Path,
+) -> None:
+    """Production: the scheduler is driven by the event loop. A timer due in
+    50 ms fires in 50 ms although the wall clock went back an hour meanwhile;
+    one due in an hour does not fire when the wall clock jumps an hour on."""
+    config = Config(home=tmp_path, port=0, local_hand=False)
+    wall = SteppedWall()
+    mind = Mind(config, SQLiteStore(config.db_path), MemoryJournal(config.journal),
+                ScriptedAgent(0.0), clock=wall)
+    loop = asyncio.get_running_loop()
+    mind.scheduler.start()
+    try:
+        soon = loop.create_future()
+        mind.scheduler.call_later(0.05, soon.set_result, None)
+        started = loop.time()
+        wall.offset = -HOUR
+        await asyncio.wait_for(soon, 5)
+        assert loop.time() - started < 1.0
+
+        later: list[str] = []
+        mind.scheduler.call_later(HOUR, later.append, "an hour")
+        wall.offset = +HOUR
+        looked = loop.create_future()
+        mind.scheduler.call_later(0.05, looked.set_result, None)  # the driver looked again
+        await asyncio.wait_for(looked, 5)
+        assert later == [], "a wall clock set forward fires no timer early"
+    finally:
+        mind.scheduler.close()
+
+
+@STEPS
+async def test_heartbeats_liveness_and_revocation_keep_time_across_a_wall_step(
+    tmp_path: Path, step: float
+) -> None:
+    liveness = Config(home=tmp_path)
+    async with fake_time_mind(
+        tmp_path / "home",
+        heartbeat_s=liveness.heartbeat_s,
+        dead_after_s=liveness.dead_after_s,
+    ) as rig:
+        period = rig.mind.config.credential_poll_s
+        face = await rig.face()
+        hand = await rig.hand("dev")
+        assert rig.clock.step_wall(step) == 0, "a wall step runs no timer"
+        await maintenance_after(rig, liveness.heartbeat_s - period)
+        assert face.wire.pings == 0
+        await maintenance_after(rig, period)
+        assert face.wire.pings == 1 and len(face.wire.of_type("face.ping")) == 1
+        assert hand.wire.pings == 1
+
+        # Revocation is polled every round (the maintenance round's own timer).
+        await rig.mind.store.revoke_credential("hand", "dev", rig.clock.wall())
+        await maintenance_after(rig, period)
+        assert hand.wire.closed_with == CloseCode.REVOKED
+
+        await maintenance_after(rig, liveness.dead_after_s - liveness.heartbeat_s - 2 * period)
+        assert face.wire.closed_with is None, "not presumed dead before dead_after_s"
+        await maintenance_after(rig, period)
+        assert face.wire.closed_with == CloseCode.GOING_AWAY
+
+
+@STEPS
+async def test_an_approval_expires_after_its_ttl_whatever_the_wall_clock_does(
+    tmp_path: Path, step: float
+) -> None:
+    async with fake_time_mind(tmp_path / "home") as rig:
+        ttl = rig.mind.config.approval_ttl_s
+        face, _, chat, approval_id = await waiting_approval(rig)
+        requested = await rig.expect(face, event("approval.requested"))
+        assert requested["payload"]["data"]["expires_at"] == T0 + ttl  # shown: wall time
+
+        rig.clock.step_wall(step)
+        rig.advance(ttl - 0.001)
+        assert rig.mind.approvals.live[approval_id].state == "pending", "not before its TTL"
+        rig.advance(0.001)
+        resolved = await rig.expect(face, event("approval.resolved", approval_id=approval_id))
+        assert resolved["payload"]["data"]["status"] == "expired"
+        assert resolved["payload"]["ts"] == T0 + step + ttl  # stamped: wall time
+        assert (await rig.reply(face, chat))["payload"]["content"].startswith(
+            "exec_command expired")
+
+
+@STEPS
+async def test_a_decision_within_the_ttl_applies_whatever_the_wall_clock_says(
+    tmp_path: Path, step: float
+) -> None:
+    """The decision is checked against the TTL's duration, not against
+    ``expires_at`` on a wall clock that moved."""
+    async with fake_time_mind(tmp_path / "home") as rig:
+        face, _, _, approval_id = await waiting_approval(rig)
+        rig.clock.step_wall(step)
+        rig.advance(rig.mind.config.approval_ttl_s / 2)
+        answer = await rig.reply(face, await rig.command(
+            face, "face.approval.resolve", approval_id=approval_id, decision="allow_once"))
+        assert answer["type"] == "face.result", answer
+        assert answer["payload"]["data"]["outcome"] == "applied"
+
+
+@STEPS
+async def test_a_runs_deadline_keeps_time_across_a_wall_step(
+    tmp_path: Path, step: float
+) -> None:
+    async with fake_time_mind(tmp_path / "home", approval_required=()) as rig:
+        face, hand, chat, run_id = await running_chat(rig)
+        rig.clock.step_wall(step)
+        deadline = 60 + DEADLINE_SLACK_S  # the call's timeout_s, then the Mind's slack
+        rig.advance(deadline - 0.001)
+        assert hand.wire.of_type("hand.cancel") == [], "not before its deadline"
+        rig.advance(0.001)
+        assert [f["payload"] for f in hand.wire.of_type("hand.cancel")] == [{"run_id": run_id}]
+        await rig.expect(face, event("chat.tool_completed", request_id=chat))
+
+
+@STEPS
+async def test_a_hands_grace_keeps_time_across_a_wall_step(
+    tmp_path: Path, step: float
+) -> None:
+    async with fake_time_mind(tmp_path / "home", approval_required=()) as rig:
+        face, hand, _, run_id = await running_chat(rig)
+        hand.session.on_closed()  # the Hand's process was killed
+        await rig.expect(face, event("hand.disconnected", hand_id="dev"))
+        rig.clock.step_wall(step)
+        grace = rig.mind.config.hand_grace_s
+        rig.advance(grace - 0.001)
+        assert run_id in rig.mind.hands.runs, "not lost before the grace"
+        rig.advance(0.001)
+        assert run_id not in rig.mind.hands.runs
+
+
+@STEPS
+async def test_a_tasks_redelivery_keeps_time_across_a_wall_step(
+    tmp_path: Path, step: float
+) -> None:
+    """An outbox row's next attempt is stored as wall time; the wait for it
+    is counted on the monotonic clock, and the row is due when it ends."""
+    async with fake_time_mind(tmp_path / "home") as rig:
+        rig.mind.tasks.draw = lambda: 0.5  # no jitter: the wait is exactly 2 s
+        hand = await rig.hand("dev")
+        face = await rig.face()
+        cid = await rig.conversation(face)
+        task_id = await start_task(rig, face, cid)
+        await rig.take(hand, lambda f: f["type"] == "hand.task.deliver")
+        await until_attempts(rig, task_id, 1)
+        rig.clock.step_wall(step)
+        rig.advance(2.0 - 0.001)
+        assert len(deliveries(hand)) == 1, "not before its time"
+        rig.advance(0.001)
+        await rig.take(hand, lambda f: f["type"] == "hand.task.deliver")
+        await until_attempts(rig, task_id, 2)

@@ -121,7 +121,7 @@ class ToolCalls:
     ) -> dict[str, Any]:
         """One tool call of ``run``, from the agent's request to its recorded
         result (the module docstring has the steps); returns the full result."""
-        now = actor.now()
+        now = actor.wall()
         args = dict(args)
         hand_id = args.pop("hand", None) or self.hands.default_hand()
         projection = project_args(args, TOOL_RULES.get(tool))
@@ -261,7 +261,7 @@ class ToolCalls:
         timeout_s: float,
         approved: bool,
     ) -> dict[str, Any]:
-        now = actor.now()
+        now = actor.wall()
         record = ToolRunRow(
             new_id("x", now), call.tool_call_id, actor.id, hand_id, tool, "queued", now
         )
@@ -292,7 +292,7 @@ class ToolCalls:
         def on_state(status: str) -> None:
             nonlocal record
             record = dataclasses.replace(
-                record, status=status, finished_at=actor.now() if status != "running" else None
+                record, status=status, finished_at=actor.wall() if status != "running" else None
             )
             _run_changed(actor, record)
 
@@ -403,7 +403,7 @@ async def complete_call(
     """Second step of the display record (with its ``chat.tool_completed``),
     and the agent's view of the outcome. Also what recovery uses to close a
     call whose outcome a restart made unknown."""
-    now = actor.now()
+    now = actor.wall()
     success = status == "succeeded"
     stdout, stderr = str(result.get("stdout") or ""), str(result.get("stderr") or "")
     shown_out, cut_out = truncate_output(stdout.encode(), 768 * 1024)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from halfpi.hand import cgroup
 from halfpi.hand.executor import KILL_GRACE_S
 from halfpi.hand.leftovers import Leftovers
 from tests.support.procs import Marks, until
@@ -110,11 +111,16 @@ async def test_a_new_hand_instance_ends_what_a_dead_supervisor_left(
     assert len(left) >= 4, "nothing ended the tree: the next instance must"
     assert any(p.sid != left[0].sid for p in left), "one of them is in a session of its own"
 
+    group = json.loads(hand.record.read_text())["run-1"].get("cgroup")
+    if cgroup.run_base() is not None:  # the run had a cgroup of its own: it goes too
+        assert group and os.path.isdir(group), group
+
     killed = await Leftovers(hand.record).kill_all()
     assert killed == 1
     assert marks.alive("cmd") == []
     assert json.loads(hand.record.read_text()) == {}
     assert await Leftovers(hand.record).kill_all() == 0
+    assert group is None or not os.path.exists(group)
 
 
 async def test_a_new_hand_instance_ends_a_stuck_supervisor_and_its_tree(

@@ -12,14 +12,14 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 
-from halfpi.hand import tree
+from halfpi.hand import cgroup, executor, tree
 from halfpi.hand.executor import KILL_GRACE_S, Outcome, ToolError, exec_command
-from tests.support.procs import Marks
+from tests.support.procs import Marks, until
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="process trees are read in /proc")
 
@@ -45,12 +45,14 @@ class Seen:
 
 
 async def run(args: dict[str, Any], cancel_after: Sequence[str] = (),
-              deny_paths: Sequence[str] = ()) -> tuple[Outcome, float]:
+              deny_paths: Sequence[str] = (),
+              spawned: Callable[[int], None] | None = None) -> tuple[Outcome, float]:
     seen = Seen(cancel_after)
     loop = asyncio.get_running_loop()
     started = loop.time()
     confine: dict[str, Any] = {"deny_paths": deny_paths} if deny_paths else {}
-    outcome = await asyncio.wait_for(exec_command(args, seen, seen.cancelled, **confine), 60)
+    outcome = await asyncio.wait_for(
+        exec_command(args, seen, seen.cancelled, spawned, **confine), 60)
     return outcome, loop.time() - started
 
 
@@ -159,10 +161,15 @@ async def test_a_command_that_kills_its_supervisor_leaves_nothing_behind(
     # (Never this test's own process, should the command be its child.)
     command = (marks.export() + SETSID + " " + DAEMON
                + f"sleep 0.3; [ $PPID = {os.getpid()} ] || kill -KILL $PPID; sleep 1000")
-    outcome, _ = await run({"command": command})
+    supervisors: list[int] = []
+    outcome, _ = await run({"command": command}, spawned=supervisors.append)
     assert outcome.status == "failed"
     assert outcome.error_category == "supervisor_died"
     none_left(marks)
+    base = cgroup.run_base()
+    if base is not None:  # and its cgroup is removed
+        assert [name for name in os.listdir(base)
+                if name.startswith(f"{cgroup.PREFIX}{supervisors[0]}-")] == []
 
 
 async def test_a_command_that_cannot_start_is_a_spawn_failure(tmp_path: Any) -> None:
@@ -215,3 +222,86 @@ async def test_without_a_supervisor_the_process_group_is_ended_best_effort(
     none_left(marks)
     confined, _ = await run({"argv": ["true"]}, deny_paths=["/nonexistent"])
     assert confined.extra == {"confined": False, "confinement": "none"}
+
+
+# -- A command that exits normally: what it left running ends with the run ---------------
+#
+# Each shape leaves a process that ignores SIGTERM and has let go of the
+# output pipes, so only the run's tracking can end it. The python daemon and
+# the slow second fork make their last fork while the command is exiting,
+# which is when the end-of-run sweep looks for them.
+
+PY_DAEMON = (
+    "import os, signal, time\n"
+    "if os.fork(): os._exit(0)\n"
+    "os.setsid()\n"
+    "if os.fork(): os._exit(0)\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "fd = os.open(os.devnull, os.O_RDWR)\n"
+    "[os.dup2(fd, n) for n in (0, 1, 2)]\n"
+    "time.sleep(1000)\n"
+)
+QUIET = "</dev/null >/dev/null 2>&1"
+ESCAPES = {
+    "setsid": f"setsid sh -c 'trap \"\" TERM; exec sleep 1000' {QUIET} & ",
+    "double_fork_setsid": f"(setsid sh -c 'trap \"\" TERM; exec sleep 1000' {QUIET} &); ",
+    "nohup": f"nohup sh -c 'trap \"\" TERM; exec sleep 1000' {QUIET} & ",
+    "python_daemon": f"{sys.executable} -I -S -c '{PY_DAEMON}'; ",
+    # The daemon's own child is forked when the command writes the FIFO,
+    # right before it exits: the second fork races the command's end.
+    "slow_second_fork": (
+        'f="$(mktemp -u)"; mkfifo "$f"; '
+        f"(setsid sh -c 'trap \"\" TERM; read go < \"$0\"; "
+        f"(trap \"\" TERM; exec sleep 1000) {QUIET} & exit' \"$f\" {QUIET} &); "
+        'echo go > "$f"; rm -f "$f"; '
+    ),
+}
+TRACKING = ("cgroup", "subreaper")
+ESCAPE_RUNS = 20
+
+
+@pytest.fixture(params=TRACKING)
+def tracking(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """How the run's processes are tracked: a cgroup of its own, where the
+    Hand can make one (forced off for the other case), or the subreaper."""
+    if request.param == "cgroup":
+        if not cgroup_usable():
+            pytest.skip("no cgroup v2 here that this process can make a child of")
+        monkeypatch.delenv("HALFPI_CGROUP", raising=False)
+    else:
+        monkeypatch.setenv("HALFPI_CGROUP", "off")
+    # A short grace (every shape ignores SIGTERM, so each run waits it out).
+    monkeypatch.setattr(executor, "KILL_GRACE_S", 0.3)
+    return str(request.param)
+
+
+def cgroup_usable() -> bool:
+    return cgroup.run_base() is not None
+
+
+async def test_each_escape_shape_really_outlives_a_plain_command(marks: Marks) -> None:
+    """Without a Hand (a plain ``sh -c``), each shape leaves a process
+    behind: the tests below can fail."""
+    for name, shape in ESCAPES.items():
+        proc = await asyncio.create_subprocess_exec(
+            "sh", "-c", marks.export(name) + shape + "exit 0",
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL)
+        assert await proc.wait() == 0
+        await until(lambda name=name: bool(marks.ps(name)), 10, f"{name} to leave a process")
+    marks.kill_all()
+
+
+@pytest.mark.parametrize("shape", list(ESCAPES))
+async def test_nothing_a_command_left_outlives_its_normal_exit(
+    marks: Marks, tracking: str, shape: str,
+) -> None:
+    # The command names the run cgroup that holds it, if one does.
+    where = f'grep -lx "$$" {cgroup.run_base() or "/nonexistent"}/halfpi-run-*/cgroup.procs; '
+    for attempt in range(ESCAPE_RUNS):
+        command = marks.export(f"{shape}{attempt}") + where + ESCAPES[shape]
+        outcome, _ = await run({"command": command + "exit 0"})
+        assert (outcome.status, outcome.exit_code) == ("succeeded", 0), outcome
+        in_own_cgroup = b"/halfpi-run-" in outcome.stdout
+        assert in_own_cgroup == (tracking == "cgroup"), outcome.stdout
+        assert marks.ps() == [], f"attempt {attempt}: {marks.ps()}"

@@ -13,6 +13,7 @@ it says hello, whatever a previous instance recorded:
 - a recorded supervisor still alive (same pid *and* start time: pids are
   reused) is asked to end its run (SIGTERM, SIGCONT in case it was
   stopped) and given the grace and a margin to do so; then it is killed;
+- the run's cgroup, if it had one (``cgroup.py``), is killed and removed;
 - what is left of the run is then killed outright: the processes of the
   supervisor's session (valid while that session exists: Linux gives no
   new process a pid that is still a session id) and every process whose
@@ -34,7 +35,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from halfpi.hand import proctree
+from halfpi.hand import cgroup, proctree, tree
 from halfpi.private import write_private
 
 log = logging.getLogger("halfpi.hand")
@@ -49,7 +50,9 @@ class Leftovers:
 
     def spawned(self, run_id: str, pid: int) -> None:
         info = proctree.stat(pid)
-        self.runs[run_id] = {"supervisor": pid, "started": info[3] if info else None}
+        started = info[3] if info else None
+        self.runs[run_id] = {"supervisor": pid, "started": started,
+                             "cgroup": tree.run_cgroup(pid, started)}
         self._save()
 
     def ended(self, run_id: str) -> None:
@@ -60,21 +63,22 @@ class Leftovers:
         if self.path is not None:
             write_private(self.path, json.dumps(self.runs).encode())
 
-    def _load(self) -> list[tuple[str, int, int | None]]:
-        """(run_id, supervisor pid, its start time) of each recorded run."""
+    def _load(self) -> list[tuple[str, int, int | None, str | None]]:
+        """(run_id, supervisor pid, its start time, its cgroup) of each recorded run."""
         if self.path is None or not self.path.exists():
             return []
         try:
             recorded = json.loads(self.path.read_text())
         except (OSError, ValueError):
             return []
-        runs = []
+        runs: list[tuple[str, int, int | None, str | None]] = []
         for run_id, entry in recorded.items() if isinstance(recorded, dict) else ():
             with contextlib.suppress(KeyError, TypeError, ValueError):
                 if isinstance(entry, list):  # an earlier version: [process group, start time]
-                    runs.append((run_id, int(entry[0]), entry[1]))
+                    runs.append((run_id, int(entry[0]), entry[1], None))
                 else:
-                    runs.append((run_id, int(entry["supervisor"]), entry["started"]))
+                    runs.append((run_id, int(entry["supervisor"]), entry["started"],
+                                 _run_cgroup(entry.get("cgroup"))))
         return runs
 
     async def kill_all(self) -> int:
@@ -84,11 +88,12 @@ class Leftovers:
         if not runs:
             return 0
         left = {
-            run_id for run_id, pid, started in runs
+            run_id for run_id, pid, started, group in runs
             if proctree.run_members(pid, started, proctree.table())
+            or (group is not None and cgroup.populated(group))
         }
         asked = []
-        for _run_id, pid, started in runs:
+        for _run_id, pid, started, _group in runs:
             info = proctree.stat(pid)
             if info is not None and info[3] == started and info[0] not in proctree.DEAD:
                 for sig in (signal.SIGTERM, signal.SIGCONT):
@@ -101,11 +106,13 @@ class Leftovers:
             await asyncio.sleep(0.05)  # a supervisor ending its tree
             asked = [(pid, started) for pid, started in asked if _alive(pid, started)]
         ended = 0
-        for run_id, pid, started in runs:
+        for run_id, pid, started, group in runs:
 
             def find(pid: int = pid, started: int | None = started) -> set[int]:
                 return proctree.run_members(pid, started, proctree.table())
 
+            if group is not None:  # every member at once, wherever it went
+                await asyncio.to_thread(cgroup.kill_and_remove, group)
             killed = await asyncio.to_thread(proctree.kill_now, find)
             if run_id in left or killed:
                 ended += 1
@@ -114,6 +121,15 @@ class Leftovers:
         self.runs.clear()
         self._save()
         return ended
+
+
+def _run_cgroup(recorded: object) -> str | None:
+    """A recorded run cgroup, only if it is one (the record is a file on disk:
+    never let it name another directory to kill and remove)."""
+    if not isinstance(recorded, str):
+        return None
+    name = os.path.basename(recorded)
+    return recorded if name.startswith(cgroup.PREFIX) and "/" in recorded else None
 
 
 def _alive(pid: int, started: int | None) -> bool:

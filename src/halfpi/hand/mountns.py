@@ -76,6 +76,12 @@ def _lib() -> ctypes.CDLL:
     return _libc
 
 
+def unshare(flags: int) -> bool:
+    """``unshare(2)`` (``os.unshare`` comes with Python 3.12); False when
+    the kernel refuses it (nothing changed then)."""
+    return bool(_lib().unshare(flags) == 0)
+
+
 def _check(result: int, what: str) -> None:
     if result != 0:
         code = ctypes.get_errno()

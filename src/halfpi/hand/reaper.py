@@ -16,15 +16,25 @@ the command writes there directly. The supervisor
   when the spec denies paths, the command is confined: in a private mount
   namespace that covers them (``mountns.py``) with Landlock on top, or, if
   no such namespace can be made, by Landlock alone (``landlock.py``);
+- puts the command in a cgroup v2 of its own where it can make one
+  (``cgroup.py``; ``HALFPI_CGROUP=off`` turns it off): the command joins it
+  before it runs anything, and everything it starts is born there;
 - waits for the command; then — when it exits, or on SIGTERM/SIGINT/SIGHUP
   from the Hand (cancel, timeout) — ends every remaining descendant: freezes
-  the tree with SIGSTOP until it stops growing, sends SIGTERM and SIGCONT,
-  waits up to the grace (2 s) for them to go, then freezes and SIGKILLs
-  whatever is left, and reaps them all;
+  them (the cgroup's freezer, else SIGSTOP to the tree until it stops
+  growing), sends SIGTERM and SIGCONT, waits up to the grace (2 s) for them
+  to go, then kills whatever is left (``cgroup.kill``, else freezing and
+  SIGKILL), and finally sweeps: as long as the kernel says it still has a
+  child (``waitpid``), something of the run lives — an orphan re-parented
+  to it that no look at ``/proc`` caught — and it is found and killed; only
+  then does the supervisor report and exit (an orphan left then would go
+  to init);
 - reports on a pipe the Hand passed (``status_fd``), one line per event::
 
-      started <pid> <how> <why> the command started; <how> it is confined:
+      started <pid> <how> <cgroup> <why>
+                                the command started; <how> it is confined:
                                 mount, landlock, none, or - (nothing denied);
+                                <cgroup> the run's cgroup, or - (none);
                                 <why> not more strongly
       failed <message>          the command could not be started
       exited <code>             its exit status (negative: killed by that signal)
@@ -44,12 +54,16 @@ import signal
 import sys
 import time
 
-from halfpi.hand import landlock, mountns, proctree
+from halfpi.hand import cgroup, landlock, mountns, proctree
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 ENDING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 WATCHED = {signal.SIGCHLD, *ENDING}
+# waitpid's __WALL: children whose exit signal is not SIGCHLD count too (os
+# has no name for it).
+WALL = 0x40000000
+SWEEP_S = 5.0  # how long the final sweep may try before it reports what it could not end
 
 
 def _prctl(option: int, value: int) -> None:
@@ -70,6 +84,7 @@ class Reaper:
         self.applied = "-"  # the confinement the command got (see confinement())
         self.why = ""  # why not a stronger one
         self.retry = ""  # why the mount namespace failed half-way, if it did
+        self.cgroup: str | None = None  # the run's own cgroup, if it has one
 
     # -- reporting -------------------------------------------------------------------
 
@@ -103,7 +118,8 @@ class Reaper:
         The child reports on a pipe (close-on-exec: EOF once the command
         runs) a line per event: ``C <mode> <why>`` it is confined otherwise
         than asked, ``R <why>`` the mount namespace failed half-way (it
-        exits: start again without it), ``E <why>`` the command failed."""
+        exits: start again without it), ``E <why>`` the command failed,
+        ``G <why>`` it could not join the run's cgroup (it runs without)."""
         errors_r, errors_w = os.pipe()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child execs or exits
@@ -123,6 +139,9 @@ class Reaper:
                 self.retry = text
             elif kind == "E":
                 failure = text
+            elif kind == "G" and self.cgroup is not None:
+                cgroup.remove(self.cgroup)
+                self.cgroup = None
         return failure
 
     def _hide(self, deny: list[str]) -> str:
@@ -139,12 +158,28 @@ class Reaper:
         mountns.drop_capabilities()
         return ""
 
+    @staticmethod
+    def _join(path: str, errors: int) -> None:
+        """In the child, before anything else: into the run's cgroup, then
+        into a cgroup namespace rooted there (where it may: root, or a user
+        namespace), in which no process can move out of it."""
+        try:
+            cgroup.join(path)
+        except OSError as exc:
+            os.write(errors, f"G {exc}\n".encode("utf-8", "replace"))
+            return
+        # Refused without CAP_SYS_ADMIN: a command without it cannot move
+        # itself to a cgroup its user may not write anyway.
+        mountns.unshare(cgroup.CLONE_NEWCGROUP)
+
     def _exec(self, mode: str, env: dict[str, str], errors: int) -> None:
         spec = self.spec
         command, argv = spec.get("command"), spec.get("argv")
         deny = [str(p) for p in spec.get("deny") or []]  # type: ignore[attr-defined]
         what = str(command if command is not None else argv[0])  # type: ignore[index]
         try:
+            if self.cgroup is not None:
+                self._join(self.cgroup, errors)
             os.setpgid(0, 0)
             signal.pthread_sigmask(signal.SIG_SETMASK, set())
             for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; a command must not
@@ -188,14 +223,15 @@ class Reaper:
 
     # -- waiting and ending ------------------------------------------------------------
 
-    def reap(self) -> None:
+    def reap(self) -> bool:
+        """Reap every child that ended; True while a child still lives."""
         while True:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                pid, status = os.waitpid(-1, os.WNOHANG | WALL)
             except ChildProcessError:
-                return
+                return False
             if pid == 0:
-                return
+                return True
             if pid == self.child and self.exit_code is None:
                 self.exit_code = os.waitstatus_to_exitcode(status)
                 self.report("exited", self.exit_code)
@@ -211,31 +247,83 @@ class Reaper:
     def tree(self) -> set[int]:
         return proctree.descendants((self.me,), proctree.table())
 
+    def pause(self, seconds: float) -> None:
+        """Until a child ends, or ``seconds``."""
+        signal.sigtimedwait(WATCHED, seconds)
+
     def end_tree(self, grace: float) -> int:
         """End every descendant (see the module docstring); return how many ran."""
+        if self.cgroup is not None:
+            ended = self.end_cgroup(self.cgroup, grace)
+        else:
+            ended = self.end_descendants(grace)
+        self.sweep()
+        if self.cgroup is not None:
+            cgroup.remove(self.cgroup)
+        return ended
+
+    def end_cgroup(self, path: str, grace: float) -> int:
+        """SIGTERM to every member, frozen meanwhile; the grace; ``cgroup.kill``."""
+        cgroup.freeze(path)
+        members = cgroup.members(path)
+        proctree.send(members, signal.SIGTERM)
+        proctree.send(members, signal.SIGCONT)
+        cgroup.thaw(path)
+        deadline = time.monotonic() + grace
+        while members and (left := deadline - time.monotonic()) > 0 and cgroup.populated(path):
+            self.reap()
+            self.pause(min(left, 0.02))
+        cgroup.kill(path)
+        deadline = time.monotonic() + SWEEP_S
+        while cgroup.populated(path) and time.monotonic() < deadline:
+            self.reap()
+            self.pause(0.005)
+        return len(members)
+
+    def end_descendants(self, grace: float) -> int:
+        """SIGTERM to the frozen tree; the grace; frozen again and SIGKILL."""
+        deadline = time.monotonic() + grace
         frozen = proctree.freeze(self.tree)
-        if frozen:
-            proctree.send(frozen, signal.SIGTERM)
-            proctree.send(frozen, signal.SIGCONT)
-            deadline = time.monotonic() + grace
-            while (left := deadline - time.monotonic()) > 0:
-                self.reap()
-                if not self.tree():
-                    break
-                signal.sigtimedwait(WATCHED, min(left, 0.02))  # a child ended, or 20 ms
-            proctree.kill_now(self.tree, self.reap)
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline:  # the last zombies
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == self.child and self.exit_code is None:
-                self.exit_code = os.waitstatus_to_exitcode(status)
-                self.report("exited", self.exit_code)
-            if pid == 0:
-                time.sleep(0.002)
+        while not frozen and self.reap() and time.monotonic() < deadline:
+            self.pause(0.001)  # a child lives that this look missed: look again
+            frozen = proctree.freeze(self.tree)
+        if not frozen:
+            return 0
+        proctree.send(frozen, signal.SIGTERM)
+        proctree.send(frozen, signal.SIGCONT)
+        while (left := deadline - time.monotonic()) > 0 and self.reap():
+            self.pause(min(left, 0.02) if self.tree() else 0.001)
+        proctree.kill_now(self.tree, self.reap)
         return len(frozen)
+
+    def sweep(self) -> None:
+        """Kill until the kernel says no child is left.
+
+        Looks at ``/proc`` are not atomic: a process forked after the list of
+        ``/proc`` was read, whose parent exits before its own entry is read,
+        is in no look (its parent is gone, it was not listed). It is then an
+        orphan, re-parented to this subreaper: ``waitpid`` still counts it.
+        Leaving now would hand it to init."""
+        deadline = time.monotonic() + SWEEP_S
+        while self.reap() and time.monotonic() < deadline:
+            if not proctree.kill_now(self.tree, self.reap):
+                self.pause(0.001)  # a look missed it: look again
+        if self.reap():
+            self.report("error", f"processes of the run still there after {SWEEP_S:g} s")
+
+    def make_cgroup(self, started: int) -> str | None:
+        """The run's own cgroup, made now; None where none can be made."""
+        if not self.spec.get("cgroup", True):
+            return None
+        base = cgroup.run_base()
+        if base is None:
+            return None
+        path = cgroup.run_path(base, self.me, started)
+        try:
+            cgroup.create(path)
+        except OSError:
+            return None
+        return path
 
     def run(self) -> None:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
@@ -245,8 +333,10 @@ class Reaper:
             return  # the Hand died before the death signal was armed: run nothing
         self.applied, self.why = self.confinement()
         start = proctree.stat(self.me)
+        started = start[3] if start else 0
         env = dict(os.environ)
-        env[proctree.MARK_VAR] = proctree.run_mark(self.me, start[3] if start else 0)
+        env[proctree.MARK_VAR] = proctree.run_mark(self.me, started)
+        self.cgroup = self.make_cgroup(started)
         # Until now a SIGTERM simply ends this process (there is no command
         # yet); from now on it is a request to end the run, taken in turn.
         signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)
@@ -260,7 +350,7 @@ class Reaper:
             self.exit_code = 127
             self.report("failed", failure)
         else:
-            self.report("started", self.child, self.applied, self.why)
+            self.report("started", self.child, self.applied, self.cgroup or "-", self.why)
             self.wait_command()
         ended = self.end_tree(float(self.spec.get("grace", 2.0)))  # type: ignore[arg-type]
         self.report("done", ended)

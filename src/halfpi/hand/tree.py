@@ -25,7 +25,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from halfpi.hand import proctree
+from halfpi.hand import cgroup, proctree
 
 log = logging.getLogger("halfpi.hand")
 
@@ -63,6 +63,17 @@ def mountns_wanted() -> bool:
     return os.environ.get("HALFPI_MOUNTNS", "").lower() not in OFF
 
 
+def cgroup_wanted() -> bool:
+    return os.environ.get("HALFPI_CGROUP", "").lower() not in OFF
+
+
+def run_cgroup(supervisor: int, started: int | None) -> str | None:
+    """Where the run whose supervisor is ``supervisor`` has its cgroup, if
+    this process can make run cgroups (the supervisor makes it in the Hand's)."""
+    base = cgroup.run_base()
+    return None if base is None or started is None else cgroup.run_path(base, supervisor, started)
+
+
 class CommandTree:
     """What :func:`start` returns, whichever way the command runs."""
 
@@ -78,6 +89,7 @@ class CommandTree:
     confinement: str | None = None
     why_unconfined = ""  # why not more strongly
     failure: str | None = None  # it could not start
+    cgroup: str | None = None  # the run's own cgroup (``cgroup.py``), if it has one
     ended = 0  # descendants still running when the command ended or was stopped
 
     async def wait(self) -> None:
@@ -147,6 +159,7 @@ class Supervised(CommandTree):
             "deny": list(deny_paths),
             "landlock": landlock_wanted(),
             "mountns": mountns_wanted(),
+            "cgroup": cgroup_wanted(),
             "grace": grace,
             "parent": os.getpid(),
             "status_fd": status_w,
@@ -163,8 +176,10 @@ class Supervised(CommandTree):
             kind, _, rest = line.decode("utf-8", "replace").rstrip("\n").partition(" ")
             if kind == "started":
                 _, _, flags = rest.partition(" ")
-                how, _, self.why_unconfined = flags.partition(" ")
+                how, _, flags = flags.partition(" ")
+                group, _, self.why_unconfined = flags.partition(" ")
                 self.confinement = None if how == "-" else how
+                self.cgroup = None if group == "-" else group
             elif kind == "exited":
                 self.exit_code, self.exited = int(rest), True
             elif kind == "failed":
@@ -200,7 +215,16 @@ class Supervised(CommandTree):
         def find() -> set[int]:
             return proctree.run_members(self.pid, self.started_at, proctree.table())
 
-        return len(await asyncio.to_thread(proctree.kill_now, find))
+        def end() -> int:
+            # Its cgroup first (named after the supervisor, whether or not it
+            # said so before it died): every member at once, wherever it went.
+            group = self.cgroup or run_cgroup(self.pid, self.started_at)
+            members = cgroup.members(group) if group else set()
+            if group and not cgroup.kill_and_remove(group):
+                log.warning("the cgroup %s of a run could not be removed", group)
+            return len(members | proctree.kill_now(find))
+
+        return await asyncio.to_thread(end)
 
 
 class Grouped(CommandTree):

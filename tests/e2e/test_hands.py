@@ -32,6 +32,7 @@ from halfpi import __version__
 from halfpi.core.backoff import backoff
 from halfpi.core.hand_wire import HAND_PROTOCOL
 from halfpi.face.client import ConnectionLost, Transport, websocket_connector
+from halfpi.gateway.hand_session import PONG_WAIT_S
 from halfpi.hand.node import HandNode
 from tests.support.cli import face_add, hand_add
 from tests.support.client import FaceClient, connect_new_credential
@@ -642,3 +643,85 @@ async def test_hand_backoff_starts_over_after_a_successful_connection(world: Wor
         with contextlib.suppress(asyncio.CancelledError):
             await task
     assert slept[3] == 0.25, f"waited {slept[3]} s before reconnecting, not 0.25 s: {slept}"
+
+
+def impostor(world: World) -> HandProcess:
+    """A second ``halfpi hand`` with the first's token and id, started in a
+    folder of its own, where ``whoami.txt`` says ``impostor`` (the first's
+    says ``first``): a relative read tells which Hand answered."""
+    folder = world.tmp / "impostor"
+    folder.mkdir()
+    (world.tmp / "whoami.txt").write_text("first\n")
+    (folder / "whoami.txt").write_text("impostor\n")
+    hand = HandProcess(world.hand_url, world.hand_token, HAND, folder / "hand.log")
+    world.hands.append(hand)
+    return hand
+
+
+async def who_answers(face: FaceClient, conversation_id: str) -> str:
+    """Which Hand ran a tool call: the ``whoami.txt`` of its folder."""
+    request_id = await face.command("face.chat", conversation_id=conversation_id,
+                                    content="/tool read_file "
+                                    + json.dumps({"path": "whoami.txt", "hand": HAND}))
+    result = await face.reply(request_id, ("face.result", "face.error"), 20)
+    assert result["type"] == "face.result", result
+    assert result["payload"]["status"] == "succeeded", result
+    content = str(result["payload"]["content"])
+    assert "read_file succeeded" in content, content
+    return "impostor" if "impostor" in content else "first" if "first" in content else content
+
+
+async def test_a_second_link_with_the_same_token_is_refused_while_the_first_lives(
+    world: World,
+) -> None:
+    """Issue: with a stolen token an impostor Hand displaced the real one and
+    answered its tool calls. Now it is refused (4029, audited with its
+    address) while the first is connected, which keeps its tool calls; once
+    the first is gone (kill -9) the second gets in."""
+    world.start_mind()
+    assert world.mind is not None
+    first = world.spawn_hand()
+    face = await world.face()
+    generation = (await wait_for_hand(face, lambda h: h["connected"]))["generation"]
+    second = impostor(world)
+    await until(lambda: "refused a second link for Hand 'laptop' from 127.0.0.1"
+                in world.mind.log(), 20, "the audit line of the refused link")
+    assert "4029" in second.log(), second.log()
+    assert second.alive(), second.log()  # it retries, as told
+    cid = await face.create_conversation("displacement")
+    assert (await face.subscribe(cid, detail_mode="transparent"))["type"] == "face.accepted"
+    for _ in range(2):
+        assert await who_answers(face, cid) == "first"
+    listed = await wait_for_hand(face, lambda h: h["connected"] and bool(h["refused"]))
+    assert listed["generation"] == generation
+    assert listed["refused"]["count"] >= 1
+    assert listed["refused"]["address"] == "127.0.0.1"
+    assert world.hand_token not in world.mind.log()
+
+    first.kill()
+    await wait_for_hand(face, lambda h: h["connected"] and h["generation"] > generation, 30)
+    assert await who_answers(face, cid) == "impostor"
+
+
+@pytest.mark.servers("native")  # under uvicorn the server's own ping timeout decides
+async def test_a_hand_that_stops_answering_pings_is_replaced_by_its_next_link(
+    world: World,
+) -> None:
+    """A first link that is still open but whose Hand no longer answers
+    (SIGSTOP: the socket stays, the pongs stop) fails its liveness check
+    within PONG_WAIT_S of the claim: the second link then takes its place,
+    long before the 45 s after which silence alone would close it."""
+    world.start_mind()
+    first = world.spawn_hand()
+    face = await world.face()
+    generation = (await wait_for_hand(face, lambda h: h["connected"]))["generation"]
+    os.kill(first.proc.pid, signal.SIGSTOP)
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        impostor(world)
+        await wait_for_hand(face, lambda h: h["connected"] and h["generation"] > generation,
+                            PONG_WAIT_S + 10)
+        assert loop.time() - started < PONG_WAIT_S + 10
+    finally:
+        os.kill(first.proc.pid, signal.SIGKILL)

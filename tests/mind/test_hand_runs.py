@@ -35,7 +35,7 @@ from halfpi.core.hand_wire import (
 )
 from halfpi.face.client import ConnectionLost, Transport
 from halfpi.hand.node import HandNode
-from halfpi.mind.hands import DEADLINE_SLACK_S, HandRegistry, ToolRun
+from halfpi.mind.hands import DEADLINE_SLACK_S, HandInUse, HandRegistry, ToolRun
 from halfpi.mind.tools import CANCEL_SETTLE_S
 from tests.support.cli import halfpi_cli
 from tests.support.client import FaceClient
@@ -188,12 +188,37 @@ async def test_stale_generation_refused_and_adopted_run_accepts_resend() -> None
     assert back.of("hand.run") == [], "an adopted run is never sent again"
 
 
-async def test_superseding_connection_keeps_runs_and_closes_the_old_one() -> None:
+async def test_a_second_link_for_a_live_hand_is_refused_and_the_first_keeps_its_runs() -> None:
+    """A stolen token does not displace a Hand that is still there (issue:
+    an impostor took over and returned a forged result): the newcomer is
+    refused, the first link stays bound and its run still reports."""
     hands = registry(grace_s=10.0)
     link, watched = started_run(hands)
+    impostor = FakeLink(hands)
+    with pytest.raises(HandInUse) as refused:
+        hands.connect(impostor, hello(instance="inst-2", runs=((watched.run.run_id, 1),)),
+                      "p_hand")
+    assert refused.value.holder is link
+    assert link.closed == [] and impostor.closed == []
+    state = hands.hands["dev"]
+    assert state.link is link and state.generation == 1
+    refused_record = state.to_wire()["refused"]
+    assert refused_record["count"] == 1 and refused_record["address"] == impostor.address
+    assert refused_record["at"] >= state.connected_at
+    assert impostor.of("hand.run") == []
+    hands.on_result(link, result(watched.run.run_id, 1))
+    assert watched.terminal == ["succeeded"]
+
+
+async def test_superseding_connection_keeps_runs_and_closes_the_old_one() -> None:
+    """A Hand that comes back while its old link has failed its liveness
+    check (a ping went unanswered) takes its place and keeps its runs."""
+    hands = registry(grace_s=10.0)
+    link, watched = started_run(hands)
+    link.live = False
     newer = FakeLink(hands)
     welcome = hands.connect(newer, hello(runs=((watched.run.run_id, 1),)), "p_hand")
-    assert link.closed and link.closed[0][0] == 1000
+    assert link.closed and link.closed[0][0] == 1001
     assert welcome["adopted"] == [watched.run.run_id]
     state = hands.hands["dev"]
     assert state.link is newer and state.grace is None

@@ -30,6 +30,11 @@ class FakeLink:
         self.hand_id: str | None = hand_id
         self.sent: list[tuple[str, dict[str, Any]]] = []
         self.closed: list[tuple[int, str]] = []
+        self.address = "127.0.0.1:4242"
+        self.live = True  # False: it failed its liveness check (an unanswered ping)
+
+    def alive(self) -> bool:
+        return self.live and not self.closed
 
     def send(self, type_: str, payload: dict[str, Any]) -> None:
         self.sent.append((type_, dict(payload)))

@@ -7,6 +7,12 @@ per-address throttle and per-principal cap (4029), and their liveness rule
 (WebSocket pings when idle; blocked writes for ``dead_after_s``: 4008).
 The welcome names the Mind's home, which the Hand then protects like its
 own (DESIGN §8: no tool ever reaches it).
+
+A second link for a Hand whose link is connected and answers is refused
+(4029, retry later) and audited with both addresses: a stolen token does
+not silently take a live Hand's tool calls (docs/hands.md). The claim
+pings the first link; once that ping goes unanswered for ``PONG_WAIT_S``
+the first has failed its liveness check, and the next try takes its place.
 """
 
 from __future__ import annotations
@@ -30,12 +36,17 @@ from halfpi.core.hand_wire import (
 )
 from halfpi.core.states import CONNECTION
 from halfpi.errors import CloseCode, InvalidRequest, RateLimited
+from halfpi.mind.hands import HandInUse
 
 if TYPE_CHECKING:
     from halfpi.gateway.session import Transport
     from halfpi.mind.service import Mind
 
 log = logging.getLogger("halfpi.gateway.hand")
+
+# How long a ping may go unanswered before the link has failed its liveness
+# check (a live peer's WebSocket library answers at once).
+PONG_WAIT_S = 5.0
 
 
 class HandSession:
@@ -121,7 +132,12 @@ class HandSession:
         self.principal_id = credential.principal_id
         self.hand_id = hello.hand_id
         self.state = CONNECTION.check(self.state, "open")
-        welcome = self.mind.hands.connect(self, hello, credential.principal_id)
+        try:
+            welcome = self.mind.hands.connect(self, hello, credential.principal_id)
+        except HandInUse as exc:  # audited by the registry
+            self.hand_id = None  # never bound: its close must not unbind the first
+            self.close(CloseCode.RATE_LIMITED, exc.message)
+            return
         welcome["protect"] = [str(p.resolve()) for p in self.mind.config.private_paths]
         # Background tasks (docs/hands.md): the Hand re-announces its tasks.
         welcome["features"] = ["tasks"]
@@ -152,6 +168,23 @@ class HandSession:
         self._cleanup()
 
     # session API ------------------------------------------------------------------
+
+    @property
+    def address(self) -> str:
+        return self.transport.address
+
+    def alive(self) -> bool:
+        """Asked when another link claims this Hand: False once a ping went
+        unanswered for ``PONG_WAIT_S``; else a ping is sent now (unless one
+        is out), so the claimant's next try knows."""
+        if self.closed:
+            return False
+        now = self.mind.now()
+        if self.last_wire_ping > self.last_inbound:  # a ping is out
+            return now - self.last_wire_ping < PONG_WAIT_S
+        self.last_wire_ping = now
+        self.transport.ping()
+        return True
 
     def send(self, type_: str, payload: dict[str, Any]) -> None:
         if not self.closed:

@@ -38,7 +38,7 @@ from halfpi.core.hand_wire import (
 from halfpi.core.policy import Decision, Verdict
 from halfpi.core.states import RUN
 from halfpi.core.timers import Timer
-from halfpi.errors import CloseCode, Unavailable
+from halfpi.errors import CloseCode, RateLimited, Unavailable
 from halfpi.mind.scheduler import Scheduler
 
 log = logging.getLogger("halfpi.hands")
@@ -55,12 +55,33 @@ class HandUnavailable(Unavailable):
     """The Hand a tool call needs is gone, or did not answer in time."""
 
 
+class HandInUse(RateLimited):
+    """A link claims a Hand whose link is still connected and alive: refused,
+    never a silent displacement (a stolen token must not take a live Hand's
+    tool calls). ``holder``: the link that keeps the Hand."""
+
+    def __init__(self, hand_id: str, holder: HandLink) -> None:
+        super().__init__(f"Hand {hand_id!r} is already connected and answering: retry later, "
+                         "or revoke its token if that link is not yours")
+        self.holder = holder
+
+
 class HandLink(Protocol):
     hand_id: str | None
+
+    @property
+    def address(self) -> str:
+        """Where it connects from (for the audit of a refused second link)."""
+        ...
 
     def send(self, type_: str, payload: dict[str, Any]) -> None: ...
 
     def close(self, code: int, reason: str) -> None: ...
+
+    def alive(self) -> bool:
+        """False once it failed its liveness check (a ping went unanswered);
+        asked when another link claims its Hand."""
+        ...
 
 
 @dataclass
@@ -77,6 +98,9 @@ class HandState:
     connected_at: float = 0.0
     disconnected_at: float | None = None
     grace: Timer | None = None
+    # Second links refused while this one held the Hand: how many, the
+    # latest one's address and time (operators see it in face.hand.list).
+    refused: dict[str, Any] | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -89,6 +113,7 @@ class HandState:
             "generation": self.generation,
             "connected_at": self.connected_at,
             "disconnected_at": self.disconnected_at,
+            "refused": self.refused,
         }
 
 
@@ -162,10 +187,16 @@ class HandRegistry:
     # -- connections -------------------------------------------------------------
 
     def connect(self, link: HandLink, hello: HandHello, principal_id: str) -> dict[str, Any]:
-        """A Hand said hello: (re)bind it, adopt or abandon its runs."""
+        """A Hand said hello: (re)bind it, adopt or abandon its runs.
+        :class:`HandInUse` while another link of the Hand is connected and
+        alive; one that failed its liveness check is closed and replaced."""
         hand = self.hands.get(hello.hand_id)
         if hand is not None and hand.link is not None and hand.link is not link:
-            hand.link.close(1000, "superseded by a newer connection of this Hand")
+            if hand.link.alive():
+                self._refuse(hand, link)
+                raise HandInUse(hello.hand_id, hand.link)
+            hand.link.close(CloseCode.GOING_AWAY, "presumed dead: a new link of this Hand "
+                            "took its place")
         if hand is not None and hand.instance_id != hello.instance_id:
             self._lose_runs(hand.hand_id, "the Hand restarted")
         generation = (hand.generation if hand is not None else 0) + 1
@@ -215,6 +246,19 @@ class HandRegistry:
             "adopted": adopted,
             "abandon": sorted(reported - set(adopted)),
         }
+
+    def _refuse(self, hand: HandState, link: HandLink) -> None:
+        """The audit of a refused second link: a log line naming both
+        addresses (never the token) and the Hand's ``refused`` record."""
+        assert hand.link is not None
+        log.warning(
+            "audit: refused a second link for Hand %r from %s: its link from %s is "
+            "connected and answering (closed 4029). If that link is not yours: "
+            "halfpi hand revoke %s, then give the Hand a new token",
+            hand.hand_id, link.address, hand.link.address, hand.hand_id,
+        )
+        count = hand.refused["count"] if hand.refused else 0
+        hand.refused = {"count": count + 1, "address": link.address, "at": self.clock()}
 
     def _alive(self, run_id: str, hand_id: str) -> bool:
         run = self.runs.get(run_id)

@@ -10,9 +10,11 @@ from typing import Any
 import httpx
 import pytest
 
+from halfpi.gateway.http.commands import HttpCaller
 from tests.support.cli import face_add
 from tests.support.client import FaceClient
 from tests.support.http_door import http_door, key
+from tests.support.rig import fake_time_mind
 
 
 def without_event_seq(payload: dict[str, Any]) -> dict[str, Any]:
@@ -318,3 +320,25 @@ async def test_I8_a_credential_revoked_while_its_command_waits_gets_401(tmp_path
         await watcher.expect(lambda f: f["type"] == "face.event"
                              and f["payload"]["type"] == "chat.completed")
         await watcher.close()
+
+
+@pytest.mark.parametrize("step", [-3600.0, 3600.0], ids=["back", "forward"])
+async def test_wait_counts_on_the_minds_monotonic_clock_whatever_the_wall_clock_does(
+    tmp_path: Path, step: float
+) -> None:
+    """``?wait=S`` is a timer of the Mind's scheduler: S seconds of its
+    monotonic clock, not stalled nor cut short by a step of the wall clock."""
+    async with fake_time_mind(tmp_path / "home") as rig:
+        credential = rig.mind.auth.authenticate(rig.face_token, "face")
+        assert credential is not None
+        caller = HttpCaller(rig.mind, credential)
+        gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiting = asyncio.ensure_future(caller.wait_final(20.0, gone, rig.mind.scheduler))
+        await asyncio.sleep(0)
+        rig.clock.step_wall(step)
+        rig.advance(20.0 - 0.001)
+        await asyncio.sleep(0)
+        assert not waiting.done(), "not before its S seconds"
+        rig.advance(0.001)
+        await asyncio.wait_for(waiting, 5)
+        assert caller.final() is None

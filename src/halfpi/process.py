@@ -14,6 +14,7 @@ import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Protocol
 
 from halfpi.agents.base import Agent
@@ -26,6 +27,7 @@ from halfpi.hand.policy import HandPolicy
 from halfpi.mind import api
 from halfpi.mind.home import Address, CannotStart, prepare_home, remove_address, write_address
 from halfpi.mind.home_lock import HomeLock
+from halfpi.mind.redaction import configured_secrets
 from halfpi.mind.service import Mind
 from halfpi.wiring import make_journal, make_store
 
@@ -122,6 +124,9 @@ def local_hand(config: Config, url: str, connector: Connector | None = None) -> 
     )
     if connector is not None:
         hand.connector = connector
+    # In the Mind's process: its tools' output is redacted of the Mind's own
+    # secrets before it reaches a task log (mind/redaction.py).
+    hand.secrets = partial(configured_secrets, config)
     return hand
 
 

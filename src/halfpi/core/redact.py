@@ -155,10 +155,11 @@ def _apply(text: str, spans: Iterable[Span]) -> tuple[str, Counter[str]]:
     return "".join(parts), counts
 
 
-def count_markers(text: str) -> Counter[str]:
-    """The markers of credential shapes in ``text`` (a Hand's redactions, as
-    the Mind counts them)."""
-    return Counter(k for k in _MARKER.findall(text) if k in SHAPE_KINDS)
+def count_markers(text: str, kinds: Iterable[str] = SHAPE_KINDS) -> Counter[str]:
+    """The markers of ``kinds`` in ``text`` (a Hand's redactions, as the Mind
+    counts them)."""
+    known = frozenset(kinds)
+    return Counter(k for k in _MARKER.findall(text) if k in known)
 
 
 def credential_in(data: bytes) -> str | None:

@@ -57,12 +57,14 @@ from halfpi.client.transport import (
 )
 from halfpi.core.hand_wire import HAND_PROTOCOL, REASON_CHARS
 from halfpi.core.policy import Rule
+from halfpi.core.redact import Redactor
 from halfpi.errors import HalfpiError
 from halfpi.hand.conceal import conceal
 from halfpi.hand.executor import KILL_GRACE_S, TOOLS, Outcome, ToolError
 from halfpi.hand.leftovers import Leftovers
 from halfpi.hand.policy import HandPolicy, scrub_environment, without_secrets
 from halfpi.hand.redaction import (
+    SHAPES,
     LogRedaction,
     ProgressRedaction,
     redact_result,
@@ -133,6 +135,10 @@ class HandNode:
         self._cancels_asked: set[str] = set()  # tasks the Mind asked to cancel
         self._task_work: set[asyncio.Task[None]] = set()
         self.clock: Callable[[], float] = time.time
+        # Exact values this Hand redacts from tool output besides the shapes of
+        # halfpi credentials (value -> kind): the Mind's own secrets, given only
+        # to the Hand in its process (hand/redaction.py).
+        self.secrets: Callable[[], Mapping[str, str]] | None = None
         self.speaks_tasks = False
         self.generation = 0
         self.connected = asyncio.Event()
@@ -413,7 +419,8 @@ class HandNode:
                 )
             )
 
-        redacted = ProgressRedaction(progress)  # no credential leaves in its output
+        redactor = self._redactor()
+        redacted = ProgressRedaction(progress, redactor)  # no credential leaves in its output
         try:
             if tool is None:
                 raise ToolError("unknown_tool", f"this Hand has no tool {run.tool!r}")
@@ -435,7 +442,7 @@ class HandNode:
             log.exception("tool %s crashed", run.tool)
             result = Outcome("failed", error_category="tool_crashed", error=str(exc)).to_wire()
         counts = redacted.counts
-        run.result = result = redact_result(result, counts)
+        run.result = result = redact_result(result, counts, redactor)
         say_redacted(f"run {run.run_id} ({run.tool})", counts)
         # The tool's name and how it ended: never its arguments or output.
         log.debug("run %s: %s ended %s", run.run_id, run.tool, result.get("status"))
@@ -513,7 +520,8 @@ class HandNode:
                 pass  # the log keeps every byte (below); progress is for foreground runs
 
             # Redacted before a byte of it is kept (docs/hands.md, "Redaction").
-            output = LogRedaction(partial(book.append_log, task_id))
+            redactor = self._redactor()
+            output = LogRedaction(partial(book.append_log, task_id), redactor)
             try:
                 if tool is None:
                     raise ToolError("unknown_tool", f"this Hand has no tool {name!r}")
@@ -536,7 +544,7 @@ class HandNode:
             if state == "cancelled":
                 state, error = self._cancelled_as(task_id)
             counts = output.counts
-            error = redact_text(error, counts)
+            error = redact_text(error, counts, redactor)
             say_redacted(f"task {task_id} ({name})", counts)
             self.leftovers.ended(task_id)
             book.move(task_id, state, self.clock(), exit_code=exit_code,
@@ -545,6 +553,9 @@ class HandNode:
         finally:
             self.task_runs.pop(task_id, None)
             self._cancels_asked.discard(task_id)
+
+    def _redactor(self) -> Redactor:
+        return SHAPES if self.secrets is None else Redactor(self.secrets())
 
     def _cancelled_as(self, task_id: str) -> tuple[str, str | None]:
         """How a task its cancel ended is recorded: ``cancelled`` when the

@@ -17,6 +17,10 @@ Hand knows no secret of the Mind) where it is framed for the Mind or kept:
 
 What was redacted is logged — how many of which kind, never the value —
 and the Mind counts the markers it receives (``halfpi_tool_output_redactions``).
+
+The Mind's in-process Hand (``local``) is given the Mind's own secrets too
+(``HandNode.secrets``), so its task logs never keep them either; a Hand
+elsewhere is never told them.
 """
 
 from __future__ import annotations
@@ -41,9 +45,9 @@ class ProgressRedaction:
     """A run's progress sink, redacted; :meth:`close` at the tool's end
     passes on what was held back."""
 
-    def __init__(self, sink: Progress) -> None:
+    def __init__(self, sink: Progress, redactor: Redactor = SHAPES) -> None:
         self.sink = sink
-        self.streams = {kind: StreamRedactor(SHAPES, limit=CHUNK_BYTES) for kind in KINDS}
+        self.streams = {kind: StreamRedactor(redactor, limit=CHUNK_BYTES) for kind in KINDS}
         self.events = 0
         self.bytes = 0
         self.gap = False
@@ -80,14 +84,16 @@ class ProgressRedaction:
         self.sink(kind, text, gap)
 
 
-def redact_result(result: dict[str, Any], counts: Counter[str]) -> dict[str, Any]:
+def redact_result(
+    result: dict[str, Any], counts: Counter[str], redactor: Redactor = SHAPES
+) -> dict[str, Any]:
     """A result as the Mind may have it; what was redacted is added to ``counts``."""
     redacted = dict(result)
     found: Counter[str] = Counter()
     for key in ("stdout", "stderr", "error"):
         value = result.get(key)
         if isinstance(value, str) and value:
-            redacted[key], seen = SHAPES.redact(value)
+            redacted[key], seen = redactor.redact(value)
             found += seen
     if found:
         redacted["truncated"] = True  # not all the tool wrote is shown
@@ -95,10 +101,12 @@ def redact_result(result: dict[str, Any], counts: Counter[str]) -> dict[str, Any
     return redacted
 
 
-def redact_text(text: str | None, counts: Counter[str]) -> str | None:
+def redact_text(
+    text: str | None, counts: Counter[str], redactor: Redactor = SHAPES
+) -> str | None:
     if not text:
         return text
-    shown, found = SHAPES.redact(text)
+    shown, found = redactor.redact(text)
     counts += found
     return shown
 
@@ -107,9 +115,9 @@ class LogRedaction:
     """A background task's output on its way to its log: redacted before it
     is written (bytes as Latin-1, one character each: the shapes are ASCII)."""
 
-    def __init__(self, write: Callable[[bytes], object]) -> None:
+    def __init__(self, write: Callable[[bytes], object], redactor: Redactor = SHAPES) -> None:
         self.write = write
-        self.streams = {kind: StreamRedactor(SHAPES) for kind in KINDS}
+        self.streams = {kind: StreamRedactor(redactor) for kind in KINDS}
 
     def __call__(self, kind: str, data: bytes) -> None:
         shown = self.streams[kind].feed(data.decode("latin-1"))

@@ -27,7 +27,7 @@ from typing import Any
 
 from halfpi.config import Config
 from halfpi.core.hand_wire import CHUNK_BYTES
-from halfpi.core.redact import Redactor, StreamRedactor, count_markers
+from halfpi.core.redact import SHAPE_KINDS, Redactor, StreamRedactor, count_markers
 
 log = logging.getLogger("halfpi.mind")
 
@@ -37,6 +37,9 @@ STREAM_KEY = "stream key"
 KEY_ENV = "OPENAI_API_KEY"  # as the provider reads it (agents/openai.py)
 KEY_FILE = "openai.key"
 STREAM_KEY_FILE = "stream.key"
+# The markers a Hand may have put in: the shapes, and (the local Hand, which
+# is given them) the Mind's own kinds.
+HAND_KINDS = (*SHAPE_KINDS, PROVIDER_KEY, METRICS_TOKEN, STREAM_KEY)
 
 
 def _read(path: Path) -> str | None:
@@ -92,7 +95,7 @@ class OutputRedaction:
         for key in ("stdout", "stderr", "error"):
             value = result.get(key)
             if isinstance(value, str) and value:
-                found += count_markers(value)  # what its Hand redacted
+                found += count_markers(value, HAND_KINDS)  # what its Hand redacted
                 redacted[key], mine = self.redactor.redact(value)
                 found += mine
         self.record(found, where)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import resource
 import selectors
 import signal
 import subprocess
@@ -25,12 +26,14 @@ class MindProcess:
     """``halfpi mind`` as a child process on a free port of 127.0.0.1."""
 
     def __init__(self, home: Path, *, delta_ms: float | None = 0.0, port: int = 0,
-                 extra_args: tuple[str, ...] = (), server: str = "native") -> None:
+                 extra_args: tuple[str, ...] = (), server: str = "native",
+                 nofile: int | None = None) -> None:
         self.home = home
         self.delta_ms = delta_ms
         self.port = port
         self.extra_args = extra_args
         self.server = server  # halfpi mind --server
+        self.nofile = nofile  # its RLIMIT_NOFILE, soft and hard (None: this process's)
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.ready: dict[str, Any] = {}
@@ -51,6 +54,7 @@ class MindProcess:
                 # The local Hand's root is the Mind's working directory: the
                 # test's own directory, where it keeps the files it reads.
                 env=env, stdout=subprocess.PIPE, stderr=log, cwd=self.home.parent,
+                preexec_fn=None if self.nofile is None else self._limit_descriptors,
             )
         assert self.proc.stdout is not None
 
@@ -67,6 +71,11 @@ class MindProcess:
         # The next start on the same home reuses the port so proxies keep working.
         self.port = int(self.ready["port"])
         return self
+
+    def _limit_descriptors(self) -> None:
+        """In the child, before exec: the Mind may open at most ``nofile`` files."""
+        assert self.nofile is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
 
     def log(self) -> str:
         path = self.home / "mind.log"

@@ -53,6 +53,7 @@ from starlette.types import Receive, Scope, Send
 from halfpi.core.throttle import client_address
 from halfpi.errors import CloseCode
 from halfpi.gateway import http
+from halfpi.gateway.guard import scope_ticket
 from halfpi.gateway.hand_session import HandSession
 from halfpi.gateway.http.door import Door
 from halfpi.gateway.native import CLOSE_TIMEOUT_S, FACE_PATH, HAND_PATH, HIGH_WATER, LOW_WATER
@@ -92,6 +93,7 @@ class AsgiConnection:
         "gateway",
         "scope",
         "session",
+        "ticket",
     )
 
     def __init__(
@@ -101,6 +103,8 @@ class AsgiConnection:
         self.scope = scope
         self.address = address  # the peer's IP address (or the proxy's client's)
         self.session: Session | None = None
+        # Counted as unauthenticated until its hello is welcomed (gateway/guard.py).
+        self.ticket = scope_ticket(scope)
         self._receive = receive
         self._send = send
         self._loop = asyncio.get_running_loop()
@@ -160,6 +164,9 @@ class AsgiConnection:
     def write_frames(self, frames: list[bytes]) -> None:
         if self._closing is not None or self._gone:
             return
+        if self.ticket is not None and getattr(self.session, "bound", False):
+            self.ticket.settle()  # the hello was accepted: the principal's connection now
+            self.ticket = None
         self._buffer.extend(frames)
         self._buffered += sum(map(len, frames))
         if self._buffered > HIGH_WATER:

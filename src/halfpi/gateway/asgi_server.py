@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -18,7 +19,9 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from websockets.protocol import State
 
 from halfpi.gateway.asgi import AsgiGateway
-from halfpi.gateway.native import LatestPongProtocol
+from halfpi.gateway.bounded_http import GuardedH11
+from halfpi.gateway.guard import TICKET, Acceptor, Guard, Ticket, listen
+from halfpi.gateway.native import LatestPongProtocol, server_tls_context
 
 if TYPE_CHECKING:
     from halfpi.mind.service import Mind
@@ -45,6 +48,12 @@ class BoundedPongs(WebSocketsSansIOProtocol):
     def handle_ping(self) -> None:
         self.answer_ping()
 
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        ticket = self.app_state.get(TICKET)
+        if isinstance(ticket, Ticket):  # upgraded before its hello was welcomed
+            ticket.settle()
+
     def resume_writing(self) -> None:
         super().resume_writing()
         self.answer_ping()
@@ -60,12 +69,39 @@ class BoundedPongs(WebSocketsSansIOProtocol):
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, except for signals: the Mind's process owns them
-    (halfpi/process.py drains on SIGINT/SIGTERM); uvicorn must not take them over."""
+    """uvicorn's server, except for signals and accepting. The Mind's
+    process owns the signals (halfpi/process.py drains on SIGINT/SIGTERM);
+    uvicorn must not take them over. Accepting is the guard's
+    (gateway/guard.py: descriptors, caps on unauthenticated connections,
+    failed accepts told once per interval), and each connection is uvicorn's
+    h11 protocol with its request head bounded (gateway/bounded_http.py)."""
+
+    def __init__(self, config: uvicorn.Config, sockets: list[socket.socket], guard: Guard,
+                 tls: ssl.SSLContext | None) -> None:
+        super().__init__(config)
+        self.sockets = sockets
+        self.guard = guard
+        self.tls = tls
+        self.acceptors: list[Acceptor] = []
 
     @contextlib.contextmanager
     def capture_signals(self) -> Any:
         yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await self.lifespan.startup()
+        config, state = self.config, self.lifespan.state
+
+        def protocol(ticket: Ticket) -> GuardedH11:
+            return GuardedH11(config, self.server_state, state, ticket)
+
+        self.servers = []
+        self.acceptors = [Acceptor(sock, protocol, self.guard, self.tls) for sock in self.sockets]
+        self.started = True
+
+    def stop_accepting(self) -> None:
+        for acceptor in self.acceptors:
+            acceptor.close()
 
 
 class AsgiServer:
@@ -75,18 +111,18 @@ class AsgiServer:
         self.mind = mind
         self.gateway = AsgiGateway(mind)
         self.connections = self.gateway.connections
-        self._socket: socket.socket | None = None
-        self.server: uvicorn.Server | None = None
+        self._sockets: list[socket.socket] = []
+        self.server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
 
     def uvicorn_config(self) -> uvicorn.Config:
         """The Mind's numbers in uvicorn's terms."""
         config = self.mind.config
-        tls = config.tls_cert is not None
         return uvicorn.Config(
             self.gateway,
             interface="asgi3",
             lifespan="off",  # the Mind is started and drained by halfpi/process.py
+            http="h11",  # the base of GuardedH11, which _Server makes per connection
             ws=BoundedPongs,
             # The same hard limit as native: over it, close 1009.
             ws_max_size=self.gateway.hard_limit,
@@ -99,8 +135,7 @@ class AsgiServer:
             # The Mind's own --trusted-proxy rule names clients, not uvicorn's.
             proxy_headers=False,
             server_header=False,
-            ssl_certfile=str(config.tls_cert) if tls else None,
-            ssl_keyfile=str(config.tls_key) if tls else None,
+            # TLS: the guard's acceptor wraps connections (AsgiServer.start).
             backlog=4096,
             timeout_graceful_shutdown=1,
             log_config=None,
@@ -110,13 +145,15 @@ class AsgiServer:
 
     async def start(self) -> None:
         config = self.mind.config
-        family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
         # Bound here, as native binds: an address in use raises OSError now.
-        self._socket = socket.create_server((config.host, config.port), family=family, backlog=4096)
-        self.server = _Server(self.uvicorn_config())
-        self._task = asyncio.create_task(
-            self.server.serve(sockets=[self._socket]), name="uvicorn"
-        )
+        self._sockets = listen(config.host, config.port, backlog=4096)
+        guard = Guard(config.hello_timeout_s, frozenset(config.trusted_proxies))
+        tls = None
+        if config.tls_cert is not None:
+            assert config.tls_key is not None, "a TLS certificate needs its key"
+            tls = server_tls_context(config.tls_cert, config.tls_key)
+        self.server = _Server(self.uvicorn_config(), self._sockets, guard, tls)
+        self._task = asyncio.create_task(self.server.serve(), name="uvicorn")
         while not self.server.started:
             if self._task.done():
                 self._task.result()  # raises what stopped it
@@ -125,14 +162,13 @@ class AsgiServer:
 
     @property
     def port(self) -> int:
-        assert self._socket is not None
-        return int(self._socket.getsockname()[1])
+        assert self._sockets
+        return int(self._sockets[0].getsockname()[1])
 
     def stop_accepting(self) -> None:
         self.gateway.stop_accepting()
         if self.server is not None:
-            for server in getattr(self.server, "servers", ()):
-                server.close()
+            self.server.stop_accepting()
 
     async def wait_closed(self, timeout: float) -> None:
         """Bounded, as native: sessions end and connections finish their

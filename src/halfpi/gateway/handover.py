@@ -24,12 +24,13 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from halfpi.gateway.guard import MAX_REQUEST_LINE, Ticket
+
 if TYPE_CHECKING:
+    from halfpi.gateway.bounded_http import GuardedH11
     from halfpi.mind.service import Mind
 
-# The longest request line read before deciding (RFC 9112 advises servers
-# to accept at least 8000 octets).
-MAX_REQUEST_LINE = 8192
+__all__ = ["MAX_REQUEST_LINE", "HttpHandover"]
 
 
 class HttpHandover:
@@ -42,6 +43,7 @@ class HttpHandover:
         from uvicorn.server import ServerState
 
         from halfpi.gateway import http
+        from halfpi.gateway.bounded_http import GuardedH11
         from halfpi.gateway.http.door import Door
 
         app = Starlette(routes=http.routes(Door(serving)))
@@ -51,19 +53,20 @@ class HttpHandover:
             ws="none",  # WebSockets are the native server's own
             proxy_headers=False,  # the Mind's --trusted-proxy rule applies instead
             server_header=False,
+            http="h11",  # GuardedH11's base: the request head is bounded there
             log_config=None,
             log_level=logging.WARNING,
             access_log=False,  # a stream ticket travels in a query string: never log URLs
         )
         self.config.load()
         self.state = ServerState()
+        self.protocol: type[GuardedH11] = GuardedH11
 
-    def take(self, transport: asyncio.Transport, data: bytes) -> None:
+    def take(self, transport: asyncio.Transport, data: bytes, ticket: Ticket) -> None:
         """Serve ``transport`` from now on, starting with ``data`` (what the
-        native connection already read)."""
-        protocol = self.config.http_protocol_class(  # type: ignore[call-arg]
-            config=self.config, server_state=self.state, app_state={}
-        )
+        native connection already read); the request head stays bounded
+        from the accept on (``guard.GuardedH11``)."""
+        protocol = self.protocol(self.config, self.state, {}, ticket)
         transport.set_protocol(protocol)
         protocol.connection_made(transport)
         if data:

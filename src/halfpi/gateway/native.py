@@ -32,6 +32,7 @@ from websockets.server import ServerProtocol
 from websockets.typing import Origin
 
 from halfpi.core.throttle import client_address
+from halfpi.gateway.guard import TOO_LONG, Acceptor, Guard, Ticket, listen
 from halfpi.gateway.hand_session import HandSession
 from halfpi.gateway.handover import MAX_REQUEST_LINE, HttpHandover
 from halfpi.gateway.session import FaceSession
@@ -48,7 +49,6 @@ HAND_PATH = "/v1/hand"
 HIGH_WATER = 128 * 1024
 LOW_WATER = 32 * 1024
 CLOSE_TIMEOUT_S = 10.0
-_TOO_LONG = b"HTTP/1.1 414 URI Too Long\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 _FACE_PATH = FACE_PATH.encode()
 _HAND_PATH = HAND_PATH.encode()
 # FIN + text opcode, then a 7-bit length: the header of every small frame.
@@ -85,7 +85,7 @@ class FaceServer:
 
     def __init__(self, mind: Mind) -> None:
         self.mind = mind
-        self.server: asyncio.Server | None = None
+        self.acceptors: list[Acceptor] = []
         self.connections: set[WebSocketConnection] = set()
         self.origins: list[Origin | None] = [None, *(Origin(o) for o in mind.config.origins())]
         self.trusted_proxies = frozenset(mind.config.trusted_proxies)
@@ -98,6 +98,7 @@ class FaceServer:
         # client learns why rather than just losing its connection.
         self.hard_limit = mind.config.max_frame_bytes * 4
         self.accepting = True
+        self.guard: Guard | None = None
         self._http: HttpHandover | None = None
 
     @property
@@ -117,29 +118,25 @@ class FaceServer:
 
     async def start(self) -> None:
         config = self.mind.config
-        loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(
-            lambda: WebSocketConnection(self),
-            config.host,
-            config.port,
-            backlog=4096,
-            reuse_address=True,
-            ssl=self.ssl,
-            # A TLS handshake that never ends is dropped like a missing hello.
-            ssl_handshake_timeout=config.hello_timeout_s if self.ssl is not None else None,
-        )
+        # Descriptors, caps on unauthenticated connections, a bounded accept
+        # loop (gateway/guard.py): the port stays open for Faces and Hands.
+        guard = self.guard = Guard(config.hello_timeout_s, self.trusted_proxies)
+        self.acceptors = [
+            Acceptor(sock, lambda ticket: WebSocketConnection(self, ticket), guard, self.ssl)
+            for sock in listen(config.host, config.port, backlog=4096)
+        ]
         # The Mind's own origin is on the port actually bound (``--port 0``).
         self.origins = [None, *(Origin(o) for o in self.mind.config.origins(self.port))]
 
     @property
     def port(self) -> int:
-        assert self.server is not None
-        return int(self.server.sockets[0].getsockname()[1])
+        assert self.acceptors
+        return int(self.acceptors[0].sock.getsockname()[1])
 
     def stop_accepting(self) -> None:
         self.accepting = False
-        if self.server is not None:
-            self.server.close()
+        for acceptor in self.acceptors:
+            acceptor.close()
 
     async def wait_closed(self, timeout: float) -> None:
         """Wait (bounded) for connections to finish their close handshakes
@@ -166,12 +163,14 @@ class WebSocketConnection(asyncio.Protocol):
         "address",
         "server",
         "session",
+        "ticket",
         "transport",
         "ws",
     )
 
-    def __init__(self, server: FaceServer) -> None:
+    def __init__(self, server: FaceServer, ticket: Ticket) -> None:
         self.server = server
+        self.ticket: Ticket | None = ticket  # None once authenticated
         self.ws = LatestPongProtocol(
             origins=server.origins, max_size=server.hard_limit, logger=_ws_log
         )
@@ -189,6 +188,8 @@ class WebSocketConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        if self.ticket is not None:
+            self.ticket.attach(transport)
         peer = transport.get_extra_info("peername")
         self.address = str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
         transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
@@ -244,6 +245,8 @@ class WebSocketConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
+        if self.ticket is not None:
+            self.ticket.settle()
         if self._timer is not None:
             self._timer.cancel()
         self.ws.receive_eof()
@@ -278,14 +281,14 @@ class WebSocketConnection(asyncio.Protocol):
         or ``/v1/hand``); False while the request line is incomplete, or
         once the connection was handed to the HTTP door."""
         end = head.find(b"\n")
-        if end < 0:
-            if len(head) < MAX_REQUEST_LINE:
-                self._head = head
-            else:
-                self._head = None
-                assert self.transport is not None
-                self.transport.write(_TOO_LONG)
-                self.transport.close()
+        if end < 0 and len(head) < MAX_REQUEST_LINE:
+            self._head = head
+            return False
+        if end < 0 or end > MAX_REQUEST_LINE:  # docs/protocol.md §1: 414
+            self._head = None
+            assert self.transport is not None
+            self.transport.write(TOO_LONG)
+            self.transport.close()
             return False
         method, _, rest = head[:end].partition(b" ")
         path = rest.partition(b" ")[0].partition(b"?")[0]
@@ -296,8 +299,9 @@ class WebSocketConnection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        assert self.transport is not None
-        self.server.http.take(self.transport, head)
+        assert self.transport is not None and self.ticket is not None
+        self.server.http.take(self.transport, head, self.ticket)
+        self.ticket = None  # the HTTP protocol's from now on
         return False
 
     def _handshake(self, request: Request) -> None:
@@ -336,6 +340,11 @@ class WebSocketConnection(asyncio.Protocol):
         transport = self.transport
         if self.ws.state is not State.OPEN or transport is None:
             return
+        if self.ticket is not None and getattr(self.session, "bound", False):
+            # The first frames after the hello was accepted: the connection
+            # is the principal's now, no longer counted as unauthenticated.
+            self.ticket.settle()
+            self.ticket = None
         self._write_pending()  # anything the protocol queued (a pong) goes first
         out: list[bytes] = []
         for frame in frames:

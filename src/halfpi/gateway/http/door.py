@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse
 
 from halfpi.core.throttle import client_address
 from halfpi.errors import ErrorCode, Forbidden, HalfpiError, Unauthorized, Unavailable
+from halfpi.gateway.guard import settle
 
 if TYPE_CHECKING:
     from halfpi.mind.auth import Credential
@@ -98,4 +99,5 @@ class Door:
         credential = await mind.authenticate(token.strip(), "face", self.address(conn))
         if credential is None:
             raise Unauthorized("unknown or revoked token")
+        settle(conn.scope)  # the connection is no longer unauthenticated (gateway/guard.py)
         return credential

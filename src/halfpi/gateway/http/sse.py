@@ -40,6 +40,7 @@ from halfpi.core import wire
 from halfpi.core.replay import UNPLACED_EPOCH
 from halfpi.core.sse import Grant, Opened, open_token
 from halfpi.errors import ErrorCode, HalfpiError, InvalidRequest, RateLimited, Unauthorized
+from halfpi.gateway.guard import settle
 from halfpi.gateway.http import spec
 from halfpi.gateway.http.door import Door, error_response
 from halfpi.gateway.http.sse_stream import SseStream
@@ -292,6 +293,7 @@ async def _authorise(
             holder = _live_face(mind, grant.principal_id)
             if holder is not None and detail in (None, grant.detail_mode):
                 renewed = tickets.grant(grant.principal_id, grant.detail_mode)
+                settle(request.scope)  # authenticated by its grant
                 return holder, grant.detail_mode, opened, renewed
     ticket = request.query_params.get("ticket")
     if ticket is None:
@@ -306,6 +308,7 @@ async def _authorise(
     issued_to = _live_face(mind, bound.principal_id)
     if issued_to is None:
         raise Unauthorized("the credential of this ticket was revoked")
+    settle(request.scope)  # authenticated: no longer counted as pending (gateway/guard.py)
     opened = _open_token(mind, token, conversations, bound.principal_id)
     grant = tickets.grant(bound.principal_id, bound.detail_mode)
     return issued_to, bound.detail_mode, opened, grant

@@ -1,0 +1,102 @@
+"""uvicorn's h11 protocol, bounded (docs/operations.md, "Limits"): the HTTP
+side of ``guard.py`` for both servers (the native server hands its HTTP
+connections over to it, uvicorn under ``--server asgi`` makes one per
+connection).
+
+- A request head must arrive whole within ``hello_timeout_s``: from the
+  accept for the first request, from its first byte for the next ones on a
+  kept-alive connection; else ``408`` and the connection is closed (uvicorn
+  bounds only the wait *between* requests, and any byte resets it: a peer
+  sending one header line a second was held for ever).
+- A request line over :data:`~halfpi.gateway.guard.MAX_REQUEST_LINE` is
+  answered ``414`` and the connection closed.
+- A response sent before its request's body ended closes the connection:
+  a body nobody reads is not waited for.
+- Its ASGI scopes carry the connection's ticket in ``scope["state"]``, so
+  a request that authenticates settles it (``guard.settle``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import h11
+from uvicorn.config import Config
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.server import ServerState
+
+from halfpi.gateway.guard import MAX_REQUEST_LINE, TICKET, TOO_LONG, TOO_SLOW, Ticket
+
+
+class GuardedH11(H11Protocol):
+    """uvicorn's h11 protocol with the request head bounded in time and
+    the request line in length (module docstring)."""
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        ticket: Ticket,
+    ) -> None:
+        super().__init__(config, server_state, {**app_state, TICKET: ticket})
+        self.ticket = ticket
+        self.head_timer: asyncio.TimerHandle | None = None
+        self.line = 0  # bytes of the request line read so far (-1: it is whole)
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.ticket.attach(transport)
+        # The first head is due from the accept (native read its first line already).
+        when = self.ticket.accepted_at + self.ticket.guard.head_timeout_s
+        self.head_timer = self.loop.call_at(when, self.head_timeout)
+
+    def data_received(self, data: bytes) -> None:
+        waiting = self.conn.their_state is h11.IDLE
+        if waiting:
+            if self.head_timer is None:  # the next request on a kept-alive connection
+                self.head_timer = self.loop.call_later(
+                    self.ticket.guard.head_timeout_s, self.head_timeout
+                )
+            if self.line >= 0 and self.line_too_long(data):
+                return
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:  # the head is whole
+            if self.head_timer is not None:
+                self.head_timer.cancel()
+                self.head_timer = None
+            self.line = 0
+
+    def line_too_long(self, data: bytes) -> bool:
+        """Answer 414 (and close) once the request line passes its bound."""
+        end = data.find(b"\n")
+        length = self.line + (len(data) if end < 0 else end)
+        if length > MAX_REQUEST_LINE:
+            self.refuse(TOO_LONG)
+            return True
+        self.line = length if end < 0 else -1
+        return False
+
+    def head_timeout(self) -> None:
+        self.head_timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.ticket.guard.head_timed_out(self.ticket.address)
+            self.refuse(TOO_SLOW)
+
+    def refuse(self, answer: bytes) -> None:
+        if self.conn.our_state is h11.IDLE:  # no response of ours under way
+            self.transport.write(answer)
+        self.transport.close()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+            self.transport.close()  # a body nobody will read is not waited for
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+            self.head_timer = None
+        self.ticket.settle()

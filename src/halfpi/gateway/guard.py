@@ -1,0 +1,268 @@
+"""What keeps the Mind's port open for its Faces and Hands, whoever else
+reaches it (docs/operations.md, "Limits"). Both servers use it: the native
+one (``native.py``, whose HTTP goes through ``handover.py``) and uvicorn
+under ``--server asgi`` (``asgi_server.py``).
+
+- **Descriptors.** :func:`raise_descriptor_limit` raises the soft
+  ``RLIMIT_NOFILE`` to the hard limit at start: the default 1,024 is a
+  few hundred sockets.
+- **Pending connections.** Every accepted socket gets a :class:`Ticket`;
+  until it authenticates it counts against the caps of ``core/pending.py``
+  (per address and in total, half the descriptor limit), and one displaced
+  by a newer connection is aborted. A trusted proxy's connections are
+  counted in the total only (all its clients share its address).
+- **Accepting.** :class:`Acceptor` is the accept loop. asyncio's own logs a
+  traceback for every failed ``accept`` and, before Python 3.12, retries
+  within the same turn of the loop: with its descriptors full the Mind
+  wrote tens of thousands of tracebacks a second. Here a failed accept
+  pauses accepting for :data:`ACCEPT_RETRY_S` and is told once per
+  interval with a count (``core.pending.Tally``).
+- **Request heads** are bounded in time (``hello_timeout_s``) and their
+  request line in length (:data:`MAX_REQUEST_LINE`): by ``native.py``
+  until it knows where a connection goes, then by ``bounded_http.py``
+  (uvicorn's h11 protocol, bounded) for HTTP.
+
+This module imports no HTTP server: a Mind whose Faces and Hands speak
+WebSocket starts without uvicorn (docs/performance.md, "Start-up").
+
+Only applies the rules: the rules themselves are ``core/pending.py``'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import resource
+import socket
+import ssl
+from collections.abc import Callable, MutableMapping
+from typing import Any
+
+from halfpi.core.pending import PendingConnections, PendingLimits, Tally, limits_for
+from halfpi.core.throttle import worth_logging
+
+log = logging.getLogger("halfpi.gateway.guard")
+
+# The longest request line read (RFC 9112 advises servers to accept at
+# least 8000 octets); longer is answered 414.
+MAX_REQUEST_LINE = 8192
+ACCEPT_RETRY_S = 0.1  # after a failed accept (no descriptor left), accept again after this
+ACCEPTS_PER_TURN = 64  # then the loop's other work has its turn
+FAILURE_LOG_INTERVAL_S = 10.0
+# Where a connection's ticket travels in an ASGI scope (``scope["state"]``).
+TICKET = "halfpi.ticket"
+TOO_LONG = b"HTTP/1.1 414 URI Too Long\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+TOO_SLOW = b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+def raise_descriptor_limit() -> tuple[int, int]:
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard limit; returns (before, now)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):  # a sandbox may refuse: keep what there is
+            return soft, soft
+        return soft, hard
+    return soft, soft
+
+
+def listen(host: str, port: int, backlog: int) -> list[socket.socket]:
+    """Listening sockets for every address ``host`` names (as asyncio's
+    ``create_server`` binds them), all on one port (the first one's, when
+    ``port`` is 0). Raises ``OSError`` (an address in use, …)."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                               flags=socket.AI_PASSIVE)
+    sockets: list[socket.socket] = []
+    try:
+        for family, type_, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, type_, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(sockets) > 1:
+                address = (address[0], sockets[0].getsockname()[1], *address[2:])
+            sock.bind(address)
+            sock.listen(backlog)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+class Ticket:
+    """One accepted connection, pending until it authenticates or closes."""
+
+    __slots__ = ("accepted_at", "address", "displaced", "guard", "transport")
+
+    def __init__(self, guard: Guard, address: str, accepted_at: float) -> None:
+        self.guard = guard
+        self.address = address
+        self.accepted_at = accepted_at  # the loop's time
+        self.transport: asyncio.BaseTransport | None = None
+        self.displaced = False
+
+    def attach(self, transport: asyncio.BaseTransport) -> None:
+        """The connection's transport exists (after a TLS handshake)."""
+        self.transport = transport
+        if self.displaced:
+            transport.abort()  # type: ignore[attr-defined]
+
+    def displace(self) -> None:
+        self.displaced = True
+        if self.transport is not None:
+            self.transport.abort()  # type: ignore[attr-defined]
+
+    def settle(self) -> None:
+        """Authenticated, or closed: no longer pending."""
+        self.guard.pending.settle(self)
+
+
+def scope_ticket(scope: MutableMapping[str, Any]) -> Ticket | None:
+    """The ticket of an ASGI scope's connection (``None`` from another server)."""
+    state = scope.get("state")
+    ticket = state.get(TICKET) if isinstance(state, dict) else None
+    return ticket if isinstance(ticket, Ticket) else None
+
+
+def settle(scope: MutableMapping[str, Any]) -> None:
+    """A request of this ASGI scope authenticated: its connection is no
+    longer pending."""
+    ticket = scope_ticket(scope)
+    if ticket is not None:
+        ticket.settle()
+
+
+class Guard:
+    """The rules applied to one server's connections."""
+
+    def __init__(self, head_timeout_s: float, trusted_proxies: frozenset[str]) -> None:
+        before, descriptors = raise_descriptor_limit()
+        self.descriptors = descriptors
+        self.limits: PendingLimits = limits_for(descriptors)
+        self.pending: PendingConnections[Ticket] = PendingConnections(self.limits)
+        self.head_timeout_s = head_timeout_s
+        self.trusted_proxies = trusted_proxies
+        self.failures = Tally(FAILURE_LOG_INTERVAL_S)
+        self.heads_timed_out = 0
+        log.info(
+            "descriptors: %d%s; connections not yet authenticated: at most %d, %d per "
+            "address; a request head or a hello within %g s",
+            descriptors, f" (raised from {before})" if before != descriptors else "",
+            self.limits.total, self.limits.per_address, head_timeout_s,
+        )
+
+    def admit(self, peer: str, now: float) -> Ticket:
+        # A trusted proxy carries many clients: its connections share the total only.
+        ticket = Ticket(self, peer, now)
+        key = f"{peer}#{id(ticket)}" if peer in self.trusted_proxies else peer
+        displaced = self.pending.admit(ticket, key)
+        for old in displaced:
+            old.displace()
+        if displaced and worth_logging(self.pending.displaced):
+            log.warning(
+                "closed the oldest unauthenticated connection from %s to make room "
+                "(%d so far; at most %d pending, %d per address)",
+                peer, self.pending.displaced, self.limits.total, self.limits.per_address,
+            )
+        return ticket
+
+    def accept_failed(self, exc: OSError, now: float) -> None:
+        count = self.failures.note(now)
+        if count is not None:
+            log.warning(
+                "accept failed %d time(s) since the last such line: %s (descriptor limit %d, "
+                "%d connections pending); accepting again in %g s",
+                count, exc.strerror or exc, self.descriptors, self.pending.count, ACCEPT_RETRY_S,
+            )
+
+    def head_timed_out(self, address: str) -> None:
+        self.heads_timed_out += 1
+        if worth_logging(self.heads_timed_out):
+            log.info(
+                "closed a connection from %s that sent no whole request head within %g s "
+                "(%d so far)", address, self.head_timeout_s, self.heads_timed_out,
+            )
+
+
+class Acceptor:
+    """Accepts on ``sock`` for ``factory`` (a protocol per connection, given
+    its ticket), applying the guard; :meth:`close` stops."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        factory: Callable[[Ticket], asyncio.Protocol],
+        guard: Guard,
+        ssl_context: ssl.SSLContext | None,
+    ) -> None:
+        self.sock = sock
+        self.factory = factory
+        self.guard = guard
+        self.ssl = ssl_context
+        self.loop = asyncio.get_running_loop()
+        self.closed = False
+        self._retry: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        sock.setblocking(False)
+        self.loop.add_reader(sock.fileno(), self._accept)
+
+    def _accept(self) -> None:
+        for _ in range(ACCEPTS_PER_TURN):
+            try:
+                conn, addr = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionAbortedError:
+                continue
+            except OSError as exc:
+                # No descriptor left (or another resource): told once per
+                # interval, and accepting pauses, as the kernel keeps
+                # reporting the socket readable.
+                self.guard.accept_failed(exc, self.loop.time())
+                if exc.errno not in _OUT_OF_RESOURCES:
+                    log.debug("accept failed", exc_info=True)
+                self._pause()
+                return
+            conn.setblocking(False)
+            peer = str(addr[0]) if isinstance(addr, tuple) and addr else "unknown"
+            ticket = self.guard.admit(peer, self.loop.time())
+            task = self.loop.create_task(self._connect(conn, ticket))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _connect(self, conn: socket.socket, ticket: Ticket) -> None:
+        try:
+            await self.loop.connect_accepted_socket(
+                lambda: self.factory(ticket), conn, ssl=self.ssl,
+                # A TLS handshake that never ends is dropped like a missing hello.
+                ssl_handshake_timeout=self.guard.head_timeout_s if self.ssl else None,
+            )
+        except (OSError, ssl.SSLError, TimeoutError) as exc:
+            log.debug("connection from %s ended before it was made: %r", ticket.address, exc)
+            conn.close()
+            ticket.settle()
+
+    def _pause(self) -> None:
+        if self.closed:
+            return
+        self.loop.remove_reader(self.sock.fileno())
+        self._retry = self.loop.call_later(ACCEPT_RETRY_S, self._resume)
+
+    def _resume(self) -> None:
+        self._retry = None
+        if not self.closed:
+            self.loop.add_reader(self.sock.fileno(), self._accept)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._retry is not None:
+            self._retry.cancel()
+        self.loop.remove_reader(self.sock.fileno())
+        self.sock.close()

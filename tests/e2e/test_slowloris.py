@@ -1,0 +1,71 @@
+"""Anyone who reaches the port cannot lock the Faces out (docs/operations.md,
+"Limits"), on both servers: a real ``halfpi mind`` that may open only 256
+files gets 400 sockets that never finish their request head, from five
+addresses, and a Face still says hello and is welcomed within a second;
+the log tells of it in a few lines, never a traceback per socket."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import websockets
+
+from tests.support.mind import MindProcess
+from tests.support.slowloris import flood
+from tests.support.wait import until
+
+pytestmark = pytest.mark.e2e
+
+DESCRIPTORS = 256
+SOURCES = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.1"]
+PER_SOURCE = 80  # 400 in all: more than the Mind may open
+
+
+@pytest.fixture
+def small_mind(tmp_path: Path, server_kind: str) -> Iterator[MindProcess]:
+    home = tmp_path / "home"
+    home.mkdir()
+    mind = MindProcess(home, server=server_kind, nofile=DESCRIPTORS).start()
+    try:
+        yield mind
+    finally:
+        mind.kill()
+
+
+async def welcome_latency(url: str, token: str) -> float:
+    """Seconds from connect to ``face.welcome``."""
+    started = time.monotonic()
+    async with websockets.connect(url, open_timeout=5) as ws:
+        await ws.send(json.dumps({"type": "face.hello", "payload": {
+            "token": token, "client": {"name": "test", "version": "0"}, "protocol": 3}}))
+        frame = json.loads(await asyncio.wait_for(ws.recv(), 5))
+        assert frame["type"] == "face.welcome", frame
+    return time.monotonic() - started
+
+
+async def test_a_face_is_welcomed_while_more_sockets_than_descriptors_dribble(
+    small_mind: MindProcess,
+) -> None:
+    async with flood(small_mind.port, SOURCES, PER_SOURCE) as dribblers:
+        # The Mind holds no more unauthenticated connections than its caps
+        # (half its descriptors): the oldest of each address were closed.
+        await until(lambda: sum(not d.closed for d in dribblers) <= DESCRIPTORS // 2, 30)
+        latency = await welcome_latency(small_mind.url, small_mind.token)
+        assert latency < 1.0, f"the Face waited {latency:.2f} s"
+        async with httpx.AsyncClient() as http:
+            answer = await http.get(f"http://127.0.0.1:{small_mind.port}/v1/conversations",
+                                    headers={"Authorization": f"Bearer {small_mind.token}"},
+                                    timeout=5)
+        assert answer.status_code == 200
+        closed = sum(d.closed for d in dribblers)
+    log = (small_mind.home / "mind.log").read_text()
+    assert "Traceback" not in log
+    assert log.count("\n") < 60, log[-3000:]
+    assert closed >= len(dribblers) - DESCRIPTORS // 2
+    assert "connections not yet authenticated: at most 128, 16 per address" in log

@@ -1,0 +1,89 @@
+"""The port stays open for Faces and Hands (docs/operations.md, "Limits"),
+on both servers: a request head is bounded in time and its request line in
+length (docs/protocol.md §1)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from tests.support.client import FaceClient
+from tests.support.mind import local_mind
+from tests.support.slowloris import Dribbler
+
+SERVERS = pytest.mark.parametrize("server", ["native", "asgi"])
+
+
+async def request(port: int, raw: bytes) -> bytes:
+    """Send ``raw`` in one write; everything the server answers until it closes."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(raw)
+        return await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+
+
+@SERVERS
+@pytest.mark.parametrize("path", ["/v1/conversations", "/v1/face"])
+async def test_a_request_head_that_never_ends_is_closed_after_the_bound(
+    tmp_path: Path, server: str, path: str
+) -> None:
+    async with local_mind(tmp_path / "home", server=server, hello_timeout_s=0.5,
+                          local_hand=False) as lmind:
+        # The bound is on the head, not on the connection: a Face that said
+        # hello in time stays (checked once the dribbler is gone).
+        face = await FaceClient.connect(lmind.url, lmind.token)
+        dribbler = Dribbler(lmind.server.port, path, every_s=0.1)
+        await dribbler.open()
+        assert dribbler.task is not None
+        await asyncio.wait_for(dribbler.task, 10)
+        assert dribbler.closed_after is not None
+        # One header line every 0.1 s kept nothing open past the 0.5 s bound.
+        assert 0.4 < dribbler.closed_after < 3.0, dribbler.closed_after
+        assert dribbler.answer in (b"", b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0"
+                                        b"\r\nConnection: close\r\n\r\n")
+        assert await face.create_conversation()
+        await face.close()
+
+
+@SERVERS
+async def test_the_next_request_head_on_a_kept_alive_connection_is_bounded_too(
+    tmp_path: Path, server: str
+) -> None:
+    async with local_mind(tmp_path / "home", server=server, hello_timeout_s=0.5,
+                          local_hand=False) as lmind:
+        reader, writer = await asyncio.open_connection("127.0.0.1", lmind.server.port)
+        loop = asyncio.get_running_loop()
+        try:
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert (await asyncio.wait_for(reader.readline(), 10)).startswith(b"HTTP/1.1 200")
+            started = loop.time()
+            writer.write(b"GET /healthz HTTP/1.1\r\n")
+            reading = asyncio.ensure_future(reader.read())
+            line = 0
+            while not reading.done() and loop.time() - started < 10:
+                await asyncio.wait({reading}, timeout=0.1)
+                writer.write(b"X-Line-%d: slow\r\n" % line)
+                line += 1
+            assert reading.done(), "the second request head was never bounded"
+            assert loop.time() - started < 3.0
+        finally:
+            writer.close()
+
+
+@SERVERS
+async def test_a_request_line_over_8_KiB_is_answered_414(tmp_path: Path, server: str) -> None:
+    async with local_mind(tmp_path / "home", server=server, local_hand=False) as lmind:
+        port = lmind.server.port
+        long_path = b"/v1/conversations/" + b"a" * 8200
+        answer = await request(port, b"GET " + long_path + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 414"), answer[:80]
+        # Just under the bound it is an ordinary request (401: no token).
+        fits = b"/v1/conversations/" + b"a" * 8000
+        answer = await request(
+            port, b"GET " + fits + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        assert answer.startswith(b"HTTP/1.1 401"), answer[:80]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from halfpi.mind.redaction import OutputRedaction
 from tests.support.client import FaceClient
 from tests.support.frames import event
 from tests.support.metrics import samples
@@ -77,6 +78,10 @@ async def test_the_minds_secrets_never_leave_through_a_tool(
         completed = [f for f in face.seen if event("chat.tool_completed")(f)]
         assert len(completed) == 2
         for frame in completed:
+            # What is shown is not all the tool wrote; its size and digest are.
+            assert frame["payload"]["data"]["truncated"] is True, frame
+            assert frame["payload"]["data"]["output_bytes"] == leak.stat().st_size + (
+                4086 if "exec_command" in frame["payload"]["data"]["tool"] else 0)
             shown = frame["payload"]["data"]["result"]["stdout"]
             for kind in values:
                 assert f"[redacted: {kind}]" in shown, shown[-300:]
@@ -113,3 +118,20 @@ async def test_a_task_log_is_read_with_the_minds_secrets_redacted(
             assert value not in json.dumps(page)
             assert f"[redacted: {kind}]" in page["data"], page
         await face.close()
+
+
+def test_a_result_the_mind_redacted_says_it_is_not_whole() -> None:
+    """From a Hand that does not know the Mind's secrets (any but the local
+    one): what is shown is not all the tool wrote; its size and digest still
+    say what it wrote (DESIGN §6)."""
+    key = "sk-" + secrets.token_urlsafe(30)
+    redaction = OutputRedaction(lambda: {key: "provider API key"})
+    result = {"status": "succeeded", "stdout": f"KEY={key}\n", "stderr": "",
+              "output_bytes": len(key) + 5, "digest": "sha256:" + "0" * 64, "truncated": False}
+    shown = redaction.result(result, "a test")
+    assert shown["stdout"] == "KEY=[redacted: provider API key]\n"
+    assert shown["truncated"] is True
+    assert (shown["output_bytes"], shown["digest"]) == (result["output_bytes"], result["digest"])
+    assert redaction.counts == {"provider API key": 1}
+    plain = redaction.result({**result, "stdout": "nothing secret\n"}, "a test")
+    assert plain["truncated"] is False

@@ -97,6 +97,8 @@ class OutputRedaction:
             if isinstance(value, str) and value:
                 found += count_markers(value, HAND_KINDS)  # what its Hand redacted
                 redacted[key], mine = self.redactor.redact(value)
+                if mine:
+                    redacted["truncated"] = True  # not all the tool wrote is shown
                 found += mine
         self.record(found, where)
         return redacted

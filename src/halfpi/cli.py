@@ -278,14 +278,17 @@ def _agent(args: argparse.Namespace, home: Path) -> tuple[str, ModelSettings | N
         raise UserError(str(exc)) from None
     agent = args.agent or named or "scripted"
     if agent != "openai":
-        if args.model or args.base_url:
-            raise UserError("--model and --base-url go with --agent openai", EXIT_USAGE)
+        if args.model or args.base_url or args.api_key_file:
+            raise UserError("--model, --base-url and --api-key-file go with --agent openai",
+                            EXIT_USAGE)
         return agent, None
     values = dict(values)
     if args.model:
         values["model"] = args.model
     if args.base_url:
         values["base_url"] = args.base_url
+    if args.api_key_file:  # relative: to where halfpi runs, as any path on its command line
+        values["api_key_file"] = str(Path(args.api_key_file).expanduser().absolute())
     try:
         settings = model_settings(values, str(home / AGENT_FILE))
     except ValueError as exc:
@@ -608,6 +611,13 @@ def build_parser() -> Parser:
         metavar="URL",
         help="--agent openai: the server's API root, e.g. http://127.0.0.1:8080/v1 "
         "(default: base_url in the file, else OpenAI's)",
+    )
+    mind.add_argument(
+        "--api-key-file",
+        metavar="PATH",
+        help="--agent openai: the file holding the provider's API key, mode 0600 (the "
+        "preferred way; it wins over $OPENAI_API_KEY) (default: api_key_file under "
+        f"[openai] in HOME/{AGENT_FILE}, else $OPENAI_API_KEY, else HOME/openai.key)",
     )
     mind.add_argument(
         "--delta-ms",

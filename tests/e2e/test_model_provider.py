@@ -13,7 +13,7 @@ import pytest
 
 from tests.e2e.test_cli import EXIT_FAILURE, EXIT_USAGE, halfpi, one_line_error
 from tests.support.client import FaceClient
-from tests.support.fake_openai import MODEL, FakeModel, Reply
+from tests.support.fake_openai import MODEL, FakeModel, Reply, text
 from tests.support.mind import MindProcess
 from tests.support.wait import until
 
@@ -132,3 +132,61 @@ async def test_the_key_is_sent_to_the_model_only_never_logged_stored_or_shown(
     for path in home.rglob("*"):
         if path.is_file():
             assert KEY.encode() not in path.read_bytes(), path
+
+
+@pytest.mark.parametrize("where", ["relative", "absolute"])
+async def test_the_key_comes_from_api_key_file_relative_or_absolute_over_the_environment(
+    tmp_path: Path, model: FakeModel, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """``--api-key-file PATH``, the preferred way: a relative PATH is taken
+    from where ``halfpi mind`` runs (the test's directory, its parent of the
+    home), an absolute one as it is; it wins over ``$OPENAI_API_KEY``."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-not-this-one-0123456789")
+    model.script(Reply(text("hi")))
+    home = home_with(tmp_path)
+    key_file = tmp_path / "keys" / "provider.key"
+    key_file.parent.mkdir()
+    key_file.write_text(KEY + "\n")
+    key_file.chmod(0o600)
+    path = "keys/provider.key" if where == "relative" else str(key_file)
+    mind = MindProcess(home, extra_args=("--agent", "openai", "--model", MODEL, "--base-url",
+                                         model.base_url, "--api-key-file", path))
+    mind.start()
+    try:
+        face = await FaceClient.connect(mind.url, mind.token)
+        cid = await face.create_conversation()
+        answered = await face.chat_to_end(cid, "hello", "q1")
+        assert answered["payload"]["status"] == "succeeded", answered
+        assert model.requests[0].headers["authorization"] == f"Bearer {KEY}"
+        assert KEY not in mind.log()
+        await face.close()
+    finally:
+        mind.kill()
+
+
+@pytest.mark.parametrize(
+    ("mode", "args", "code", "words"),
+    [
+        (0o644, ("--agent", "openai", "--model", "gpt-x"), EXIT_FAILURE,
+         ("provider.key", "readable by others", "chmod 600")),
+        (0o600, ("--agent", "openai", "--model", "gpt-x", "--api-key-file", "missing.key"),
+         EXIT_FAILURE, ("missing.key", "does not exist")),
+        (0o600, (), EXIT_USAGE, ("--api-key-file", "--agent openai")),
+    ],
+    ids=["others_can_read", "missing", "without_agent_openai"],
+)
+def test_a_bad_api_key_file_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: int, args: tuple[str, ...],
+    code: int, words: tuple[str, ...],
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-not-a-fallback-0123456789")
+    home = home_with(tmp_path)
+    key_file = tmp_path / "provider.key"
+    key_file.write_text(KEY)
+    key_file.chmod(mode)
+    if "--api-key-file" not in args:
+        args = (*args, "--api-key-file", str(key_file))
+    done = halfpi("mind", "--port", "0", "--home", str(home), *args)
+    line = one_line_error(done, code, *words)
+    assert KEY not in line
+    assert not (home / "mind.json").exists()

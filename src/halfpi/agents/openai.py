@@ -83,11 +83,13 @@ class AgentConfigError(ValueError):
 
 
 def read_key(config: Config, settings: ModelSettings) -> str | None:
-    """The API key: ``$OPENAI_API_KEY``, else the key file (``api_key_file``,
-    default HOME/openai.key), which must be readable by its owner only.
-    None when there is neither."""
+    """The API key: the key file named by ``--api-key-file`` or
+    ``api_key_file`` (the preferred way: the key stays out of the Mind's
+    environment, which its children inherit), else ``$OPENAI_API_KEY``,
+    else HOME/openai.key. A key file must be readable by its owner only: one
+    others may read is refused, never used. None when there is no key."""
     key = os.environ.get(KEY_ENV, "").strip()
-    if key:
+    if key and not settings.api_key_file:
         return key
     path = Path(settings.api_key_file).expanduser() if settings.api_key_file else None
     if path is not None and not path.is_absolute():

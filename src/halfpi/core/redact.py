@@ -126,9 +126,12 @@ class Redactor:
             found = _OPEN.search(text, window)
             if found is not None:
                 start = found.start()
+        last = text[-1:]
         for value in self.values:
             for size in range(min(len(value) - 1, len(text)), 0, -1):
-                if len(text) - size < start and text.endswith(value[:size]):
+                if value[size - 1] != last or len(text) - size >= start:
+                    continue  # cheap: the last character must match first
+                if text.endswith(value[:size]):
                     start = len(text) - size
                     break
         return start

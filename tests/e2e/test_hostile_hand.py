@@ -104,3 +104,38 @@ async def test_hand_breaking_the_limits_is_closed_and_its_run_lost(
     assert "x" * CHUNK_BYTES not in text and "y" * CHUNK_BYTES not in text
     assert "z" * 100 not in text, "the lying result was not recorded"
     await face.close()
+
+
+async def test_an_impostor_with_the_local_hands_stolen_token_is_refused_and_gets_no_call(
+    tmp_path: Path,
+) -> None:
+    """Issue: with the ``local`` Hand's token an impostor connected, displaced
+    the embedded Hand, received a tool call's arguments and returned a forged
+    result. Now it is refused (4029, audited) and the embedded Hand answers."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (tmp_path / "note.txt").write_text("the real file\n")
+    process = MindProcess(home).start()
+    try:
+        face = await FaceClient.connect(process.url, process.token)
+        cid = await face.create_conversation("impostor")
+        await face.subscribe(cid, detail_mode="transparent")
+        first = await face.chat_to_end(cid, "/tool read_file " + json.dumps(
+            {"path": str(tmp_path / "note.txt"), "hand": "local"}))
+        assert "the real file" in first["payload"]["content"], first  # the local Hand is up
+        stolen = (home / "hand.token").read_text().strip()
+        impostor = await FaceClient.connect(
+            process.url.removesuffix("/v1/face") + "/v1/hand", hello=False)
+        await impostor.send("hand.hello", hello_payload(stolen, "local", os.urandom(8).hex()))
+        assert await impostor.closed_with(10) == 4029
+        assert not [f for f in impostor.seen if f["type"] in ("hand.welcome", "hand.check",
+                                                                 "hand.run")]
+        again = await face.chat_to_end(cid, "/tool read_file " + json.dumps(
+            {"path": str(tmp_path / "note.txt"), "hand": "local"}))
+        assert again["payload"]["status"] == "succeeded", again
+        assert "the real file" in again["payload"]["content"], again
+        assert "audit: refused a second link for Hand 'local' from 127.0.0.1" in process.log()
+        assert stolen not in process.log()
+        await face.close()
+    finally:
+        process.kill()

@@ -47,6 +47,7 @@ PROGRAMS = {
         Program("chromium", "chromium", "HALFPI_BROWSER"),
         Program("redis-server", "redis-server", "HALFPI_REDIS"),
         Program("initdb", "postgresql", "HALFPI_PG"),
+        Program("faketime", "faketime", "HALFPI_FAKETIME"),
     )
 }
 

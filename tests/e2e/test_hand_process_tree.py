@@ -26,6 +26,7 @@ from tests.e2e.test_hands import (
 )
 from tests.support.cli import hand_add
 from tests.support.client import FaceClient
+from tests.support.escapes import ESCAPES
 from tests.support.procs import Marks
 from tests.support.stream import is_event
 
@@ -134,3 +135,19 @@ async def test_a_command_cannot_read_the_hands_token(world: World, marks: Marks)
     done = await completed(op, request_id)
     assert done["result"]["stdout"].splitlines() == ["env:[]", "0"], done
     assert world.hand_token not in json.dumps(done)
+
+
+async def test_no_escape_shape_outlives_a_command_that_exits_normally(
+    world: World, marks: Marks,
+) -> None:
+    """Issue 23's five shapes, each leaving a process that ignores SIGTERM
+    as its command exits: once the Face has the run's terminal state, ``ps``
+    shows none of them."""
+    op, cid = await started(world)
+    for name, shape in ESCAPES.items():
+        command = marks.export(name) + shape + "echo bye; exit 0"
+        request_id = await chat_approved(op, cid, exec_message(command))
+        done = await completed(op, request_id)
+        assert done["status"] == "succeeded" and done["result"]["exit_code"] == 0, done
+        assert done["result"]["stdout"].endswith("bye\n")
+        assert marks.ps(name) == [], name

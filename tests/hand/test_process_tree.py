@@ -19,6 +19,7 @@ import pytest
 
 from halfpi.hand import cgroup, executor, tree
 from halfpi.hand.executor import KILL_GRACE_S, Outcome, ToolError, exec_command
+from tests.support.escapes import ESCAPES
 from tests.support.procs import Marks, until
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="process trees are read in /proc")
@@ -225,37 +226,8 @@ async def test_without_a_supervisor_the_process_group_is_ended_best_effort(
 
 
 # -- A command that exits normally: what it left running ends with the run ---------------
-#
-# Each shape leaves a process that ignores SIGTERM and has let go of the
-# output pipes, so only the run's tracking can end it. The python daemon and
-# the slow second fork make their last fork while the command is exiting,
-# which is when the end-of-run sweep looks for them.
+# (the shapes: tests/support/escapes.py)
 
-PY_DAEMON = (
-    "import os, signal, time\n"
-    "if os.fork(): os._exit(0)\n"
-    "os.setsid()\n"
-    "if os.fork(): os._exit(0)\n"
-    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-    "fd = os.open(os.devnull, os.O_RDWR)\n"
-    "[os.dup2(fd, n) for n in (0, 1, 2)]\n"
-    "time.sleep(1000)\n"
-)
-QUIET = "</dev/null >/dev/null 2>&1"
-ESCAPES = {
-    "setsid": f"setsid sh -c 'trap \"\" TERM; exec sleep 1000' {QUIET} & ",
-    "double_fork_setsid": f"(setsid sh -c 'trap \"\" TERM; exec sleep 1000' {QUIET} &); ",
-    "nohup": f"nohup sh -c 'trap \"\" TERM; exec sleep 1000' {QUIET} & ",
-    "python_daemon": f"{sys.executable} -I -S -c '{PY_DAEMON}'; ",
-    # The daemon's own child is forked when the command writes the FIFO,
-    # right before it exits: the second fork races the command's end.
-    "slow_second_fork": (
-        'f="$(mktemp -u)"; mkfifo "$f"; '
-        f"(setsid sh -c 'trap \"\" TERM; read go < \"$0\"; "
-        f"(trap \"\" TERM; exec sleep 1000) {QUIET} & exit' \"$f\" {QUIET} &); "
-        'echo go > "$f"; rm -f "$f"; '
-    ),
-}
 TRACKING = ("cgroup", "subreaper")
 ESCAPE_RUNS = 20
 

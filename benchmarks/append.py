@@ -110,7 +110,7 @@ async def chats_halfpi(home: Path, writers: int, per_writer: int) -> dict[str, A
         actors = []
         for w in range(writers):
             record = RequestRecord(principal, f"create-{w}", "face.conversation.create",
-                                   _rawsql.DIGEST, "accepted", mind.now())
+                                   _rawsql.DIGEST, "accepted", mind.wall())
             await mind.create_conversation(record, f"c{w}")
             assert record.conversation_id is not None
             actors.append(await mind.actor(record.conversation_id))
@@ -123,7 +123,7 @@ async def chats_halfpi(home: Path, writers: int, per_writer: int) -> dict[str, A
                     if await mind.store.get_request(*key) is not None:
                         raise RuntimeError(f"{key} exists")
                     record = RequestRecord(principal, key[1], "face.chat", _rawsql.DIGEST,
-                                           "accepted", mind.now())
+                                           "accepted", mind.wall())
                     await actor.admit_chat(record, CONTENT, lambda _r: None)
                     run = actor.run
                 assert run is not None

@@ -5,13 +5,18 @@ length (docs/protocol.md §1)."""
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
+import socket
 from pathlib import Path
 
 import pytest
 
+from halfpi.gateway.guard import ACCEPT_RETRY_S, Acceptor, Guard
 from tests.support.client import FaceClient
 from tests.support.mind import local_mind
 from tests.support.slowloris import Dribbler
+from tests.support.wait import until
 
 SERVERS = pytest.mark.parametrize("server", ["native", "asgi"])
 
@@ -87,3 +92,47 @@ async def test_a_request_line_over_8_KiB_is_answered_414(tmp_path: Path, server:
             port, b"GET " + fits + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
         )
         assert answer.startswith(b"HTTP/1.1 401"), answer[:80]
+
+
+async def test_failed_accepts_pause_accepting_and_are_told_once_with_a_count(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, "halfpi.gateway.guard")
+    readable, peer = socket.socketpair()
+    peer.send(b"x")  # the "listening" socket stays readable, as the kernel reports it
+
+    class OutOfDescriptors:
+        """A listening socket whose every accept fails: no descriptor left."""
+
+        calls = 0
+
+        def fileno(self) -> int:
+            return readable.fileno()
+
+        def setblocking(self, flag: bool) -> None:
+            pass
+
+        def accept(self) -> tuple[socket.socket, object]:
+            self.calls += 1
+            raise OSError(errno.EMFILE, "Too many open files")
+
+        def close(self) -> None:
+            pass
+
+    listener = OutOfDescriptors()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    acceptor = Acceptor(listener, lambda ticket: asyncio.Protocol(), Guard(1.0, frozenset()),
+                        None)  # type: ignore[arg-type]
+    try:
+        await until(lambda: listener.calls >= 4, 10)
+    finally:
+        acceptor.close()
+        readable.close()
+        peer.close()
+    # One attempt per pause, not thousands a turn of the loop.
+    assert loop.time() - started >= 3 * ACCEPT_RETRY_S
+    told = [r.getMessage() for r in caplog.records if "accept failed" in r.getMessage()]
+    assert told == [told[0]] and told[0].startswith("accept failed 1 time(s)"), told
+    assert "Too many open files" in told[0]
+    assert not any(r.exc_info for r in caplog.records)

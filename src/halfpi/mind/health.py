@@ -13,7 +13,7 @@ A readiness check makes one cheap round trip to each part a request needs:
 - in cluster mode, the leases: the node's renewal rounds keep up (the last
   one ended within ``lease_ms``), so it can keep the conversations it owns.
 
-A probe's answer is kept for ``ttl_s`` (1 s) on the Mind's clock, and
+A probe's answer is kept for ``ttl_s`` (1 s) on the Mind's monotonic clock, and
 checks that arrive while one runs share it: a load balancer polling every
 node a hundred times a second costs one write a second, not a hundred. The
 Store's last commit outcome is read at every check, though: once a chat's
@@ -168,7 +168,7 @@ def probe_of(mind: Mind) -> ReadinessProbe:
     folder = None if mind.config.postgres else mind.config.db_path.parent
 
     async def store_write() -> None:
-        await mind.store.write(WriteTx(meta=((PROBE_KEY, repr(mind.now())),)))
+        await mind.store.write(WriteTx(meta=((PROBE_KEY, repr(mind.wall())),)))
         if folder is not None:
             await asyncio.to_thread(take_room, folder)
 

@@ -54,6 +54,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> Iterat
     program, naming what to install (tests/support/programs.py); after the
     short summary's list of skips, so it is not lost above them."""
     yield
-    line = programs.summary()
+    skipped = terminalreporter.stats.get("skipped", [])
+    line = programs.summary([str(report.longrepr) for report in skipped])
     if line is not None:
         terminalreporter.write_line(line, yellow=True, bold=True)

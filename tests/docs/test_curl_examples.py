@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import programs
 from tests.support.http_door import base_url
 from tests.support.mind import MindProcess
 
@@ -89,7 +89,7 @@ def last_id() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MindProcess, str]]:
-    assert shutil.which("curl"), "curl is needed (.ci/run installs it)"
+    programs.require("curl")  # .ci/run installs it (HALFPI_CURL=required)
     home = tmp_path_factory.mktemp("curl") / "home"
     home.mkdir()
     proc = MindProcess(home)

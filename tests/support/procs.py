@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support import programs
+
 MARK = "HALFPI_TEST_MARK"
 PROC = Path("/proc")
 
@@ -96,7 +98,7 @@ class Marks:
     def ps(self, name: str = "") -> list[str]:
         """``ps`` lines (with the environment) of live processes carrying the mark."""
         out = subprocess.run(
-            ["ps", "axeww", "-o", "pid=,stat=,args="],
+            [programs.require("ps"), "axeww", "-o", "pid=,stat=,args="],
             capture_output=True, text=True, check=True,
         ).stdout
         needle = f"{MARK}={self.tag(name) if name else self.mark}"

@@ -1,5 +1,5 @@
 """System programs some tests need (node, tmux, chromium, redis-server,
-PostgreSQL): a test whose program is missing skips, and the run ends with
+PostgreSQL, curl, ps): a test whose program is missing skips, and the run ends with
 ONE line naming what to install (``pytest_terminal_summary`` in
 tests/conftest.py); CI makes them required instead.
 
@@ -47,12 +47,14 @@ PROGRAMS = {
         Program("chromium", "chromium", "HALFPI_BROWSER"),
         Program("redis-server", "redis-server", "HALFPI_REDIS"),
         Program("initdb", "postgresql", "HALFPI_PG"),
+        Program("curl", "curl", "HALFPI_CURL"),
+        Program("ps", "procps", "HALFPI_PS"),
         Program("faketime", "faketime", "HALFPI_FAKETIME"),
     )
 }
 
-# What this run skipped for a missing program: package → the tests' count.
-SKIPPED: dict[str, int] = {}
+# Why this run skipped a test for a missing program → the package to install.
+SKIPPED: dict[str, str] = {}
 
 
 def which(name: str) -> str | None:
@@ -73,7 +75,7 @@ def skip_missing(name: str, why: str = "") -> None:
     reason = why or f"{name} is not installed (apt-get install {program.install})"
     if program.required:
         pytest.fail(f"{program.variable}=required but {reason}")
-    SKIPPED[program.install] = SKIPPED.get(program.install, 0) + 1
+    SKIPPED[reason] = program.install
     pytest.skip(reason)
 
 
@@ -86,14 +88,16 @@ def require(name: str) -> str:
     return path
 
 
-def summary() -> str | None:
-    """The one line that ends a run which skipped tests for missing programs."""
-    if not SKIPPED:
+def summary(skips: list[str]) -> str | None:
+    """The one line that ends a run which skipped tests for missing
+    programs; ``skips`` are the run's skip reasons, one per skipped test (a
+    skip in a shared fixture skips several)."""
+    ours = [why for why in skips if any(reason in why for reason in SKIPPED)]
+    if not ours:
         return None
-    count = sum(SKIPPED.values())
-    packages = " ".join(sorted(SKIPPED))
-    return (f"halfpi: {count} tests skipped for missing system programs; to run them "
-            f"too: apt-get install {packages} (docs: README.md, \"Run the tests\")")
+    packages = " ".join(sorted(set(SKIPPED.values())))
+    return (f"halfpi: {len(ours)} tests skipped for missing system programs; to run them "
+            f"too: apt-get install {packages} (README.md, \"Tests\")")
 
 
 _INSTALLED: dict[Path, str | None] = {}

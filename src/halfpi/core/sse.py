@@ -147,7 +147,7 @@ def open_token(
     grant = None
     if len(parts) == 3:
         fields = parts[2].split(",")
-        if len(fields) != 3 or not fields[1].isdigit():
+        if len(fields) != 3 or not (fields[1].isascii() and fields[1].isdigit()):
             return None
         grant = Grant(fields[0], int(fields[1]), fields[2])
     owner = principal_id if principal_id is not None else (grant and grant.principal_id)

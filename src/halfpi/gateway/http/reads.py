@@ -112,6 +112,7 @@ READS: tuple[Read, ...] = (
 # A whole number in a query string: at most 2**53 - 1 (what every JSON
 # reader holds exactly); a field's own bounds (core/wire.py) apply within.
 MAX_QUERY_INT = 2**53 - 1
+MAX_QUERY_DIGITS = len(str(MAX_QUERY_INT))
 
 DEFAULTS = {"face.conversation.messages": {"limit": 50}}
 
@@ -130,7 +131,10 @@ class ReadRoute:
             if param is None:
                 raise InvalidRequest(f"unknown query parameter {name[:64]!r}", field=name[:64])
             if param.integer:
-                if not (value.isascii() and value.isdigit() and int(value) <= MAX_QUERY_INT):
+                # Digits first, then at most MAX_QUERY_DIGITS of them: int() of
+                # thousands of digits raises (Python's int_max_str_digits).
+                if not (value.isascii() and value.isdigit() and len(value) <= MAX_QUERY_DIGITS
+                        and int(value) <= MAX_QUERY_INT):
                     raise InvalidRequest(
                         f"{name} is a whole number up to {MAX_QUERY_INT}", field=name
                     )

@@ -78,6 +78,12 @@ async def test_three_leaks_are_refused_or_redacted_by_a_real_mind_and_hand(
             assert done["payload"]["status"] == "succeeded", done
             assert f"{path} is protected" in done["payload"]["content"], done
         assert not [f for f in intruder.seen if f["payload"].get("type") == "approval.requested"]
+        # A path the Hand cannot resolve: refused at once, with its reason
+        # (it once waited for the policy check's 30 s and failed).
+        done = await intruder.chat_to_end(other, "/tool read_file " + json.dumps(
+            {"path": "/proc/1/root/etc/passwd", "hand": HAND}), timeout=10)
+        content = done["payload"]["content"]
+        assert "cannot be resolved" in content or "permission denied" in content, done
 
         # 3: approved commands that print secrets: by a path built at run
         # time (the token file), a copy of the key, the Mind's environment.

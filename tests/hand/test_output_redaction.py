@@ -82,3 +82,19 @@ async def test_a_task_log_is_written_redacted(tmp_path: Path) -> None:
         assert "ticket [redacted: stream ticket]\n" in log
         stored = b"".join(p.read_bytes() for p in (tmp_path / "state").rglob("*.log"))
         assert b"hph_" not in stored and b"hps_" not in stored
+
+
+def test_progress_redaction_keeps_the_bounds_the_mind_enforces() -> None:
+    """A chunk's held-back tail is passed on later, never as a 257th event
+    or beyond 1 MiB: what does not fit is dropped and marked as a gap."""
+    from halfpi.core.hand_wire import PROGRESS_EVENTS, ProgressBudget
+    from halfpi.hand.redaction import ProgressRedaction
+
+    sent: list[tuple[str, str, bool]] = []
+    redaction = ProgressRedaction(lambda kind, text, gap: sent.append((kind, text, gap)))
+    for _ in range(PROGRESS_EVENTS):
+        redaction("stdout", "y" * 4094 + "hp", False)  # each ends as a token may begin
+    redaction.close()
+    budget = ProgressBudget()
+    assert all(budget.take(text) is None for _, text, _ in sent)
+    assert len(sent) == PROGRESS_EVENTS

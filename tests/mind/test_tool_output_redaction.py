@@ -6,6 +6,7 @@ or shown; counted for ``/metrics`` and logged without the value."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import logging
@@ -135,3 +136,30 @@ def test_a_result_the_mind_redacted_says_it_is_not_whole() -> None:
     assert redaction.counts == {"provider API key": 1}
     plain = redaction.result({**result, "stdout": "nothing secret\n"}, "a test")
     assert plain["truncated"] is False
+
+
+async def test_a_log_page_that_would_cut_a_secret_ends_before_it(tmp_path: Path) -> None:
+    """Pages are read by offset, one at a time: a page of a task that may
+    still write ends before a secret it would cut in two; the next page
+    starts there and shows it redacted, whole."""
+    from tests.mind.test_tasks import receipt, task_delivered, task_event
+    from tests.support.rig import fake_time_mind
+
+    token = "metrics-" + secrets.token_hex(16)
+    async with fake_time_mind(tmp_path / "home", metrics_token=token) as rig:
+        hand, face, _cid, task_id, order = await task_delivered(rig)
+        hand.send("hand.task.receipt", receipt(order))
+        await rig.expect(face, task_event("task.progress", task_id=task_id))
+        pages = [(0, b"built " + token[:12].encode(), "running"),
+                 (6, token.encode() + b" done\n", "succeeded")]
+        shown = []
+        for offset, data, state in pages:
+            asked = await rig.command(face, "face.task.log", task_id=task_id, offset=offset)
+            await rig.take(hand, lambda f: f["type"] == "hand.task.log")
+            hand.send("hand.task.log_page", {
+                "task_id": "h1", "offset": offset, "next_offset": offset + len(data),
+                "data_b64": base64.b64encode(data).decode(), "truncated": False,
+                "state": state})
+            shown.append((await rig.reply(face, asked))["payload"]["data"])
+        assert [(p["data"], p["next_offset"]) for p in shown] == [
+            ("built ", 6), ("[redacted: metrics token] done\n", 6 + len(token) + 6)]

@@ -57,6 +57,8 @@ class HandSession:
         self.connected_at = now
         self.last_inbound = now
         self.last_wire_ping = now
+        # When a claim by another link pinged this one; None once anything came back.
+        self.asked_at: float | None = None
         self.paused = False
         self.paused_at = now
         self.principal_id: str | None = None
@@ -73,6 +75,7 @@ class HandSession:
         if self.closed:
             return
         self.last_inbound = self.mind.now()
+        self.asked_at = None
         try:
             type_, message = decode_hand_message(data)
         except InvalidRequest as exc:
@@ -149,6 +152,7 @@ class HandSession:
 
     def on_traffic(self) -> None:
         self.last_inbound = self.mind.now()
+        self.asked_at = None
 
     def pause_writing(self) -> None:
         """Hand traffic is a few small orders; the transport buffer suffices,
@@ -180,9 +184,9 @@ class HandSession:
         if self.closed:
             return False
         now = self.mind.now()
-        if self.last_wire_ping > self.last_inbound:  # a ping is out
-            return now - self.last_wire_ping < PONG_WAIT_S
-        self.last_wire_ping = now
+        if self.asked_at is not None:  # its ping is out: any traffic since would have cleared it
+            return now - self.asked_at < PONG_WAIT_S
+        self.asked_at = self.last_wire_ping = now
         self.transport.ping()
         return True
 

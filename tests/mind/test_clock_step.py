@@ -26,6 +26,7 @@ from halfpi.errors import CloseCode
 from halfpi.journal.memory import MemoryJournal
 from halfpi.mind.hands import DEADLINE_SLACK_S
 from halfpi.mind.service import Mind
+from halfpi.mind.subscriptions import ConversationView
 from halfpi.store.sqlite import SQLiteStore
 from tests.mind.test_approvals import waiting_approval
 from tests.mind.test_hand_runs import running_chat
@@ -34,6 +35,7 @@ from tests.mind.test_tasks import deliveries, start_task, until_attempts
 from tests.support.clock import T0
 from tests.support.frames import event
 from tests.support.rig import fake_time_mind
+from tests.support.wait import until
 
 HOUR = 3600.0
 STEPS = pytest.mark.parametrize("step", [-HOUR, HOUR], ids=["back", "forward"])
@@ -199,3 +201,31 @@ async def test_a_tasks_redelivery_keeps_time_across_a_wall_step(
         rig.advance(0.001)
         await rig.take(hand, lambda f: f["type"] == "hand.task.deliver")
         await until_attempts(rig, task_id, 2)
+
+
+@STEPS
+async def test_a_moved_subscription_retries_after_its_backoff_on_the_minds_clock(
+    tmp_path: Path, step: float
+) -> None:
+    """Following a conversation again after it changed hands (cluster mode)
+    retries with a backoff (0.1 s, doubling) on the Mind's scheduler."""
+    async with fake_time_mind(tmp_path / "home") as rig:
+        face = await rig.face()
+        cid = await rig.conversation(face)
+        subscriptions = face.session.subscriptions
+        tries: list[float] = []
+
+        async def flaky_view(conversation_id: str) -> ConversationView:
+            tries.append(rig.clock.now)
+            if len(tries) == 1:
+                raise ConnectionError("the owner's node is not answering yet")
+            return await rig.mind.view(conversation_id)
+
+        subscriptions.move(cid, flaky_view)
+        await until(lambda: len(tries) == 1 and rig.mind.scheduler.next_deadline() == T0 + 0.1)
+        rig.clock.step_wall(step)
+        rig.advance(0.1 - 0.001)
+        assert len(tries) == 1, "not before its backoff"
+        rig.advance(0.001)
+        await until(lambda: cid in subscriptions)
+        assert tries == [T0, pytest.approx(T0 + 0.1)]

@@ -123,7 +123,7 @@ async def test_I8_a_token_revoked_by_another_process_is_refused_at_its_next_hell
     yet seen by the Mind's poll (its clock stands still here): the next hello
     reads the credentials version and is refused; a live token still works."""
     async with fake_time_mind(tmp_path / "home") as rig:
-        now = rig.mind.now()
+        now = rig.mind.wall()
         credential, token = make_credential("face", "phone", "operator", frozenset(), now)
         await rig.mind.store.add_credential(credential)
         first = Peer(FaceSession(rig.mind, wire := Wire()), wire)

@@ -42,7 +42,7 @@ async def test_cancel_during_admission_commit_cancels_the_chat(lmind: LocalMind)
 async def second_operator(lmind: LocalMind, label: str) -> FaceClient:
     mind = lmind.mind
     credential, token = make_credential(
-        "face", label, "operator", scopes_for("operator"), mind.now()
+        "face", label, "operator", scopes_for("operator"), mind.wall()
     )
     await mind.store.add_credential(credential)
     await mind.refresh_credentials()

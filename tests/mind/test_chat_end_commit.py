@@ -169,7 +169,7 @@ async def test_a_chat_converges_on_an_outcome_the_store_already_holds(tmp_path: 
         actor = await mind.actor(cid)
         run = actor.run
         assert run is not None
-        now = mind.now()
+        now = mind.wall()
         standing = {"request_id": chat, "status": "interrupted", "content": "",
                     "data": {"reason": "mind_restarted"}}
         await mind.store.write(

@@ -148,7 +148,7 @@ class Rig:
         its own (``hello_payload``)."""
         token = self.hand_tokens.get(hand_id)
         if token is None:
-            now = self.mind.now()
+            now = self.mind.wall()
             credential, token = make_credential("hand", hand_id, "hand", frozenset(), now)
             await self.mind.store.add_credential(credential)
             await self.mind.refresh_credentials()

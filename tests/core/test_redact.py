@@ -165,3 +165,11 @@ def test_a_marker_is_never_longer_than_what_it_replaces() -> None:
     for text in shortest:
         out, counts = SHAPES.redact(text)
         assert counts and len(out) <= len(text), (text, out)
+
+
+def test_a_value_repeated_many_times_is_redacted_every_time() -> None:
+    """One pass over the text, however often a command prints the value."""
+    key = "sk-" + secrets.token_urlsafe(40)
+    out, counts = Redactor({key: "provider API key"}).redact((key + "\n") * 20_000)
+    assert counts == {"provider API key": 20_000}
+    assert out == "[redacted: provider API key]\n" * 20_000

@@ -83,31 +83,30 @@ class Redactor:
 
     values: Mapping[str, str] = field(default_factory=dict)
     shapes: bool = True
+    _pattern: re.Pattern[str] | None = field(default=None, init=False, repr=False,
+                                             compare=False)
 
     def __post_init__(self) -> None:
         usable = {v: k for v, k in self.values.items() if MIN_VALUE <= len(v) <= MAX_VALUE}
-        # Longest first: of two values where one contains the other, the
-        # longer is what the output holds.
+        # Longest first: of two values that begin at one place, the longer is
+        # what the output holds. One pattern: a text is read once, however
+        # often it repeats a value.
         ordered = dict(sorted(usable.items(), key=lambda item: -len(item[0])))
         object.__setattr__(self, "values", ordered)
+        if ordered:
+            pattern = re.compile("|".join(re.escape(v) for v in ordered))
+            object.__setattr__(self, "_pattern", pattern)
 
     def spans(self, text: str) -> list[Span]:
         """Where ``text`` holds a secret, in order, never overlapping."""
         found: list[Span] = []
-
-        def free(start: int, end: int) -> bool:
-            return all(end <= s or start >= e for s, e, _ in found)
-
-        for value, kind in self.values.items():
-            at = text.find(value)
-            while at != -1:
-                if free(at, at + len(value)):
-                    found.append((at, at + len(value), kind))
-                at = text.find(value, at + 1)
+        if self._pattern is not None:
+            found = [(m.start(), m.end(), self.values[m.group()])
+                     for m in self._pattern.finditer(text)]
         if self.shapes:
             # Between the values found: a value's last characters never
             # lengthen a shape into it.
-            bounds = [0, *(x for s, e, _ in sorted(found) for x in (s, e)), len(text)]
+            bounds = [0, *(x for s, e, _ in found for x in (s, e)), len(text)]
             for pos, endpos in zip(bounds[::2], bounds[1::2], strict=True):
                 found += _shapes(text, pos, endpos)
         return sorted(found)

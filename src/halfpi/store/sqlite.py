@@ -351,14 +351,22 @@ class _RetryCarefully(Exception):
     """A merged append failed; the batch must be redone write by write."""
 
 
+# What a write can do wrong on its own (a constraint, a bad value): it fails
+# alone. Anything else is the database refusing to write at all (a full disk,
+# an I/O error, a lock held too long): the whole group commit fails.
+_A_WRITES_OWN_FAULT = (
+    sqlite3.IntegrityError, sqlite3.DataError, sqlite3.ProgrammingError, sqlite3.InterfaceError
+)
+
+
 def _insert_merged(conn: sqlite3.Connection, merged: list[StoredEvent]) -> None:
-    """Insert the merged appends; a write they break (a constraint) sends
+    """Insert the merged appends; a write's own fault (a constraint) sends
     the batch to be redone carefully, a refusal of the database itself (a
     full disk) fails the whole batch."""
     if merged:
         try:
             sql.insert_events(conn, merged)
-        except sqlite3.IntegrityError as exc:
+        except _A_WRITES_OWN_FAULT as exc:
             raise _RetryCarefully from exc
         merged.clear()
 
@@ -367,13 +375,13 @@ def _in_savepoint(
     conn: sqlite3.Connection, work: Callable[[], object]
 ) -> TxOutcome | BaseException:
     """Run ``work`` so that its failure undoes only itself, not the batch.
-    Only a write's own fault (a constraint) is its alone: when the database
-    refuses to write at all (a full disk, an I/O error) the batch fails."""
+    Only a write's own fault (``_A_WRITES_OWN_FAULT``) is its alone: when the
+    database refuses to write at all (a full disk, an I/O error) the batch fails."""
     conn.execute("SAVEPOINT tx")
     try:
         result = work()
         conn.execute("RELEASE tx")
-    except sqlite3.IntegrityError as exc:
+    except _A_WRITES_OWN_FAULT as exc:
         conn.execute("ROLLBACK TO tx")
         conn.execute("RELEASE tx")
         if sql.is_terminal_refusal(exc):

@@ -47,8 +47,7 @@ from halfpi.errors import (
 )
 from halfpi.gateway.http import spec
 from halfpi.gateway.http.commands import HttpCaller, decode, read_body
-from halfpi.gateway.http.door import Door, error_response
-from halfpi.gateway.http.sse import cors_headers, preflight
+from halfpi.gateway.http.door import Door, cors_headers, error_response, preflight
 from halfpi.gateway.http.sse_stream import SseStream
 from halfpi.mind import api
 

@@ -54,7 +54,7 @@ from halfpi.errors import (
     Unauthorized,
 )
 from halfpi.gateway.http import spec
-from halfpi.gateway.http.door import STATUS, Door, error_response
+from halfpi.gateway.http.door import STATUS, Door, error_response, preflight
 from halfpi.mind import api
 
 if TYPE_CHECKING:
@@ -287,8 +287,12 @@ class Commands:
         self.door = door
 
     async def post(self, request: Request) -> Response:
+        if request.method == "OPTIONS":  # a page on another Origin asks first (§17.5)
+            return preflight(self.door, request, "POST")
         type_ = request.path_params["type"]
-        return await guarded(f"command {type_[:64]}", lambda: self.run(request, type_))
+        response = await guarded(f"command {type_[:64]}", lambda: self.run(request, type_))
+        response.headers.update(self.door.cors(request))
+        return response
 
     async def run(self, request: Request, type_: str) -> Response:
         mind = self.door.mind()
@@ -329,7 +333,7 @@ class Commands:
 
 
 def routes(door: Door) -> list[BaseRoute]:
-    return [Route("/v1/commands/{type}", Commands(door).post, methods=["POST"])]
+    return [Route("/v1/commands/{type}", Commands(door).post, methods=["POST", "OPTIONS"])]
 
 
 
@@ -401,4 +405,6 @@ def describe() -> list[spec.Operation]:
             responses=replies(type_),
             errors=frozenset(errors),
         ))
+        operations.append(spec.preflight(f"/v1/commands/{type_}",
+                                         "options_" + type_.replace(".", "_"), "commands"))
     return operations

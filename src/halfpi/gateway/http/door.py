@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from starlette.requests import HTTPConnection
-from starlette.responses import JSONResponse
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import JSONResponse, Response
 
 from halfpi.core.throttle import client_address
 from halfpi.errors import ErrorCode, Forbidden, HalfpiError, Unauthorized, Unavailable
@@ -27,6 +27,10 @@ from halfpi.gateway.guard import settle
 if TYPE_CHECKING:
     from halfpi.mind.auth import Credential
     from halfpi.mind.service import Mind
+
+# CORS (docs/protocol.md §17.5): what a page on an allowed Origin may send.
+ALLOWED_HEADERS = "Authorization, Content-Type, Last-Event-ID, Idempotency-Key"
+PREFLIGHT_MAX_AGE_S = 600
 
 STATUS: dict[ErrorCode, int] = {
     ErrorCode.INVALID_REQUEST: 400,
@@ -101,3 +105,35 @@ class Door:
             raise Unauthorized("unknown or revoked token")
         settle(conn.scope)  # the connection is no longer unauthenticated (gateway/guard.py)
         return credential
+
+    def cors(self, conn: HTTPConnection) -> dict[str, str]:
+        """The CORS headers of an answer: the request's Origin named back
+        when it is allowed; nothing for a client that sends none, nor for
+        an Origin that is not allowed (its page cannot read the answer)."""
+        try:
+            self.check_origin(conn)
+        except HalfpiError:
+            return {}
+        return cors_headers(conn)
+
+
+def cors_headers(request: HTTPConnection) -> dict[str, str]:
+    """For a browser's request (already checked by ``Door.check_origin``):
+    its Origin named back; nothing for a client that sends none."""
+    origin = request.headers.get("origin")
+    return {"Access-Control-Allow-Origin": origin, "Vary": "Origin"} if origin else {}
+
+
+def preflight(door: Door, request: Request, methods: str) -> Response:
+    """A browser's CORS preflight: allowed Origins only (403 otherwise)."""
+    try:
+        door.check_origin(request)
+    except HalfpiError as exc:
+        return error_response(exc)
+    headers = {
+        **cors_headers(request),
+        "Access-Control-Allow-Methods": methods,
+        "Access-Control-Allow-Headers": ALLOWED_HEADERS,
+        "Access-Control-Max-Age": str(PREFLIGHT_MAX_AGE_S),
+    }
+    return Response(status_code=204, headers=headers)

@@ -45,7 +45,7 @@ from halfpi.gateway.http.commands import (
     guarded,
     one_shot,
 )
-from halfpi.gateway.http.door import Door
+from halfpi.gateway.http.door import Door, preflight
 from halfpi.mind import api
 
 if TYPE_CHECKING:
@@ -154,7 +154,11 @@ class ReadRoute:
         return payload_field
 
     async def get(self, request: Request) -> Response:
-        return await guarded(f"read {self.read.type}", lambda: self.run(request))
+        if request.method == "OPTIONS":  # a page on another Origin asks first (§17.5)
+            return preflight(self.door, request, "GET")
+        response = await guarded(f"read {self.read.type}", lambda: self.run(request))
+        response.headers.update(self.door.cors(request))
+        return response
 
     async def run(self, request: Request) -> Response:
         type_ = self.read.type
@@ -208,13 +212,17 @@ def welcome_route(door: Door) -> Route:
         return Response(body, media_type="application/json", headers=NO_STORE)
 
     async def get(request: Request) -> Response:
-        return await guarded("welcome", lambda: welcome(request))
+        if request.method == "OPTIONS":
+            return preflight(door, request, "GET")
+        response = await guarded("welcome", lambda: welcome(request))
+        response.headers.update(door.cors(request))
+        return response
 
-    return Route(WELCOME_PATH, get, methods=["GET"])
+    return Route(WELCOME_PATH, get, methods=["GET", "OPTIONS"])
 
 
 def routes(door: Door) -> list[BaseRoute]:
-    return [*(Route(r.path, ReadRoute(door, r).get, methods=["GET"]) for r in READS),
+    return [*(Route(r.path, ReadRoute(door, r).get, methods=["GET", "OPTIONS"]) for r in READS),
             welcome_route(door)]
 
 
@@ -277,6 +285,10 @@ def describe() -> list[spec.Operation]:
             responses={200: spec.Body(ANSWERS[read.type])},
             errors=frozenset(errors),
         ))
+        operations.append(spec.preflight(
+            read.path, "options_" + operations[-1].operation_id.removeprefix("get_"), "reads",
+            tuple(p for p in params if p.where == "path"),
+        ))
     operations.append(spec.Operation(
         method="get", path=WELCOME_PATH, operation_id="get_v1_welcome",
         summary="Who this bearer is and how the Mind speaks to it (face.welcome)",
@@ -286,4 +298,5 @@ def describe() -> list[spec.Operation]:
         responses={200: spec.Body(Welcome)},
         errors=frozenset({ErrorCode.INVALID_REQUEST}),
     ))
+    operations.append(spec.preflight(WELCOME_PATH, "options_v1_welcome", "reads"))
     return operations

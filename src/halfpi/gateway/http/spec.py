@@ -69,3 +69,15 @@ class Operation:
     # An error whose status is not door.STATUS's (e.g. 404 for an unknown command).
     extra_errors: tuple[tuple[int, ErrorCode], ...] = ()
     public: bool = False  # served without a bearer token
+
+
+def preflight(path: str, operation_id: str, tag: str,
+              parameters: tuple[Parameter, ...] = ()) -> Operation:
+    """The CORS preflight of ``path`` (docs/protocol.md §17.5)."""
+    return Operation(
+        method="options", path=path, operation_id=operation_id,
+        summary="A browser's CORS preflight (an allowed Origin only)", tag=tag,
+        parameters=parameters, public=True,
+        responses={204: Body({}, "allowed: Access-Control-Allow-* headers", "")},
+        errors=frozenset({ErrorCode.FORBIDDEN}),
+    )

@@ -42,7 +42,7 @@ from halfpi.core.sse import Grant, Opened, open_token
 from halfpi.errors import ErrorCode, HalfpiError, InvalidRequest, RateLimited, Unauthorized
 from halfpi.gateway.guard import settle
 from halfpi.gateway.http import spec
-from halfpi.gateway.http.door import Door, error_response
+from halfpi.gateway.http.door import Door, cors_headers, error_response, preflight
 from halfpi.gateway.http.sse_stream import SseStream
 from halfpi.mind import api
 from halfpi.mind.tickets import TICKET_TTL_S
@@ -56,8 +56,6 @@ CONVERSATION_EVENTS_PATH = "/v1/conversations/{conversation_id}/events"
 TICKETS_PATH = "/v1/stream-tickets"
 MAX_CONVERSATIONS = 100
 SUBSCRIBE_REQUEST_ID = "sse-subscribe"
-ALLOWED_HEADERS = "Authorization, Content-Type, Last-Event-ID, Idempotency-Key"
-PREFLIGHT_MAX_AGE_S = 600
 
 
 class TicketRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -148,31 +146,6 @@ def describe() -> list[spec.Operation]:
         _preflight(CONVERSATION_EVENTS_PATH, "v1_conversation_events", (_CONVERSATION,)),
         _preflight(TICKETS_PATH, "v1_stream_tickets"),
     ]
-
-
-# -- CORS ------------------------------------------------------------------------------
-
-
-def cors_headers(request: Request) -> dict[str, str]:
-    """For a browser's request (already checked by ``Door.check_origin``):
-    its Origin named back; nothing for a client that sends none."""
-    origin = request.headers.get("origin")
-    return {"Access-Control-Allow-Origin": origin, "Vary": "Origin"} if origin else {}
-
-
-def preflight(door: Door, request: Request, methods: str) -> Response:
-    """A browser's CORS preflight: allowed Origins only (403 otherwise)."""
-    try:
-        door.check_origin(request)
-    except HalfpiError as exc:
-        return error_response(exc)
-    headers = {
-        **cors_headers(request),
-        "Access-Control-Allow-Methods": methods,
-        "Access-Control-Allow-Headers": ALLOWED_HEADERS,
-        "Access-Control-Max-Age": str(PREFLIGHT_MAX_AGE_S),
-    }
-    return Response(status_code=204, headers=headers)
 
 
 # -- tickets -----------------------------------------------------------------------------

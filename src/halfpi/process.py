@@ -29,6 +29,7 @@ from halfpi.mind.home import Address, CannotStart, prepare_home, remove_address,
 from halfpi.mind.home_lock import HomeLock
 from halfpi.mind.redaction import configured_secrets
 from halfpi.mind.service import Mind
+from halfpi.undumpable import make_undumpable
 from halfpi.wiring import make_journal, make_store
 
 log = logging.getLogger("halfpi.mind")
@@ -214,6 +215,7 @@ async def serve(config: Config) -> None:
     """Serve until SIGINT/SIGTERM, then drain (see :func:`running_mind`).
 
     While it serves, ``HOME/mind.json`` says where (DESIGN §12)."""
+    make_undumpable()  # its commands cannot read its /proc entries (undumpable.py)
     async with running_mind(config) as (mind, server):
         address = Address(
             os.getpid(),

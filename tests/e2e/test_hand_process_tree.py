@@ -10,6 +10,7 @@ has the run's terminal state, whether anything of it still runs.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from tests.e2e.test_hands import (
 from tests.support.cli import hand_add
 from tests.support.client import FaceClient
 from tests.support.escapes import ESCAPES
+from tests.support.mind import MindProcess
 from tests.support.procs import Marks
 from tests.support.stream import is_event
 
@@ -151,3 +153,36 @@ async def test_no_escape_shape_outlives_a_command_that_exits_normally(
         assert done["status"] == "succeeded" and done["result"]["exit_code"] == 0, done
         assert done["result"]["stdout"].endswith("bye\n")
         assert marks.ps(name) == [], name
+
+
+async def test_a_command_of_the_local_hand_cannot_read_the_minds_process(
+    tmp_path: Path, marks: Marks, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A real Mind with a secret in its environment (a name and value no
+    redaction knows, so only the process boundary can keep it), its local
+    Hand, and an approved command that builds ``/proc/<mind pid>/environ``
+    as it runs: it gets an error (or another process), never the secret."""
+    secret = "mind-only-" + os.urandom(16).hex()
+    monkeypatch.setenv("PROVIDER_SECRET", secret)
+    home = tmp_path / "home"
+    home.mkdir()
+    mind = MindProcess(home).start()  # with its local Hand
+    assert mind.proc is not None
+    face = await FaceClient.connect(mind.url, mind.token)
+    try:
+        await wait_for_hand(face, lambda h: h["connected"], hand_id="local")
+        cid = await face.create_conversation("proc")
+        await face.subscribe(cid, detail_mode="transparent")
+        where = f'd=pro; d="${{d}}c"; f="/$d/{mind.proc.pid}"; '
+        command = (marks.export() + where
+                   + 'tr "\\0" "\\n" < "$f/environ" && echo read-environ || echo no-environ; '
+                   + 'tr "\\0" " " < "$f/cmdline"; echo')
+        message = "/tool exec_command " + json.dumps({"command": command, "hand": "local"})
+        done = await completed(face, await chat_approved(face, cid, message))
+        result = done["result"]
+        assert "no-environ" in result["stdout"], result
+        assert "PROVIDER_SECRET" not in result["stdout"]
+        assert secret not in json.dumps(face.seen)
+    finally:
+        await face.close()
+        mind.kill()

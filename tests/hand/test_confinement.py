@@ -522,16 +522,27 @@ async def test_the_hands_memory_is_out_of_reach_through_proc(
     """Outside its domain a confined command may not ptrace a process nor
     open its memory. (The environment of a process of the same user stays
     readable on this kernel: the Hand takes its token out of it, see
-    test_conceal.py.)"""
+    test_conceal.py.)
+
+    The process looked at has no capabilities: a command never has those
+    that reach into a process with more than it has (``CAP_SYS_PTRACE``),
+    so without confinement it can open this one's memory."""
     monkeypatch.setenv("HALFPI_MOUNTNS", mountns)
-    mem = f"/proc/{os.getpid()}/mem"
-    script = marks.export() + f"(exec 3<{mem}) 2>/dev/null && echo open || echo denied; "
-    script += "ps -p $$ | wc -l"
-    free = await run(script, [])
-    assert lines(free) == ["open", "2"], "without confinement it can (so the test can fail)"
-    confined = await run(script, [f"/proc/{os.getpid()}"])
-    assert confined.extra["confined"] is True
-    assert lines(confined) == ["denied", "2"]  # its own processes are still visible
+    target = subprocess.Popen(
+        ["setpriv", "--bounding-set=-all", "--inh-caps=-all", "sleep", "1000"],
+        env=marks.env("target"))
+    try:
+        mem = f"/proc/{target.pid}/mem"
+        script = marks.export() + f"(exec 3<{mem}) 2>/dev/null && echo open || echo denied; "
+        script += "ps -p $$ | wc -l"
+        free = await run(script, [])
+        assert lines(free) == ["open", "2"], "without confinement it can (so the test can fail)"
+        confined = await run(script, [f"/proc/{target.pid}"])
+        assert confined.extra["confined"] is True
+        assert lines(confined) == ["denied", "2"]  # its own processes are still visible
+    finally:
+        target.kill()
+        target.wait()
 
 
 @linux_with_landlock

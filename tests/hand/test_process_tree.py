@@ -277,3 +277,19 @@ async def test_nothing_a_command_left_outlives_its_normal_exit(
         in_own_cgroup = b"/halfpi-run-" in outcome.stdout
         assert in_own_cgroup == (tracking == "cgroup"), outcome.stdout
         assert marks.ps() == [], f"attempt {attempt}: {marks.ps()}"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a command of an ordinary user has no capability")
+@pytest.mark.parametrize("confined", [False, True], ids=["nothing-denied", "paths-denied"])
+async def test_a_root_command_has_no_capability_that_reads_another_process(
+    marks: Marks, tmp_path: Any, confined: bool,
+) -> None:
+    """CAP_SYS_PTRACE, CAP_SYS_ADMIN and CAP_PERFMON each read a
+    non-dumpable process's ``/proc/<pid>/environ`` (the Mind's): none is in
+    a command's bounding set, however it is confined."""
+    outcome, _ = await run({"command": marks.export() + "grep CapBnd /proc/self/status"},
+                           deny_paths=[str(tmp_path / "denied")] if confined else [])
+    bounding = int(outcome.stdout.split()[1], 16)
+    for cap in (19, 21, 38):  # CAP_SYS_PTRACE, CAP_SYS_ADMIN, CAP_PERFMON
+        assert not bounding & (1 << cap), (cap, hex(bounding))
+    assert bounding & (1 << 0), "CAP_CHOWN stays: only those are dropped"

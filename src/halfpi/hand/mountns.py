@@ -21,8 +21,11 @@ nothing else changes for the command: the directories above a denied path
   ``CAP_SYS_ADMIN`` (unmounting a cover, cloning the mount tree underneath
   it with ``open_tree``, entering another namespace) and
   ``CAP_DAC_READ_SEARCH`` (``open_by_handle_at``, which opens a file by its
-  inode number, past any path). A command run as root keeps its other
-  powers; one run by another user has no capability after ``exec`` anyway.
+  inode number, past any path), and ``CAP_SYS_PTRACE`` and ``CAP_PERFMON``
+  (either, like ``CAP_SYS_ADMIN``, reads a non-dumpable process's
+  ``/proc/<pid>/environ``: the Mind's). A
+  command run as root keeps its other powers; one run by another user has
+  no capability after ``exec`` anyway.
 
 The supervisor puts Landlock on top (``landlock.py``, every path allowed):
 its domain forbids every mount operation and keeps the command out of
@@ -57,8 +60,14 @@ MS_PRIVATE = 1 << 18
 COVER_FLAGS = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
 PR_CAPBSET_DROP = 24
 CAP_DAC_READ_SEARCH = 2
+CAP_SYS_PTRACE = 19
 CAP_SYS_ADMIN = 21
-DROPPED = (CAP_SYS_ADMIN, CAP_DAC_READ_SEARCH)
+CAP_PERFMON = 38  # Linux 5.8
+# What lets a process read another's /proc/<pid>/environ past the owner's
+# non-dumpable flag: CAP_SYS_PTRACE, and for reading alone also CAP_SYS_ADMIN
+# or CAP_PERFMON (seen on Linux 6.18).
+INSPECTING = (CAP_SYS_PTRACE, CAP_SYS_ADMIN, CAP_PERFMON)
+DROPPED = (CAP_DAC_READ_SEARCH, *INSPECTING)
 CAPABILITY_V3 = 0x20080522
 NULL_DEVICE = "/dev/null"
 
@@ -165,7 +174,8 @@ def drop_capabilities(caps: Iterable[int] = DROPPED) -> None:
     libc = _lib()
     caps = tuple(caps)
     for cap in caps:
-        _check(libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "drop a capability")
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() != errno.EINVAL:
+            _check(-1, "drop a capability")  # (EINVAL: a capability this kernel lacks)
     header = _CapHeader(CAPABILITY_V3, 0)
     data = (_CapData * 2)()
     _check(libc.capget(ctypes.byref(header), data), "capget")

@@ -172,6 +172,17 @@ class Reaper:
         # itself to a cgroup its user may not write anyway.
         mountns.unshare(cgroup.CLONE_NEWCGROUP)
 
+    @staticmethod
+    def _no_inspection() -> None:
+        """In the child: no program it runs gets a capability that reads a
+        non-dumpable process's ``environ`` or memory (the Mind's, see
+        ``undumpable.py``), root included. Dropping them needs
+        ``CAP_SETPCAP``: a command of an ordinary user has none anyway."""
+        try:  # noqa: SIM105 (no contextlib: the supervisor must start fast)
+            mountns.drop_capabilities(mountns.INSPECTING)
+        except OSError:
+            pass
+
     def _exec(self, mode: str, env: dict[str, str], errors: int) -> None:
         spec = self.spec
         command, argv = spec.get("command"), spec.get("argv")
@@ -209,6 +220,8 @@ class Reaper:
                     landlock.restrict_self(landlock.build(landlock.plan(deny, handled)))
                 except OSError as exc:
                     os.write(errors, f"C none Landlock: {exc}\n".encode("utf-8", "replace"))
+            if mode != "mount":  # (the namespace dropped these and more)
+                self._no_inspection()
             if command is not None:
                 os.execve("/bin/sh", ["/bin/sh", "-c", str(command)], env)
             else:

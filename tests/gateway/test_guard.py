@@ -10,11 +10,13 @@ import logging
 import socket
 from pathlib import Path
 
+import httpx
 import pytest
 
 from halfpi.gateway.guard import ACCEPT_RETRY_S, Acceptor, Guard
+from halfpi.gateway.native import FaceServer
 from tests.support.client import FaceClient
-from tests.support.mind import local_mind
+from tests.support.mind import LocalMind, local_mind
 from tests.support.slowloris import Dribbler
 from tests.support.wait import until
 
@@ -136,3 +138,28 @@ async def test_failed_accepts_pause_accepting_and_are_told_once_with_a_count(
     assert told == [told[0]] and told[0].startswith("accept failed 1 time(s)"), told
     assert "Too many open files" in told[0]
     assert not any(r.exc_info for r in caplog.records)
+
+
+def pending_of(lmind: LocalMind) -> int:
+    server = lmind.server
+    guard = server.guard if isinstance(server, FaceServer) else server.server.guard  # type: ignore[attr-defined]
+    assert guard is not None
+    return int(guard.pending.count)
+
+
+@SERVERS
+async def test_a_connection_stops_counting_as_unauthenticated_once_it_authenticates(
+    tmp_path: Path, server: str
+) -> None:
+    async with local_mind(tmp_path / "home", server=server, local_hand=False) as lmind:
+        base = f"http://127.0.0.1:{lmind.server.port}"
+        async with httpx.AsyncClient(base_url=base) as anonymous, \
+                httpx.AsyncClient(base_url=base, headers={
+                    "Authorization": f"Bearer {lmind.token}"}) as bearer:
+            assert (await anonymous.get("/healthz")).status_code == 200
+            await until(lambda: pending_of(lmind) == 1, 5)  # kept alive, never authenticated
+            face = await FaceClient.connect(lmind.url, lmind.token)  # welcomed
+            assert (await bearer.get("/v1/conversations")).status_code == 200
+            await until(lambda: pending_of(lmind) == 1, 5)
+            await face.close()
+        await until(lambda: pending_of(lmind) == 0, 5)

@@ -676,22 +676,29 @@ async def test_a_second_link_with_the_same_token_is_refused_while_the_first_live
 ) -> None:
     """Issue: with a stolen token an impostor Hand displaced the real one and
     answered its tool calls. Now it is refused (4029, audited with its
-    address) while the first is connected, which keeps its tool calls; once
-    the first is gone (kill -9) the second gets in."""
+    address in the Mind's log and, where a run waits on the Hand, as a
+    ``hand.link_refused`` event) while the first is connected, which keeps
+    its tool calls; once the first is gone (kill -9) the second gets in."""
     world.start_mind()
     assert world.mind is not None
     first = world.spawn_hand()
     face = await world.face()
     generation = (await wait_for_hand(face, lambda h: h["connected"]))["generation"]
-    second = impostor(world)
-    await until(lambda: "refused a second link for Hand 'laptop' from 127.0.0.1"
-                in world.mind.log(), 20, "the audit line of the refused link")
-    assert "4029" in second.log(), second.log()
-    assert second.alive(), second.log()  # it retries, as told
     cid = await face.create_conversation("displacement")
     assert (await face.subscribe(cid, detail_mode="transparent"))["type"] == "face.accepted"
+    waiting = await chat_approved(face, cid, tool_message(long_command(world, "long")))
+    await face.expect(lambda f: is_progress(f, waiting, "started"), 15)
+
+    second = impostor(world)
+    refused = await face.expect(lambda f: is_event(f, "hand.link_refused"), 20)
+    assert refused["payload"]["data"] == {"hand_id": HAND, "address": "127.0.0.1", "count": 1}
+    assert ("refused a second link for Hand 'laptop' from 127.0.0.1"
+            in world.mind.log()), world.mind.log()
+    assert "4029" in second.log(), second.log()
+    assert second.alive(), second.log()  # it retries, as told
+    reads = await face.create_conversation("reads")
     for _ in range(2):
-        assert await who_answers(face, cid) == "first"
+        assert await who_answers(face, reads) == "first"
     listed = await wait_for_hand(face, lambda h: h["connected"] and bool(h["refused"]))
     assert listed["generation"] == generation
     assert listed["refused"]["count"] >= 1
@@ -700,7 +707,7 @@ async def test_a_second_link_with_the_same_token_is_refused_while_the_first_live
 
     first.kill()
     await wait_for_hand(face, lambda h: h["connected"] and h["generation"] > generation, 30)
-    assert await who_answers(face, cid) == "impostor"
+    assert await who_answers(face, reads) == "impostor"
 
 
 @pytest.mark.servers("native")  # under uvicorn the server's own ping timeout decides

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import websockets
 
+from halfpi.core.events import EventData, HandLinkRefused
 from halfpi.core.hand_wire import (
     HAND_PROTOCOL,
     HandHello,
@@ -208,6 +209,26 @@ async def test_a_second_link_for_a_live_hand_is_refused_and_the_first_keeps_its_
     assert impostor.of("hand.run") == []
     hands.on_result(link, result(watched.run.run_id, 1))
     assert watched.terminal == ["succeeded"]
+
+
+async def test_refused_links_are_audited_where_a_person_waits_on_the_hand() -> None:
+    """``hand.link_refused`` in each conversation with a run on the Hand, for
+    the 1st, 2nd, 4th, 8th… refusal: a claimant retrying every second for
+    an hour writes a dozen events, not thousands."""
+    hands = registry()
+    published: list[tuple[set[str], EventData]] = []
+    hands.on_audit = lambda conversations, data: published.append((conversations, data))
+    started_run(hands)  # a run in c_1
+    for n in range(1, 9):
+        impostor = FakeLink(hands)
+        impostor.address = f"203.0.113.{n}"
+        with pytest.raises(HandInUse):
+            hands.connect(impostor, hello(instance=f"inst-x{n}"), "p_hand")
+    assert [(c, d) for c, d in published] == [
+        ({"c_1"}, HandLinkRefused(hand_id="dev", address=f"203.0.113.{n}", count=n))
+        for n in (1, 2, 4, 8)
+    ]
+    assert hands.hands["dev"].to_wire()["refused"]["count"] == 8
 
 
 async def test_superseding_connection_keeps_runs_and_closes_the_old_one() -> None:

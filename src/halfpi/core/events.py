@@ -273,6 +273,18 @@ class HandDisconnected(HandConnected, frozen=True, kw_only=True):
     TYPE: ClassVar[str] = "hand.disconnected"
 
 
+class HandLinkRefused(EventData, frozen=True, kw_only=True):
+    """``hand.link_refused``: another link claimed the Hand while its link was
+    connected and answering, and was refused (docs/hands.md), in every
+    conversation with a run on that Hand. ``count``: refusals while this
+    link holds the Hand (published for the 1st, 2nd, 4th, 8th…)."""
+
+    TYPE: ClassVar[str] = "hand.link_refused"
+    hand_id: str | None = None
+    address: str | None = None
+    count: int = 1
+
+
 class TaskView(Outbound, frozen=True, kw_only=True):
     """A background task as Faces see it (DESIGN §8): the Mind's last known
     snapshot of it (``snapshot.tasks``, ``face.task.list|get``, every task
@@ -340,6 +352,7 @@ EVENT_TYPES: dict[str, type[EventData]] = {
     RunChanged.TYPE: RunChanged,
     HandConnected.TYPE: HandConnected,
     HandDisconnected.TYPE: HandDisconnected,
+    HandLinkRefused.TYPE: HandLinkRefused,
     TaskStarted.TYPE: TaskStarted,
     TaskProgress.TYPE: TaskProgress,
     TaskCompleted.TYPE: TaskCompleted,

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from halfpi.core.events import EventData, HandLinkRefused
 from halfpi.core.hand_wire import (
     HandChecked,
     HandHello,
@@ -37,6 +38,7 @@ from halfpi.core.hand_wire import (
 )
 from halfpi.core.policy import Decision, Verdict
 from halfpi.core.states import RUN
+from halfpi.core.throttle import worth_logging
 from halfpi.core.timers import Timer
 from halfpi.errors import CloseCode, RateLimited, Unavailable
 from halfpi.mind.scheduler import Scheduler
@@ -177,6 +179,9 @@ class HandRegistry:
         # Called with (hand_id, connected) at every connect and disconnect
         # (background tasks: shown stale while away, delivered once back).
         self.on_link: Callable[[str, bool], None] | None = None
+        # Called with (conversation ids, event) to publish an audit event
+        # (a refused second link) where a person waits on that Hand.
+        self.on_audit: Callable[[set[str], EventData], None] | None = None
 
     def _presence(self, hand_id: str, connected: bool) -> None:
         if self.on_presence is not None:
@@ -251,14 +256,21 @@ class HandRegistry:
         """The audit of a refused second link: a log line naming both
         addresses (never the token) and the Hand's ``refused`` record."""
         assert hand.link is not None
+        count = (hand.refused["count"] if hand.refused else 0) + 1
+        hand.refused = {"count": count, "address": link.address, "at": self.clock()}
+        if not worth_logging(count):  # a claimant that keeps retrying: 1st, 2nd, 4th…
+            return
         log.warning(
             "audit: refused a second link for Hand %r from %s: its link from %s is "
-            "connected and answering (closed 4029). If that link is not yours: "
-            "halfpi hand revoke %s, then give the Hand a new token",
-            hand.hand_id, link.address, hand.link.address, hand.hand_id,
+            "connected and answering (closed 4029; refusal %d while it holds the Hand). "
+            "If that link is not yours: halfpi hand revoke %s, then give the Hand a new token",
+            hand.hand_id, link.address, hand.link.address, count, hand.hand_id,
         )
-        count = hand.refused["count"] if hand.refused else 0
-        hand.refused = {"count": count + 1, "address": link.address, "at": self.clock()}
+        conversations = {r.conversation_id for r in self.runs.values()
+                         if r.hand_id == hand.hand_id and not RUN.is_terminal(r.state)}
+        if conversations and self.on_audit is not None:
+            self.on_audit(conversations, HandLinkRefused(
+                hand_id=hand.hand_id, address=link.address, count=count))
 
     def _alive(self, run_id: str, hand_id: str) -> bool:
         run = self.runs.get(run_id)

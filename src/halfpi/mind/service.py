@@ -23,6 +23,7 @@ from halfpi.core.events import (
     ConversationInfo,
     ConversationNews,
     Created,
+    EventData,
     HandConnected,
     HandDisconnected,
     Interrupted,
@@ -212,6 +213,7 @@ class Mind:
             self.scheduler, config.hand_grace_s, local_label=config.local_hand_label, wall=clock
         )
         self.hands.on_presence = self._hand_presence
+        self.hands.on_audit = self._publish_in
         self.approvals = Approvals(config.approval_ttl_s, self.scheduler)
         self.approvals.announce = self.announce
         # What the Mind redacts from tool output: its secrets (mind/redaction.py).
@@ -353,6 +355,13 @@ class Mind:
         hand = self.hands.hands.get(hand_id)
         kind = HandConnected if connected else HandDisconnected
         data = kind(hand_id=hand_id, generation=hand.generation if hand else None)
+        for conversation_id in sorted(conversations):
+            actor = self._actors.get(conversation_id)
+            if actor is not None:
+                actor.append(data)
+
+    def _publish_in(self, conversations: set[str], data: EventData) -> None:
+        """``data`` in each of ``conversations`` that is loaded here."""
         for conversation_id in sorted(conversations):
             actor = self._actors.get(conversation_id)
             if actor is not None:

@@ -19,7 +19,7 @@ import pytest
 
 from halfpi.hand import cgroup, executor, tree
 from halfpi.hand.executor import KILL_GRACE_S, Outcome, ToolError, exec_command
-from tests.support.escapes import ESCAPES
+from tests.support.escapes import ESCAPES, QUIET
 from tests.support.procs import Marks, until
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="process trees are read in /proc")
@@ -293,3 +293,19 @@ async def test_a_root_command_has_no_capability_that_reads_another_process(
     for cap in (19, 21, 38):  # CAP_SYS_PTRACE, CAP_SYS_ADMIN, CAP_PERFMON
         assert not bounding & (1 << cap), (cap, hex(bounding))
     assert bounding & (1 << 0), "CAP_CHOWN stays: only those are dropped"
+
+
+@pytest.mark.skipif(not cgroup_usable(), reason="no run cgroup here")
+async def test_a_daemon_moved_out_of_the_runs_cgroup_is_still_ended(marks: Marks) -> None:
+    """A root command may move itself to another cgroup (where the hierarchy
+    is not mounted with nsdelegate, its cgroup namespace does not stop it):
+    it is still a descendant of the supervisor, and the sweep ends it."""
+    base = cgroup.run_base()
+    escape = ('f="$(mktemp -u)"; mkfifo "$f"; '
+              f"(setsid sh -c 'echo $$ > {base}/cgroup.procs && echo moved; echo > \"$0\"; "
+              f"trap \"\" TERM; exec sleep 1000 {QUIET}' \"$f\" &); "
+              'read moved < "$f"; rm -f "$f"; ')  # once it has moved
+    outcome, _ = await run({"command": marks.export() + escape + "exit 0"})
+    assert outcome.status == "succeeded", outcome
+    assert b"moved" in outcome.stdout, "it did leave the cgroup (so the test can fail)"
+    assert marks.ps() == []

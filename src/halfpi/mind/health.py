@@ -166,9 +166,11 @@ def probe_of(mind: Mind) -> ReadinessProbe:
     Store's writer (and, for SQLite, room on the database's disk), its
     Store's last commit outcome, and its Journal's Redis client when it has one."""
     folder = None if mind.config.postgres else mind.config.db_path.parent
+    # Each cluster node its own row: nodes probing at once never wait on one another.
+    key = f"{PROBE_KEY}:{mind.config.node_id}" if mind.config.node_id else PROBE_KEY
 
     async def store_write() -> None:
-        await mind.store.write(WriteTx(meta=((PROBE_KEY, repr(mind.wall())),)))
+        await mind.store.write(WriteTx(meta=((key, repr(mind.wall())),)))
         if folder is not None:
             await asyncio.to_thread(take_room, folder)
 

@@ -15,6 +15,7 @@ import sqlite3
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +24,7 @@ from tests.support.client import FaceClient
 from tests.support.frames import event
 from tests.support.metrics import samples
 from tests.support.mind import LocalMind, hand_ready, local_mind
+from tests.support.rig import Peer, Rig
 
 # Writes the secrets of the file named by argv[1], the first one cut by the
 # 4 KiB read boundary of the Hand's pipe.
@@ -150,16 +152,65 @@ async def test_a_log_page_that_would_cut_a_secret_ends_before_it(tmp_path: Path)
         hand, face, _cid, task_id, order = await task_delivered(rig)
         hand.send("hand.task.receipt", receipt(order))
         await rig.expect(face, task_event("task.progress", task_id=task_id))
-        pages = [(0, b"built " + token[:12].encode(), "running"),
-                 (6, token.encode() + b" done\n", "succeeded")]
-        shown = []
-        for offset, data, state in pages:
-            asked = await rig.command(face, "face.task.log", task_id=task_id, offset=offset)
-            await rig.take(hand, lambda f: f["type"] == "hand.task.log")
-            hand.send("hand.task.log_page", {
-                "task_id": "h1", "offset": offset, "next_offset": offset + len(data),
-                "data_b64": base64.b64encode(data).decode(), "truncated": False,
-                "state": state})
-            shown.append((await rig.reply(face, asked))["payload"]["data"])
+        written = [(0, b"built " + token[:12].encode(), "running"),
+                   (6, b"built " + token.encode() + b" done\n", "succeeded")]
+        shown = [await log_page(rig, face, hand, task_id, log, offset, 65_536, state)
+                 for offset, log, state in written]
         assert [(p["data"], p["next_offset"]) for p in shown] == [
             ("built ", 6), ("[redacted: metrics token] done\n", 6 + len(token) + 6)]
+
+
+async def test_a_log_read_from_any_offset_with_any_limit_never_shows_a_secret(
+    tmp_path: Path,
+) -> None:
+    """The offset and the limit are the reader's: a page that starts inside
+    a secret, or pages smaller than it, must not show it piece by piece.
+    The Hand (a remote one: it does not know the Mind's secrets) answers
+    as a real one does, from its log."""
+    from tests.mind.test_tasks import receipt, task_delivered, task_event
+    from tests.support.rig import fake_time_mind
+
+    token = "metrics-" + secrets.token_hex(16)
+    log = b"built\n" + token.encode() + b"\ndone\n"
+    at = log.index(token.encode())
+    async with fake_time_mind(tmp_path / "home", metrics_token=token) as rig:
+        hand, face, _cid, task_id, order = await task_delivered(rig)
+        hand.send("hand.task.receipt", receipt(order))
+        await rig.expect(face, task_event("task.progress", task_id=task_id))
+
+        async def page(offset: int, limit: int, state: str) -> dict[str, Any]:
+            return await log_page(rig, face, hand, task_id, log, offset, limit, state)
+
+        for state in ("running", "succeeded"):
+            # Inside the secret, to its end: no piece of it.
+            for offset in (at + 1, at + 8, at + len(token) - 4):
+                shown = await page(offset, 64, state)
+                assert shown["offset"] == offset
+                assert token[-4:] not in shown["data"], (offset, shown)
+            # Page by page, a few bytes at a time, from the start: the pages
+            # together never hold it, and the reader reaches the end.
+            offset, seen = 0, ""
+            for _ in range(len(log)):
+                shown = await page(offset, 5, state)
+                seen += shown["data"]
+                if shown["next_offset"] == offset:
+                    break
+                offset = shown["next_offset"]
+            assert token[8:16] not in seen and token[-6:] not in seen, seen
+            if state == "succeeded":
+                assert seen == "built\n[redacted: metrics token]\ndone\n", seen
+
+
+async def log_page(rig: Rig, face: Peer, hand: Peer, task_id: str, log: bytes,
+                   offset: int, limit: int, state: str) -> dict[str, Any]:
+    """``face.task.log`` at ``offset``, answered as a Hand does from ``log``
+    (what it asked for, as much as there is)."""
+    asked = await rig.command(face, "face.task.log", task_id=task_id,
+                              offset=offset, limit=limit)
+    wanted = (await rig.take(hand, lambda f: f["type"] == "hand.task.log"))["payload"]
+    start, size = wanted["offset"], wanted["limit"]
+    data = log[start:start + size]
+    hand.send("hand.task.log_page", {
+        "task_id": "h1", "offset": start, "next_offset": start + len(data),
+        "data_b64": base64.b64encode(data).decode(), "truncated": False, "state": state})
+    return dict((await rig.reply(face, asked))["payload"]["data"])

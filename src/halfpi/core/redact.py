@@ -157,6 +157,38 @@ def _apply(text: str, spans: Iterable[Span]) -> tuple[str, Counter[str]]:
     return "".join(parts), counts
 
 
+def window_page(
+    redactor: Redactor, text: str, lead: int, want: int, more: bool
+) -> tuple[str, int, Counter[str]]:
+    """A page of ``text`` from ``lead`` on, at most ``want`` characters of
+    it, that shows no piece of a secret, however the page was placed.
+
+    ``text`` is a window of a longer text (a task's log, read by offset):
+    up to :data:`MAX_CARRY` characters before the page (``lead``) and more
+    after it, so that a secret the page's start or end would cut is judged
+    whole. ``more``: the text may go on past the window (a log still
+    written). A secret cut by the start is shown as its marker; the page
+    ends before a secret its end would cut, or that may still be written.
+    Returns the redacted page, where it ends in ``text``, and the counts. A
+    page that can show nothing yet is empty and ends at ``lead``; one that
+    starts inside a secret it cannot get past shows only the marker."""
+    spans = redactor.spans(text)
+    cut = min(len(text), lead + want)
+    if more:
+        cut = min(cut, redactor.hold_from(text))
+    for start, end, _ in spans:
+        if start < cut < end:
+            cut = start
+    if cut <= lead:
+        covering = [s for s in spans if s[0] <= lead < s[1]]
+        if not covering or (more and covering[0][1] >= len(text)):
+            return "", lead, Counter()
+        cut = covering[0][1]
+    shown, counts = _apply(text[:cut], [(max(s, lead), e, k) for s, e, k in spans
+                                        if e > lead and s < cut])
+    return shown[lead:], cut, counts
+
+
 def count_markers(text: str, kinds: Iterable[str] = SHAPE_KINDS) -> Counter[str]:
     """The markers of ``kinds`` in ``text`` (a Hand's redactions, as the Mind
     counts them)."""

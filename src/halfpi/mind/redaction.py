@@ -85,6 +85,13 @@ class OutputRedaction:
             self._redactor = Redactor(self._secrets())
         return self._redactor
 
+    def of_bytes(self) -> Redactor:
+        """The same secrets, for text read from bytes as Latin-1 (one
+        character a byte, so offsets in it are byte offsets: a task's log)."""
+        redactor = self.redactor
+        values = {v.encode().decode("latin-1"): k for v, k in redactor.values.items()}
+        return Redactor(values, shapes=redactor.shapes)
+
     def stream(self) -> StreamRedactor:
         """One stream of a run's progress (a Face is given 4 KiB at most)."""
         return StreamRedactor(self.redactor, limit=CHUNK_BYTES)

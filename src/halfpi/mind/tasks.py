@@ -55,6 +55,7 @@ from halfpi.core.hand_wire import (
 )
 from halfpi.core.ids import new_id
 from halfpi.core.projection import project_args
+from halfpi.core.redact import MAX_CARRY, window_page
 from halfpi.core.states import OUTBOX, TASK
 from halfpi.core.tasks import DELIVERY_ATTEMPTS, answer_wait, task_digest
 from halfpi.core.timers import Timer
@@ -516,11 +517,17 @@ class TaskDispatcher:
         if hand_task_id is None or hand is None or hand.link is None:
             why = "its Hand does not have it yet" if hand_task_id is None else "its Hand is away"
             raise Unavailable(f"the task's log cannot be read now: {why}")
-        key = (row.hand_label, hand_task_id, offset)
+        # The Mind asks its Hand for a window around the page: what comes
+        # before it (a secret the reader's offset would start inside) and
+        # after it (one the page's end would cut) — always the same size,
+        # so readers of one window share its answer (core/redact.py).
+        lead = min(offset, MAX_CARRY)
+        start = offset - lead
+        key = (row.hand_label, hand_task_id, start)
         future: asyncio.Future[HandTaskLogPage] = asyncio.get_running_loop().create_future()
         self._logs.setdefault(key, []).append(future)
-        hand.link.send("hand.task.log", {"task_id": hand_task_id, "offset": offset,
-                                         "limit": min(limit, LOG_PAGE_BYTES)})
+        hand.link.send("hand.task.log", {"task_id": hand_task_id, "offset": start,
+                                         "limit": LOG_PAGE_BYTES})
         timer = self.scheduler.call_later(LOG_WAIT_S, _give_up, future)
         try:
             page = await future
@@ -531,20 +538,19 @@ class TaskDispatcher:
                 waiting.remove(future)
                 if not waiting:
                     del self._logs[key]
-        raw = base64.b64decode(page.data_b64)
-        next_offset = page.next_offset
-        if len(raw) >= min(limit, LOG_PAGE_BYTES) or not TASK.is_terminal(page.state):
-            # More may follow: a page that ends inside a secret ends before it
-            # (the next page starts there and holds it whole).
-            held = len(raw) - self.redaction.redactor.hold_from(raw.decode("latin-1"))
-            if 0 < held < len(raw):
-                raw, next_offset = raw[:-held], page.offset + len(raw) - held
+        window = base64.b64decode(page.data_b64)
+        want = max(1, min(limit, LOG_PAGE_BYTES - MAX_CARRY - lead))
+        # More may follow the window: a page may not end where a secret could.
+        more = len(window) >= LOG_PAGE_BYTES or not TASK.is_terminal(page.state)
+        shown, end, found = window_page(
+            self.redaction.of_bytes(), window.decode("latin-1"), lead, want, more)
         data: Any = UNSET
         if body:
-            data = self.redaction.text(raw.decode("utf-8", errors="replace"),
-                                       f"the log of task {row.task_id}, Hand {row.hand_label}")
-        return TaskLogPage(task_id=row.task_id, offset=page.offset,
-                           next_offset=next_offset, truncated=page.truncated,
+            self.redaction.record(
+                found, f"the log of task {row.task_id}, Hand {row.hand_label}")
+            data = shown.encode("latin-1").decode("utf-8", errors="replace")
+        return TaskLogPage(task_id=row.task_id, offset=offset,
+                           next_offset=start + end, truncated=page.truncated,
                            state=page.state, data=data)
 
 

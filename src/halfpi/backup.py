@@ -60,7 +60,8 @@ def _read_connection(path: Path) -> sqlite3.Connection:
     if not path.is_file():
         raise BackupError(f"there is no database at {path} (check --home or --store)")
     # Read-only: this connection never writes, whatever the database holds.
-    return sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=30.0)
+    # A file: URI names an absolute path (``restore ../bk1`` is relative).
+    return sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=30.0)
 
 
 def copy_database(source: Path, target: Path) -> int:

@@ -147,7 +147,9 @@ def store_url(text: str) -> str:
 
 
 def _home(value: str | None) -> Path:
-    return Path(value).expanduser() if value else default_home()
+    """The home, absolute: relative to where the command runs, and said in
+    full wherever it is shown or written (mind.json, the listening line)."""
+    return Path(os.path.abspath(Path(value).expanduser() if value else default_home()))
 
 
 def _listen_problem(args: argparse.Namespace) -> str | None:

@@ -82,3 +82,14 @@ def test_a_tally_of_a_million_failures_in_a_second_tells_once() -> None:
     told = [n for i in range(1_000_000) if (n := tally.note(i / 1_000_000)) is not None]
     assert told == [1]
     assert tally.note(10.0) == 1_000_000  # the next line carries what was held back
+
+
+def test_a_tally_flushed_at_the_end_of_its_interval_tells_what_was_held_back() -> None:
+    tally = Tally(interval_s=10.0)
+    assert tally.note(0.0) == 1
+    assert [tally.note(t) for t in (1.0, 2.0, 3.0)] == [None, None, None]
+    assert tally.flush(10.0) == 3  # the burst ended: its count is not lost
+    assert tally.note(15.0) is None  # a line was told at 10.0: the next at 20.0 or later
+    assert tally.flush(20.0) == 1
+    assert tally.flush(30.0) is None  # nothing held back
+    assert tally.note(30.5) == 1

@@ -113,3 +113,17 @@ class Tally:
             return None
         told, self.count, self.last = self.count, 0, now
         return told
+
+    def flush(self, now: float) -> int | None:
+        """At the end of an interval: what was held back since the last
+        line (``None``: nothing), so a burst that stopped is told in full."""
+        if not self.count:
+            return None
+        told, self.count, self.last = self.count, 0, now
+        return told
+
+    def due(self) -> float | None:
+        """When :meth:`flush` has something to tell (``None``: nothing held back)."""
+        if not self.count or self.last is None:
+            return None
+        return self.last + self.interval_s

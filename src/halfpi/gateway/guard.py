@@ -140,15 +140,17 @@ def settle(scope: MutableMapping[str, Any]) -> None:
 class Guard:
     """The rules applied to one server's connections."""
 
-    def __init__(self, head_timeout_s: float, trusted_proxies: frozenset[str]) -> None:
+    def __init__(self, head_timeout_s: float, trusted_proxies: frozenset[str],
+                 failure_log_interval_s: float = FAILURE_LOG_INTERVAL_S) -> None:
         before, descriptors = raise_descriptor_limit()
         self.descriptors = descriptors
         self.limits: PendingLimits = limits_for(descriptors)
         self.pending: PendingConnections[Ticket] = PendingConnections(self.limits)
         self.head_timeout_s = head_timeout_s
         self.trusted_proxies = trusted_proxies
-        self.failures = Tally(FAILURE_LOG_INTERVAL_S)
+        self.failures = Tally(failure_log_interval_s)
         self.heads_timed_out = 0
+        self.failure = ""  # what the last failed accept said
         log.info(
             "descriptors: %d%s; connections not yet authenticated: at most %d, %d per "
             "address; a request head or a hello within %g s",
@@ -172,12 +174,19 @@ class Guard:
         return ticket
 
     def accept_failed(self, exc: OSError, now: float) -> None:
-        count = self.failures.note(now)
+        self.failure = exc.strerror or str(exc)
+        self._tell_failures(self.failures.note(now))
+
+    def flush_failures(self, now: float) -> None:
+        """The end of an interval: failures held back since the last line."""
+        self._tell_failures(self.failures.flush(now))
+
+    def _tell_failures(self, count: int | None) -> None:
         if count is not None:
             log.warning(
                 "accept failed %d time(s) since the last such line: %s (descriptor limit %d, "
                 "%d connections pending); accepting again in %g s",
-                count, exc.strerror or exc, self.descriptors, self.pending.count, ACCEPT_RETRY_S,
+                count, self.failure, self.descriptors, self.pending.count, ACCEPT_RETRY_S,
             )
 
     def head_timed_out(self, address: str) -> None:
@@ -207,6 +216,7 @@ class Acceptor:
         self.loop = asyncio.get_running_loop()
         self.closed = False
         self._retry: asyncio.TimerHandle | None = None
+        self._flush: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         sock.setblocking(False)
         self.loop.add_reader(sock.fileno(), self._accept)
@@ -223,7 +233,7 @@ class Acceptor:
                 # No descriptor left (or another resource): told once per
                 # interval, and accepting pauses, as the kernel keeps
                 # reporting the socket readable.
-                self.guard.accept_failed(exc, self.loop.time())
+                self._failed(exc)
                 if exc.errno not in _OUT_OF_RESOURCES:
                     log.debug("accept failed", exc_info=True)
                 self._pause()
@@ -247,6 +257,19 @@ class Acceptor:
             conn.close()
             ticket.settle()
 
+    def _failed(self, exc: OSError) -> None:
+        """Told now, or counted and told when the interval ends (a burst
+        that stops is told in full, not forgotten)."""
+        guard = self.guard
+        guard.accept_failed(exc, self.loop.time())
+        due = guard.failures.due()
+        if due is not None and self._flush is None:
+            self._flush = self.loop.call_at(due, self._flush_failures)
+
+    def _flush_failures(self) -> None:
+        self._flush = None
+        self.guard.flush_failures(self.loop.time())
+
     def _pause(self) -> None:
         if self.closed:
             return
@@ -262,7 +285,8 @@ class Acceptor:
         if self.closed:
             return
         self.closed = True
-        if self._retry is not None:
-            self._retry.cancel()
+        for timer in (self._retry, self._flush):
+            if timer is not None:
+                timer.cancel()
         self.loop.remove_reader(self.sock.fileno())
         self.sock.close()

@@ -694,7 +694,7 @@ async def test_a_second_link_with_the_same_token_is_refused_while_the_first_live
     assert refused["payload"]["data"] == {"hand_id": HAND, "address": "127.0.0.1", "count": 1}
     assert ("refused a second link for Hand 'laptop' from 127.0.0.1"
             in world.mind.log()), world.mind.log()
-    assert "4029" in second.log(), second.log()
+    await until(lambda: "4029" in second.log(), 10, "the refused Hand to say why")
     assert second.alive(), second.log()  # it retries, as told
     reads = await face.create_conversation("reads")
     for _ in range(2):

@@ -173,3 +173,19 @@ def test_a_value_repeated_many_times_is_redacted_every_time() -> None:
     out, counts = Redactor({key: "provider API key"}).redact((key + "\n") * 20_000)
     assert counts == {"provider API key": 20_000}
     assert out == "[redacted: provider API key]\n" * 20_000
+
+
+def test_a_chance_match_in_a_long_blob_costs_the_blob_no_more_than_a_credential() -> None:
+    """URL-safe base64 holds ``hpf_``, ``hph_`` or ``hps_`` by chance about once in four
+    MiB: a match takes no more than the credential it resembles (a token's
+    43 characters, a ticket's 32, a link code's 22), never the rest of the
+    blob."""
+    blob = secrets.token_urlsafe(3000)
+    for prefix, body in (("hpf_", 43), ("hph_", 43), ("hps_", 32), ("#link=", 22)):
+        text = blob[:1000] + prefix + blob[1000:]
+        out, counts = SHAPES.redact(text)
+        assert sum(counts.values()) == 1, counts
+        assert out.endswith(blob[1000 + body:]), (prefix, len(out), len(text))
+        streamed, _ = _streamed(SHAPES, [text[i:i + 700] for i in range(0, len(text), 700)],
+                                limit=4096)
+        assert streamed == out

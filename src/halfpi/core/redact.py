@@ -17,7 +17,9 @@ never kept. To keep false positives low a shape needs its prefix, at least
 22 characters after it (18 for a link's code; a shorter piece of a token
 leaves more than 128 unknown bits: no use to anyone) and, for tokens and
 tickets, both upper- and lower-case letters, as random base64 has (an
-identifier such as ``hph_token_for_tests`` has not). A marker is never
+identifier such as ``hph_token_for_tests`` has not); a match is no longer
+than the credential (so a chance match in a base64url blob takes 47
+characters of it, not the rest of the blob). A marker is never
 longer than what it replaces, so redacted output is never longer either.
 A secret that a command *transforms* (base64, reversed, one character a
 line) is not recognisable: that is what the approval of ``exec_command``
@@ -49,16 +51,22 @@ MAX_VALUE = 512
 MAX_CARRY = 1024
 
 _BODY = "A-Za-z0-9_-"
+# The length of each body as halfpi makes it (token_urlsafe of 32, 24 and
+# 16 bytes): a match takes no more, so a chance match in a long run of
+# URL-safe characters (a base64url blob holds one of the prefixes about once in four
+# MiB) costs the text a credential's length, never the rest of the run.
+TOKEN_CHARS, TICKET_CHARS, LINK_CHARS = 43, 32, 22
 _SHAPES = re.compile(
-    rf"(?P<token>hp[fh]_[{_BODY}]{{22,}})"
-    rf"|(?P<ticket>hps_[{_BODY}]{{22,}})"
-    rf"|(?P<link>#link=[{_BODY}]{{18,}})"
+    rf"(?P<token>hp[fh]_[{_BODY}]{{22,{TOKEN_CHARS}}})"
+    rf"|(?P<ticket>hps_[{_BODY}]{{22,{TICKET_CHARS}}})"
+    rf"|(?P<link>#link=[{_BODY}]{{18,{LINK_CHARS}}})"
 )
 _KIND_OF_GROUP = {"token": HALFPI_TOKEN, "ticket": STREAM_TICKET, "link": SIGN_IN_LINK}
 # What the end of a chunk may be the beginning of: a shape's prefix, whole
 # or in part, with the characters of its body so far.
 _OPEN = re.compile(
-    rf"(?:hp[fhs]_[{_BODY}]*|#link=[{_BODY}]*|#(?:l(?:i(?:n(?:k)?)?)?)?|h(?:p[fhs]?)?)\Z"
+    rf"(?:hp[fh]_[{_BODY}]{{0,{TOKEN_CHARS - 1}}}|hps_[{_BODY}]{{0,{TICKET_CHARS - 1}}}"
+    rf"|#link=[{_BODY}]{{0,{LINK_CHARS - 1}}}|#(?:l(?:i(?:n(?:k)?)?)?)?|h(?:p[fhs]?)?)\Z"
 )
 _MARKER = re.compile(r"\[redacted: ([a-z][a-zA-Z -]{0,40})\]")
 _UPPER = re.compile("[A-Z]")
@@ -215,9 +223,8 @@ class StreamRedactor:
     and holds back a tail that could be the start of a secret; :meth:`flush`
     (at the end of the stream) returns the rest, in pieces of at most
     ``limit`` bytes. What is shown is exactly ``redactor.redact`` of the
-    whole stream, however it was cut (credentials never overlap: see
-    MAX_CARRY for the one exception, a run of token characters longer
-    than it)."""
+    whole stream, however it was cut (credentials never overlap, and none
+    is longer than MAX_CARRY)."""
 
     def __init__(self, redactor: Redactor, limit: int | None = None) -> None:
         self.redactor = redactor

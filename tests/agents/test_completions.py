@@ -22,6 +22,7 @@ from halfpi.agents.completions import (
     estimate_tokens,
     fit_history,
     parse_arguments,
+    refuses_unlisted,
     request_messages,
     scrub,
     tool_choice,
@@ -254,3 +255,22 @@ def test_a_chunk_is_read_for_what_a_chat_needs_and_nothing_more() -> None:
 def test_something_that_is_not_a_chunk_says_so() -> None:
     with pytest.raises(ValueError, match="not a chunk"):
         decode_chunk(b"<html>502 Bad Gateway</html>")
+
+
+# -- which model lists say what a server refuses ---------------------------------------
+
+
+@pytest.mark.parametrize(("listed", "refused"), [
+    ([("gpt-4o", "openai"), ("gpt-4o-mini", "system")], True),  # OpenAI
+    ([("qwen2.5:0.5b", "library")], True),  # Ollama
+    ([("Qwen/Qwen2.5-0.5B", "vllm")], True),  # vLLM
+    ([("/models/SmolLM2-135M.gguf", "llamacpp")], False),  # llama.cpp's llama-server
+    ([("SmolLM2-135M-Instruct", "me")], False),  # llama-cpp-python's server
+    ([("smollm2", "llamacpp")], False),  # listed: nothing to warn of anyway
+    ([("smollm2", "openai")], False),
+    ([], False),  # a server that lists nothing says nothing
+])
+def test_only_an_authoritative_model_list_predicts_model_not_found(
+    listed: list[tuple[str, str | None]], refused: bool,
+) -> None:
+    assert refuses_unlisted("smollm2", listed) is refused

@@ -17,6 +17,8 @@ as plain functions with no I/O (docs/agent.md, "Models").
   line for people with no secret in it, and whether a retry may help.
 - :func:`tool_result_content`: a tool's result as the ``role: tool``
   message the model reads, bounded.
+- :func:`refuses_unlisted`: whether a server's model list says which
+  model names it refuses (llama.cpp's does not).
 """
 
 from __future__ import annotations
@@ -227,6 +229,24 @@ def assistant_message(text: str, calls: Sequence[ToolCall]) -> dict[str, Any]:
             for c in calls
         ]
     return message
+
+
+# ``owned_by`` of servers that answer any model name with the model they
+# loaded: their ``/v1/models`` names that model, not the names they accept.
+SERVES_ANY_NAME = frozenset({
+    "llamacpp",  # llama.cpp's llama-server
+    "me",  # llama-cpp-python's server
+})
+
+
+def refuses_unlisted(model: str, listed: Sequence[tuple[str, str | None]]) -> bool:
+    """Whether a chat asking for ``model`` will fail ``model_not_found``
+    because the server's list of (id, owned_by) does not name it: only a
+    list that is authoritative says so — not an empty one, and not one
+    from a server that serves its loaded model under any name."""
+    if not listed or any(name == model for name, _ in listed):
+        return False
+    return not any(owner in SERVES_ANY_NAME for _, owner in listed)
 
 
 def tool_result_content(result: dict[str, Any]) -> str:

@@ -54,6 +54,7 @@ from halfpi.agents.completions import (
     decode_chunk,
     function_tools,
     parse_arguments,
+    refuses_unlisted,
     request_messages,
     scrub,
     stream_error,
@@ -210,8 +211,9 @@ class OpenAIAgent:
         await self.client.close()
 
     async def check(self) -> str | None:
-        """A start-up look at the server: None if it answers and lists the
-        model (or lists none), else one line saying what is wrong."""
+        """A start-up look at the server: None if it answers and its model
+        list does not refuse the model (``refuses_unlisted``), else one line
+        saying what is wrong."""
         settings = self.settings
         try:
             page = await self.client.models.list(timeout=CHECK_TIMEOUT_S)
@@ -219,7 +221,7 @@ class OpenAIAgent:
             failure = self._failure(exc)
             return f"the model server at {where(settings.base_url)}: {failure.message}"
         names = [m.id for m in page.data]
-        if names and settings.model not in names:
+        if refuses_unlisted(settings.model, [(m.id, m.owned_by) for m in page.data]):
             listed = ", ".join(names[:8]) + (" …" if len(names) > 8 else "")
             return (
                 f"the model server at {where(settings.base_url)} does not list the model "

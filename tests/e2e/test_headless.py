@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from halfpi.face.client import FaceClient as SdkClient
+from tests.support.cli import face_add
 from tests.support.mind import MindProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -181,7 +182,8 @@ async def test_ask_exits_4_when_another_face_denies_the_tool(tmp_path: Path) -> 
         requested = await asyncio.to_thread(
             fifo.wait_for, lambda m: m["type"] == "face.event"
             and m["payload"]["type"] == "approval.requested", 30)
-        approver = await SdkClient(mind.url, mind.token).connect()
+        laptop = await face_add(home, "laptop", "--approve")
+        approver = await SdkClient(mind.url, laptop.token).connect()
         try:
             await approver.request("face.approval.resolve",
                                    approval_id=requested["payload"]["data"]["approval_id"],
@@ -192,6 +194,9 @@ async def test_ask_exits_4_when_another_face_denies_the_tool(tmp_path: Path) -> 
         assert pipeline.returncode == EXIT_DENIED, err
         lines = reasons(err)
         assert any("denied" in line and "exec_command" in line for line in lines), err
+        # People read the decider's label, never its principal id.
+        assert any("denied by laptop" in line for line in lines), err
+        assert laptop.principal_id not in err
         assert "never" not in out
     finally:
         mind.kill()

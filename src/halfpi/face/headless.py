@@ -281,7 +281,9 @@ class Headless:
             call = str(data.get("tool_call_id"))
             for chat in self._chats.values():
                 if call in chat.approvals and not chat.approvals[call]:
-                    who = str(data.get("decided_by") or "")
+                    # People read the decider's credential label; its id
+                    # only when the Mind sent no label.
+                    who = str(data.get("decided_by_label") or data.get("decided_by") or "")
                     chat.approvals[call] = who or "another Face"
                     if data.get("status") == "allowed":
                         self._note(f"approval {data.get('approval_id')} allowed by {who}: it runs")

@@ -189,3 +189,21 @@ def test_a_chance_match_in_a_long_blob_costs_the_blob_no_more_than_a_credential(
         streamed, _ = _streamed(SHAPES, [text[i:i + 700] for i in range(0, len(text), 700)],
                                 limit=4096)
         assert streamed == out
+
+
+def test_an_end_that_cuts_a_secret_takes_out_a_piece_worth_having() -> None:
+    """Where halfpi (or a reader's ``max_bytes``) cut an output, its end may
+    be inside a secret: half of it or more is taken out and counted; less,
+    and the ordinary text that happens to end like it, stays."""
+    key = "sk-proj-" + secrets.token_urlsafe(40)
+    redactor = Redactor({key: "provider API key"})
+    for size in (len(key) - 1, (len(key) + 1) // 2):
+        assert redactor.redact_end("KEY=" + key[:size]) == ("KEY=", {"provider API key": 1})
+    short = "keys look like " + key[:12]
+    assert redactor.redact_end(short) == (short, {})
+    whole = f"KEY={key}\n{key[:-1]}"
+    assert redactor.redact_end(whole) == ("KEY=[redacted: provider API key]\n",
+                                          {"provider API key": 2})
+    stream = StreamRedactor(redactor)
+    assert stream.feed("KEY=" + key[:-3]) == "KEY="
+    assert stream.flush() == [] and stream.counts == {"provider API key": 1}

@@ -103,6 +103,29 @@ async def test_the_minds_secrets_never_leave_through_a_tool(
         await face.close()
 
 
+async def test_a_read_cut_inside_a_secret_shows_no_piece_of_it_worth_having(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``read_file``'s ``max_bytes`` (needing no approval) chooses where the
+    output ends: cut one character short of the provider key, it must not
+    show the key less its last character. A piece of at least half a
+    secret at the end of an output is taken out, and counted."""
+    async with leaky_mind(tmp_path, monkeypatch) as (lmind, values, leak):
+        key = values["provider API key"]
+        face = await FaceClient.connect(lmind.url, lmind.token)
+        cid = await face.create_conversation()
+        await face.subscribe(cid, detail_mode="transparent")
+        for cut in (len(key) - 1, len(key) // 2 + 1):
+            done = await face.chat_to_end(cid, "/tool read_file " + json.dumps(
+                {"path": str(leak), "max_bytes": cut}))
+            assert done["payload"]["status"] == "succeeded", done
+        everything = json.dumps(face.seen) + stored(lmind.config.db_path)
+        assert key[: len(key) // 2 + 1] not in everything
+        counted = samples(lmind.mind, "halfpi_tool_output_redactions", "kind")
+        assert counted[("halfpi_tool_output_redactions_total", "provider API key")] == 2
+        await face.close()
+
+
 async def test_a_task_log_is_read_with_the_minds_secrets_redacted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -124,6 +124,31 @@ class Redactor:
         each kind were."""
         return _apply(text, self.spans(text))
 
+    def redact_end(self, text: str) -> tuple[str, Counter[str]]:
+        """:meth:`redact`, for a text that ends where it may have been cut
+        (a result cut at 1 MiB or at ``max_bytes``, an error at 4096
+        characters, a stream whose rest never came): a tail that is a piece
+        of a configured value, at least half of it, is taken out and
+        counted as that value — else whoever picks the cut reads all of a
+        secret but its last character."""
+        spans = self.spans(text)
+        start, kind = self._piece_at_end(text)
+        if start == len(text) or (spans and spans[-1][1] > start):
+            return _apply(text, spans)
+        shown, counts = _apply(text[:start], spans)
+        counts[kind] += 1
+        return shown, counts
+
+    def _piece_at_end(self, text: str) -> tuple[int, str]:
+        best, kind = len(text), ""
+        for value, named in self.values.items():
+            least = max(MIN_VALUE, (len(value) + 1) // 2)
+            for size in range(min(len(value) - 1, len(text)), least - 1, -1):
+                if len(text) - size < best and text.endswith(value[:size]):
+                    best, kind = len(text) - size, named
+                    break
+        return best, kind
+
     def hold_from(self, text: str) -> int:
         """Where the tail that could still become a secret begins (``len(text)``
         when none could): the part from there on waits for more text."""
@@ -255,7 +280,7 @@ class StreamRedactor:
         self._carry = ""
 
     def flush(self) -> list[str]:
-        shown, counts = self.redactor.redact(self._carry)
+        shown, counts = self.redactor.redact_end(self._carry)
         self.counts += counts
         self._carry = ""
         rest, pieces = self._ready + shown, []

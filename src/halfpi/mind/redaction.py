@@ -103,7 +103,8 @@ class OutputRedaction:
             value = result.get(key)
             if isinstance(value, str) and value:
                 found += count_markers(value, HAND_KINDS)  # what its Hand redacted
-                redacted[key], mine = self.redactor.redact(value)
+                # Its end may be a cut (1 MiB, ``max_bytes``, 4096 characters).
+                redacted[key], mine = self.redactor.redact_end(value)
                 if mine:
                     redacted["truncated"] = True  # not all the tool wrote is shown
                 found += mine
@@ -113,7 +114,7 @@ class OutputRedaction:
     def text(self, text: str | None, where: str) -> str | None:
         if not text:
             return text
-        shown, found = self.redactor.redact(text)
+        shown, found = self.redactor.redact_end(text)
         self.record(found, where)
         return shown
 

@@ -62,3 +62,14 @@ async def test_a_transparent_admission_reply_echoes_the_output() -> None:
          "detail_mode": "transparent"},
     )
     assert text == "exec_command succeeded (exit 0)\nthe notes\n"
+
+
+async def test_a_summary_admission_reply_never_falls_back_to_an_error_message() -> None:
+    """A Hand may fail a call with a message and no category: for a summary
+    admission the reply still says no more than the outcome."""
+    text = await reply_to(
+        '/tool read_file {"path": "/home/me/plans.txt"}',
+        {"status": "failed", "success": False, "error_category": None,
+         "error": "cannot read /home/me/plans.txt", "detail_mode": "summary"},
+    )
+    assert text == "read_file failed"

@@ -120,8 +120,9 @@ async def _tool(chat: ChatInput, rest: str, pace: float) -> AsyncIterator[Delta]
     if summary_only and (output or result.get("output_bytes")):
         notes.append("output not shown: summary detail")
     summary = f"{name} {status}" + (f" ({'; '.join(notes)})" if notes else "")
-    detail = result.get("error_category") if summary_only else None
-    detail = detail or result.get("error") or result.get("error_category")
+    detail = result.get("error_category")
+    if not summary_only:  # a summary reply never falls back to the message
+        detail = result.get("error") or detail
     if detail and status != "succeeded" and detail != status:  # never "denied: denied"
         summary += f": {detail}"
     yield Delta(summary)

@@ -287,7 +287,9 @@ def describe() -> list[spec.Operation]:
         ))
         operations.append(spec.preflight(
             read.path, "options_" + operations[-1].operation_id.removeprefix("get_"), "reads",
-            tuple(p for p in params if p.where == "path"),
+            # A preflight is about the Origin: any id is answered alike.
+            tuple(spec.Parameter(name, "path", {"type": "string"}, required=True)
+                  for name in read.path_field),
         ))
     operations.append(spec.Operation(
         method="get", path=WELCOME_PATH, operation_id="get_v1_welcome",

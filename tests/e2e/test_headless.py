@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -10,8 +11,11 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
+from websockets.asyncio.client import connect
+from websockets.asyncio.server import serve
 
 from halfpi.face.client import FaceClient as SdkClient
 from tests.support.cli import face_add
@@ -312,3 +316,108 @@ def test_a_bad_flag_exits_64(tmp_path: Path) -> None:
     assert done.returncode == EXIT_USAGE
     (line,) = reasons(done.stderr)
     assert "--connect-timeout" in line
+
+
+# -- refusals the Mind marks retryable ---------------------------------------------------
+
+
+class RefusingRelay:
+    """A WebSocket relay between the headless face and a real Mind that
+    answers the first ``refusals`` face.chat commands itself, as a cluster
+    node does during a take-over: ``face.error{unavailable, retryable}``.
+    Everything else passes through unchanged."""
+
+    def __init__(self, target: str, refusals: int) -> None:
+        self.target = target
+        self.refusals = refusals
+        self.refused = 0
+        self.url = ""
+        self._server: Any = None
+
+    async def __aenter__(self) -> RefusingRelay:
+        self._server = await serve(self._relay, "127.0.0.1", 0, max_size=None)
+        port = self._server.sockets[0].getsockname()[1]
+        self.url = f"ws://127.0.0.1:{port}/v1/face"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _relay(self, face: Any) -> None:
+        async with connect(self.target, max_size=None) as mind:
+            async def up() -> None:
+                async for text in face:
+                    frame = json.loads(text)
+                    if frame["type"] == "face.chat" and self.refused < self.refusals:
+                        self.refused += 1
+                        await face.send(json.dumps({"type": "face.error", "payload": {
+                            "request_id": frame["payload"].get("request_id"),
+                            "code": "unavailable", "retryable": True,
+                            "message": "the conversation has no owner right now; retry"}}))
+                        continue
+                    await mind.send(text)
+
+            async def down() -> None:
+                async for text in mind:
+                    await face.send(text)
+
+            tasks = [asyncio.create_task(up()), asyncio.create_task(down())]
+            with contextlib.suppress(Exception):
+                await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in tasks:
+                task.cancel()
+
+
+async def run_headless_face(url: str, home: Path, *args: str,
+                            stdin: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *headless("--url", url, *args), env=_env(home), stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(stdin.encode()), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+@pytest.mark.e2e
+async def test_a_retryable_refusal_is_asked_again_within_the_connect_timeout(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    mind = MindProcess(home).start()
+    try:
+        async with RefusingRelay(mind.url, refusals=3) as relay:
+            code, out, err = await run_headless_face(
+                relay.url, home, "--new-conversation", "c", "--connect-timeout", "20",
+                stdin=lines_in({"type": "face.chat", "payload": {"content": "hello again"}}))
+        assert code == EXIT_OK, err
+        assert relay.refused == 3
+        assert '"chat.completed"' in out
+        lines = reasons(err)
+        assert any("unavailable" in line and "again" in line for line in lines), err
+    finally:
+        mind.kill()
+
+
+@pytest.mark.e2e
+async def test_a_retryable_refusal_that_lasts_ends_within_the_connect_timeout_saying_why(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    mind = MindProcess(home).start()
+    try:
+        async with RefusingRelay(mind.url, refusals=10**9) as relay:
+            code, _, err = await run_headless_face(
+                relay.url, home, "--new-conversation", "c", "--connect-timeout", "1",
+                stdin=lines_in({"type": "face.chat", "payload": {"content": "hello"}}))
+        assert code == EXIT_FAILED, err
+        assert relay.refused > 1  # asked again before giving up
+        lines = reasons(err)
+        assert lines[-1].startswith("halfpi: face.chat"), err
+        assert "unavailable" in lines[-1] and "--connect-timeout" in lines[-1], err
+        for line in lines:  # sentences, never a Python repr
+            assert "{'" not in line and "Error(" not in line, line
+    finally:
+        mind.kill()

@@ -31,20 +31,22 @@ script says so with ``--retry-interrupted N`` — asking again is a decision
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
 import logging
-import socket
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from functools import partial
+from typing import Any, TextIO, TypeVar
 
 from halfpi.client.redial import Locate
+from halfpi.core.backoff import backoff
 from halfpi.core.throttle import worth_logging
 from halfpi.face.client import FaceClient, Result, Status, new_request_id
 from halfpi.face.errors import AuthError, ClientClosed, CommandError, FaceError
+from halfpi.face.headless_lines import describe_failure, parse_command
 from halfpi.face.transport import ConnectionLost, Transport, websocket_connector
 
 log = logging.getLogger("halfpi.face.headless")
@@ -69,6 +71,11 @@ ERROR_EXIT = {
 }
 # A tool call of a chat that ended without running, by its status.
 TOOL_EXIT = {"denied": EXIT_DENIED, "expired": EXIT_EXPIRED}
+# Between two askings of a command the Mind refused retryably: short, as
+# the refusal (a take-over, a node not ready yet) lasts seconds.
+RETRY_CAP_S = 2.0
+
+T = TypeVar("T")
 CHAT_FIELDS = frozenset({"request_id", "conversation_id", "content"})
 ERROR_MEANING = {
     "agent_failed": "the agent gave up on this message",
@@ -195,6 +202,39 @@ class Headless:
         )
         self._note(f"the Mind at {self._url} refused the token ({exc.close_code}): {what}")
 
+    # -- refusals the Mind marks retryable -------------------------------------------
+
+    async def _retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """``call``, asked again while the Mind refuses it with ``retryable:
+        true`` (``unavailable`` during a cluster take-over, ``busy``): with
+        backoff, within --connect-timeout (without it, until it is taken),
+        saying so once. A command so refused was not admitted, so asking
+        again with its request_id cannot make it run twice."""
+        loop = asyncio.get_running_loop()
+        bound = self.options.connect_timeout
+        until = None if bound is None else loop.time() + bound
+        delays = backoff(cap=RETRY_CAP_S)
+        said = False
+        while True:
+            try:
+                return await call()
+            except CommandError as exc:
+                delay = next(delays)
+                if not exc.retryable or (until is not None and loop.time() + delay > until):
+                    raise
+                if not said:
+                    said = True
+                    within = "" if bound is None else f" for up to {bound:g} s (--connect-timeout)"
+                    self._note(f"{what} refused for now ({exc}); asking again{within}")
+                await asyncio.sleep(delay)
+
+    def _refusal(self, what: str, exc: CommandError) -> str:
+        """A refusal as one sentence; a retryable one says how long it lasted."""
+        if exc.retryable and self.options.connect_timeout is not None:
+            return (f"{what} refused: {exc} (still after {self.options.connect_timeout:g} s "
+                    "of asking again: --connect-timeout)")
+        return f"{what} refused: {exc}"
+
     # -- connecting: what is tried, and why it fails --------------------------------
 
     async def _connect(self, url: str) -> Transport:
@@ -320,11 +360,12 @@ class Headless:
         try:
             await self.client.connect(timeout=None)
             if self.options.new_conversation is not None:
-                self.conversation = await self.client.create_conversation(
-                    self.options.new_conversation or None
-                )
+                name = self.options.new_conversation or None
+                self.conversation = await self._retrying(
+                    "creating the conversation", lambda: self.client.create_conversation(name))
             if self.conversation is not None:
-                await self.client.subscribe(self.conversation)
+                cid = self.conversation
+                await self._retrying(f"subscribing to {cid}", lambda: self.client.subscribe(cid))
             number = 0
             while (line := await lines.get()) is not None:
                 number += 1
@@ -335,16 +376,14 @@ class Headless:
         except AuthError as exc:
             self._refused(exc)
         except CommandError as exc:  # creating the --new-conversation was refused
-            self._fail(ERROR_EXIT.get(exc.code, EXIT_FAILED), f"refused: {exc}")
+            self._fail(ERROR_EXIT.get(exc.code, EXIT_FAILED),
+                       self._refusal("the start (--new-conversation, --conversation)", exc))
         return self.exit_code
 
     async def _command(self, number: int, line: str) -> None:
         try:
-            frame = json.loads(line)
-            type_, payload = frame["type"], dict(frame.get("payload") or {})
-            if not isinstance(type_, str) or set(frame) - {"type", "payload"}:
-                raise ValueError("a command is {type, payload}")
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            type_, payload = parse_command(line)
+        except ValueError as exc:
             self.out(
                 "face.error",
                 {
@@ -386,13 +425,14 @@ class Headless:
                     and set(payload) <= CHAT_FIELDS
                     and ("conversation_id" in payload)
                 ):
-                    outcome: Any = await self._chat(payload)
+                    outcome: Any = await self._retrying(
+                        f"{type_} {request_id}", partial(self._chat, dict(payload)))
                 else:
-                    outcome = await self.client.request(type_, **payload)
+                    outcome = await self._retrying(
+                        f"{type_} {request_id}", partial(self.client.request, type_, **payload))
             except CommandError as exc:  # its face.error line is already out
-                self._fail(
-                    ERROR_EXIT.get(exc.code, EXIT_FAILED), f"{type_} {request_id} refused: {exc}"
-                )
+                self._fail(ERROR_EXIT.get(exc.code, EXIT_FAILED),
+                           self._refusal(f"{type_} {request_id}", exc))
                 return
             except AuthError as exc:
                 self._refused(exc)
@@ -467,24 +507,6 @@ class Headless:
 
 def _code(result: Result) -> str:
     return f" ({result.error_code})" if result.error_code else ""
-
-
-def describe_failure(exc: ConnectionLost) -> str:
-    """Why a connection attempt failed, for a person (the underlying error
-    is kept as the exception's context by the transport)."""
-    cause = exc.__context__
-    if isinstance(cause, socket.gaierror):
-        return f"cannot resolve the host ({cause.strerror or cause})"
-    refused = f"[Errno {errno.ECONNREFUSED}]"
-    if isinstance(cause, ConnectionRefusedError) or (
-        isinstance(cause, OSError) and refused in str(cause)
-    ):
-        return "connection refused: nothing listens there (is `halfpi mind` running?)"
-    if isinstance(cause, TimeoutError):
-        return "no answer in time"
-    if isinstance(cause, OSError) and cause.strerror:
-        return cause.strerror.lower()
-    return exc.reason or str(exc)
 
 
 def read_lines(

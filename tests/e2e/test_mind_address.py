@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.test_terminal import Tmux, is_live, ready, status_line
+from tests.support import programs
 from tests.support.mind import MindProcess
 
 pytestmark = pytest.mark.e2e
@@ -94,8 +94,8 @@ async def test_the_headless_face_finds_a_restarted_port_0_mind_again(tmp_path: P
         mind.kill()
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 async def test_the_terminal_face_finds_a_restarted_port_0_mind_again(tmp_path: Path) -> None:
+    programs.require("tmux")  # CI requires it (HALFPI_TMUX); the run's summary names it
     home = tmp_path / "home"
     home.mkdir()
     mind = MindProcess(home).start()

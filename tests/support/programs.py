@@ -96,7 +96,8 @@ def summary(skips: list[str]) -> str | None:
     if not ours:
         return None
     packages = " ".join(sorted(set(SKIPPED.values())))
-    return (f"halfpi: {len(ours)} tests skipped for missing system programs; to run them "
+    tests = "1 test" if len(ours) == 1 else f"{len(ours)} tests"
+    return (f"halfpi: {tests} skipped for missing system programs; to run them "
             f"too: apt-get install {packages} (README.md, \"Tests\")")
 
 

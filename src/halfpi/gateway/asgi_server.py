@@ -103,6 +103,10 @@ class _Server(uvicorn.Server):
         for acceptor in self.acceptors:
             acceptor.close()
 
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.stop_accepting()  # however uvicorn was stopped, the sockets close
+        await super().shutdown(sockets)
+
 
 class AsgiServer:
     """The ASGI adapter served by uvicorn on the Mind's host and port."""

@@ -38,6 +38,7 @@ from tests.support.cli import face_add, hand_add
 from tests.support.client import FaceClient, connect_new_credential
 from tests.support.hand import HandProcess
 from tests.support.mind import MindProcess
+from tests.support.procs import MARK, marked
 from tests.support.stream import is_event, is_terminal_event
 
 pytestmark = pytest.mark.e2e
@@ -119,10 +120,9 @@ class World:
             with contextlib.suppress(Exception):
                 self.mind.kill()
         for path in self.groups:
-            pgid = read_pid(path)
-            if pgid is not None and group_alive(pgid):
+            for proc in marked(read_mark(path)):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pgid, signal.SIGKILL)
+                    os.kill(proc.pid, signal.SIGKILL)
 
 
 @pytest.fixture
@@ -140,35 +140,17 @@ async def world(tmp_path: Path, server_kind: str) -> AsyncIterator[World]:
 # -- helpers ---------------------------------------------------------------------------
 
 
-def read_pid(path: Path) -> int | None:
+def read_mark(path: Path) -> str:
+    """The mark a command carries (see :func:`long_command`)."""
     try:
-        pid = int(path.read_text().strip())
-    except (OSError, ValueError):
-        return None
-    return pid if pid > 1 else None
+        return path.read_text().strip() or "-"
+    except OSError:
+        return "-"
 
 
-def group_alive(pgid: int) -> bool:
-    """Whether any process of the group still runs (zombies do not count)."""
-    if not Path("/proc").is_dir():
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path("/proc", entry, "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rpartition(")")[2].split()
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            return True
-    return False
+def command_alive(path: Path) -> bool:
+    """Whether a process of the command marked in ``path`` still runs."""
+    return bool(marked(read_mark(path)))
 
 
 def lines(path: Path) -> list[str]:
@@ -256,10 +238,13 @@ async def snapshot(face: FaceClient, conversation_id: str) -> dict[str, Any]:
 
 
 def long_command(world: World, name: str) -> str:
-    """Records its process group, counts its starts, runs long, marks its end."""
-    pid = world.pid_file(name)
+    """Marks itself and all it starts (the mark is recorded in its pid file:
+    a pid it could print is its PID namespace's, not this machine's),
+    counts its starts, runs long, marks its end."""
+    tag = f"lc{os.urandom(6).hex()}-{name}"
+    world.pid_file(name).write_text(tag)
     counter, marker = world.work / f"{name}.count", world.work / f"{name}.done"
-    return (f"echo $$ > {shlex.quote(str(pid))}; echo run >> {shlex.quote(str(counter))}; "
+    return (f"export {MARK}={tag}; echo run >> {shlex.quote(str(counter))}; "
             f"echo started; sleep 20; touch {shlex.quote(str(marker))}")
 
 
@@ -475,15 +460,15 @@ async def test_I11_restarted_hand_leaves_no_command_of_its_previous_instance(
     await op.subscribe(cid, detail_mode="transparent")
     request_id = await chat_approved(op, cid, tool_message(long_command(world, "leftover")))
     await op.expect(lambda f: is_progress(f, request_id, "started"), 15)
-    pgid = read_pid(world.work / "leftover.pid")
-    assert pgid is not None and group_alive(pgid)
+    leftover = world.work / "leftover.pid"
+    await until(lambda: command_alive(leftover), 5, "its sleep to run")  # (the shell is unmarked)
 
     hand.kill()
     world.spawn_hand()
     completed = await op.expect(lambda f: is_event(f, "chat.tool_completed", request_id), 8)
     assert completed["payload"]["data"]["status"] == "lost"
     await wait_for_hand(op, lambda h: h["connected"])
-    await until(lambda: not group_alive(pgid), 3,
+    await until(lambda: not command_alive(leftover), 3,
                 "the command of the killed Hand to be stopped")
     assert not (world.work / "leftover.done").exists()
 
@@ -548,8 +533,7 @@ async def test_I11_hand_survives_mind_restart_and_kills_abandoned_command(
 
     request_id = await chat_approved(op, cid, content)
     await op.expect(lambda f: is_progress(f, request_id, "started"), 15)
-    pgid = read_pid(pid_file)
-    assert pgid is not None and group_alive(pgid)
+    await until(lambda: command_alive(pid_file), 5, "its sleep to run")  # (the shell is unmarked)
 
     mind.kill()
     mind.start()  # same home, same port
@@ -560,7 +544,8 @@ async def test_I11_hand_survives_mind_restart_and_kills_abandoned_command(
 
     # The restarted Mind does not know the run: the Hand is told to abandon
     # it and kills it, so its end never happens.
-    await until(lambda: not group_alive(pgid), 10, "the Hand to kill the abandoned command")
+    await until(lambda: not command_alive(pid_file), 10,
+                "the Hand to kill the abandoned command")
     assert not marker.exists()
     assert lines(counter) == ["run"]
 

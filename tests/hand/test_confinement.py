@@ -526,8 +526,10 @@ async def test_the_hands_memory_is_out_of_reach_through_proc(
 
     The process looked at has no capabilities: a command never has those
     that reach into a process with more than it has (``CAP_SYS_PTRACE``),
-    so without confinement it can open this one's memory."""
+    so without confinement it can open this one's memory. Without a PID
+    namespace (forced off), where the target is in the command's view."""
     monkeypatch.setenv("HALFPI_MOUNTNS", mountns)
+    monkeypatch.setenv("HALFPI_PIDNS", "off")
     target = subprocess.Popen(
         ["setpriv", "--bounding-set=-all", "--inh-caps=-all", "sleep", "1000"],
         env=marks.env("target"))

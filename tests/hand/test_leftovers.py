@@ -74,21 +74,29 @@ class HandInstance:
         await self.proc.wait()
 
 
-@pytest.fixture
-async def hand(tmp_path: Path, marks: Marks) -> AsyncIterator[HandInstance]:
+async def start_hand(tmp_path: Path, marks: Marks, pidns: bool) -> HandInstance:
     record = tmp_path / "hands" / "dev.runs.json"
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", HAND, str(record), marks.export("cmd") + TREE,
-        env=marks.env("hand"), stdout=subprocess.PIPE)
+        env=marks.env("hand", {**os.environ, "HALFPI_PIDNS": "on" if pidns else "off"}),
+        stdout=subprocess.PIPE)
     instance = HandInstance(proc, record)
     await instance.ready()
     # The words are printed before each ``exec sleep``, and the last
     # ``sleep 1000`` starts after them: wait until all four run.
     await until(lambda: len(marks.alive("cmd")) >= 4, 15, "the whole tree to run")
+    return instance
+
+
+@pytest.fixture
+async def hand(tmp_path: Path, marks: Marks) -> AsyncIterator[HandInstance]:
+    """A Hand whose runs have no PID namespace (forced off): what the
+    leftovers are for. (In one, the run dies with its supervisor: below.)"""
+    instance = await start_hand(tmp_path, marks, pidns=False)
     try:
         yield instance
     finally:
-        if proc.returncode is None:
+        if instance.proc.returncode is None:
             await instance.kill()
 
 
@@ -121,6 +129,22 @@ async def test_a_new_hand_instance_ends_what_a_dead_supervisor_left(
     assert json.loads(hand.record.read_text()) == {}
     assert await Leftovers(hand.record).kill_all() == 0
     assert group is None or not os.path.exists(group)
+
+
+async def test_in_a_pid_namespace_the_run_dies_with_its_supervisor(
+    tmp_path: Path, marks: Marks,
+) -> None:
+    """Its supervisor and its Hand killed outright: the namespace's init
+    dies with the supervisor, and every process of the run with the init —
+    nothing is left for the next instance."""
+    instance = await start_hand(tmp_path, marks, pidns=True)
+    try:
+        os.kill(instance.supervisor(), signal.SIGKILL)
+        await instance.kill()
+        await marks.until_gone("cmd", 5)
+    finally:
+        if instance.proc.returncode is None:
+            await instance.kill()
 
 
 async def test_a_new_hand_instance_ends_a_stuck_supervisor_and_its_tree(

@@ -155,10 +155,13 @@ async def test_exit_status_is_reported_precisely(marks: Marks) -> None:
 
 
 async def test_a_command_that_kills_its_supervisor_leaves_nothing_behind(
-    marks: Marks,
+    marks: Marks, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The Hand notices that the run's supervisor died before it reported
-    and ends what the run left by itself (its session, its mark)."""
+    and ends what the run left by itself (its cgroup, its session, its
+    mark). Without a PID namespace (forced off): in one, a command cannot
+    see its supervisor."""
+    monkeypatch.setenv("HALFPI_PIDNS", "off")
     # (Never this test's own process, should the command be its child.)
     command = (marks.export() + SETSID + " " + DAEMON
                + f"sleep 0.3; [ $PPID = {os.getpid()} ] || kill -KILL $PPID; sleep 1000")
@@ -309,3 +312,14 @@ async def test_a_daemon_moved_out_of_the_runs_cgroup_is_still_ended(marks: Marks
     assert outcome.status == "succeeded", outcome
     assert b"moved" in outcome.stdout, "it did leave the cgroup (so the test can fail)"
     assert marks.ps() == []
+
+
+async def test_a_command_sees_only_its_own_runs_processes(marks: Marks, tmp_path: Any) -> None:
+    """In its PID namespace a command's ``/proc`` holds its run alone (the
+    namespace's init, itself, its children): not this process, not its
+    supervisor, which it can neither see nor signal (its parent is 0)."""
+    probe = (marks.export() + f"[ -e /proc/{os.getpid()} ] && echo sees-the-hand; "
+             'echo "ppid=$PPID"; ls /proc | grep -c "^[0-9]"')
+    for deny in ([], [str(tmp_path / "denied")]):
+        outcome, _ = await run({"command": probe}, deny_paths=deny)
+        assert outcome.stdout.decode().split() == ["ppid=0", "4"], outcome  # init, sh, ls, grep

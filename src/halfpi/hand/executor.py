@@ -248,6 +248,8 @@ async def exec_command(
         status = "failed"
     if run.confinement is not None:
         _say_confinement(run.confinement, run.why_unconfined)
+    if run.own_pids is not None:
+        _say_pids(run.own_pids, run.why_all_pids)
     out, err = streams["stdout"], streams["stderr"]
     return Outcome(
         status=status,
@@ -298,6 +300,21 @@ def _say_confinement(how: str, why: str) -> None:
     else:
         log.warning("commands run without kernel confinement (%s): their denied paths are "
                     "not enforced", why or "unknown reason")
+
+
+def _say_pids(own: bool, why: str) -> None:
+    """Say once per Hand process which processes its commands see."""
+    if ("pids", own) in pids_said:
+        return
+    pids_said.add(("pids", own))
+    if own:
+        log.info("commands see only their own run's processes (a PID namespace each)")
+    else:
+        log.warning("commands see every process of this machine in /proc (%s): the Mind's "
+                    "stay unreadable only by being non-dumpable", why or "unknown reason")
+
+
+pids_said: set[tuple[str, bool]] = set()  # each said once per Hand process
 
 
 def _open_plain(path: str) -> int:

@@ -54,7 +54,7 @@ import signal
 import sys
 import time
 
-from halfpi.hand import cgroup, landlock, mountns, proctree
+from halfpi.hand import cgroup, landlock, mountns, pidns, proctree
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -85,6 +85,8 @@ class Reaper:
         self.why = ""  # why not a stronger one
         self.retry = ""  # why the mount namespace failed half-way, if it did
         self.cgroup: str | None = None  # the run's own cgroup, if it has one
+        self.init = 0  # the init of the run's PID namespace, if it has one
+        self.pid_view = ""  # why the command sees more than its run's processes
 
     # -- reporting -------------------------------------------------------------------
 
@@ -119,7 +121,8 @@ class Reaper:
         runs) a line per event: ``C <mode> <why>`` it is confined otherwise
         than asked, ``R <why>`` the mount namespace failed half-way (it
         exits: start again without it), ``E <why>`` the command failed,
-        ``G <why>`` it could not join the run's cgroup (it runs without)."""
+        ``G <why>`` it could not join the run's cgroup (it runs without),
+        ``P <why>`` it sees the machine's ``/proc``, not its namespace's."""
         errors_r, errors_w = os.pipe()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child execs or exits
@@ -139,12 +142,14 @@ class Reaper:
                 self.retry = text
             elif kind == "E":
                 failure = text
+            elif kind == "P":
+                self.pid_view = text
             elif kind == "G" and self.cgroup is not None:
                 cgroup.remove(self.cgroup)
                 self.cgroup = None
         return failure
 
-    def _hide(self, deny: list[str]) -> str:
+    def _hide(self, deny: list[str], errors: int) -> str:
         """In the child: a private mount namespace that covers ``deny``,
         Landlock on top, no CAP_SYS_ADMIN; "" when done, why not when no
         namespace can be made (then nothing changed). Raises OSError when
@@ -153,6 +158,8 @@ class Reaper:
             mountns.hide(landlock.denied_paths(deny))
         except mountns.Unavailable as exc:
             return f"no mount namespace ({exc.strerror})"
+        if self.init:
+            self._own_proc(errors)
         handled = landlock.handled_rights(self.abi)
         landlock.restrict_self(landlock.build(landlock.everything(handled)))
         mountns.drop_capabilities()
@@ -171,6 +178,17 @@ class Reaper:
         # Refused without CAP_SYS_ADMIN: a command without it cannot move
         # itself to a cgroup its user may not write anyway.
         mountns.unshare(cgroup.CLONE_NEWCGROUP)
+
+    @staticmethod
+    def _own_proc(errors: int, enter: bool = False) -> None:
+        """In the child, in the run's PID namespace: a ``/proc`` of that
+        namespace (in a private mount namespace, entered first if asked)."""
+        try:
+            if enter:
+                mountns.enter()
+            pidns.mount_proc()
+        except OSError as exc:
+            os.write(errors, f"P {exc.strerror or exc}\n".encode("utf-8", "replace"))
 
     @staticmethod
     def _no_inspection() -> None:
@@ -198,7 +216,7 @@ class Reaper:
             cwd = str(spec["cwd"]) if spec.get("cwd") else None
             if mode == "mount":
                 try:
-                    why = self._hide(deny)
+                    why = self._hide(deny, errors)
                 except OSError as exc:
                     os.write(errors, f"R {exc}\n".encode("utf-8", "replace"))
                     os._exit(127)
@@ -212,6 +230,8 @@ class Reaper:
                         os.chdir(os.getcwd())
                     except FileNotFoundError:
                         pass  # deleted: nothing below it to reach
+            if self.init and mode != "mount":
+                self._own_proc(errors, enter=True)
             if cwd:
                 os.chdir(cwd)
             if mode == "landlock":
@@ -258,7 +278,16 @@ class Reaper:
             self.reap()
 
     def tree(self) -> set[int]:
-        return proctree.descendants((self.me,), proctree.table())
+        """The run's processes, but for its PID namespace's init."""
+        return proctree.descendants((self.me,), proctree.table()) - {self.init}
+
+    def running(self) -> bool:
+        """Whether a process of the run may still live: the kernel's word
+        (this subreaper has a child), or — with a PID namespace, whose init
+        is a child that lives until the end — a look at ``/proc`` (the
+        init's death ends whatever a look missed)."""
+        children = self.reap()
+        return bool(self.tree()) if self.init else children
 
     def pause(self, seconds: float) -> None:
         """Until a child ends, or ``seconds``."""
@@ -270,6 +299,8 @@ class Reaper:
             ended = self.end_cgroup(self.cgroup, grace)
         else:
             ended = self.end_descendants(grace)
+        if self.init:  # every process of the namespace dies with it, at once
+            proctree.send((self.init,), signal.SIGKILL)
         self.sweep()
         if self.cgroup is not None:
             cgroup.remove(self.cgroup)
@@ -297,14 +328,14 @@ class Reaper:
         """SIGTERM to the frozen tree; the grace; frozen again and SIGKILL."""
         deadline = time.monotonic() + grace
         frozen = proctree.freeze(self.tree)
-        while not frozen and self.reap() and time.monotonic() < deadline:
+        while not frozen and self.running() and time.monotonic() < deadline:
             self.pause(0.001)  # a child lives that this look missed: look again
             frozen = proctree.freeze(self.tree)
         if not frozen:
             return 0
         proctree.send(frozen, signal.SIGTERM)
         proctree.send(frozen, signal.SIGCONT)
-        while (left := deadline - time.monotonic()) > 0 and self.reap():
+        while (left := deadline - time.monotonic()) > 0 and self.running():
             self.pause(min(left, 0.02) if self.tree() else 0.001)
         proctree.kill_now(self.tree, self.reap)
         return len(frozen)
@@ -353,6 +384,12 @@ class Reaper:
         # Until now a SIGTERM simply ends this process (there is no command
         # yet); from now on it is a request to end the run, taken in turn.
         signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)
+        if not self.spec.get("pidns", True):
+            self.pid_view = "turned off (HALFPI_PIDNS=off)"
+        elif not (why := pidns.enter()):
+            self.init = pidns.start_init(self.me)
+        else:
+            self.pid_view = why
         failure = self.spawn(self.applied, env)
         if self.retry:  # the namespace failed half-way: the child ran nothing
             os.waitpid(self.child, 0)
@@ -364,6 +401,7 @@ class Reaper:
             self.report("failed", failure)
         else:
             self.report("started", self.child, self.applied, self.cgroup or "-", self.why)
+            self.report("pids", "-" if self.pid_view or not self.init else "own", self.pid_view)
             self.wait_command()
         ended = self.end_tree(float(self.spec.get("grace", 2.0)))  # type: ignore[arg-type]
         self.report("done", ended)

@@ -67,6 +67,10 @@ def cgroup_wanted() -> bool:
     return os.environ.get("HALFPI_CGROUP", "").lower() not in OFF
 
 
+def pidns_wanted() -> bool:
+    return os.environ.get("HALFPI_PIDNS", "").lower() not in OFF
+
+
 def run_cgroup(supervisor: int, started: int | None) -> str | None:
     """Where the run whose supervisor is ``supervisor`` has its cgroup, if
     this process can make run cgroups (the supervisor makes it in the Hand's)."""
@@ -90,6 +94,10 @@ class CommandTree:
     why_unconfined = ""  # why not more strongly
     failure: str | None = None  # it could not start
     cgroup: str | None = None  # the run's own cgroup (``cgroup.py``), if it has one
+    # Whether the command saw only its run's processes (a PID namespace,
+    # ``pidns.py``); None: not said (no supervisor). Why not, if not.
+    own_pids: bool | None = None
+    why_all_pids = ""
     ended = 0  # descendants still running when the command ended or was stopped
 
     async def wait(self) -> None:
@@ -160,6 +168,7 @@ class Supervised(CommandTree):
             "landlock": landlock_wanted(),
             "mountns": mountns_wanted(),
             "cgroup": cgroup_wanted(),
+            "pidns": pidns_wanted(),
             "grace": grace,
             "parent": os.getpid(),
             "status_fd": status_w,
@@ -180,6 +189,9 @@ class Supervised(CommandTree):
                 group, _, self.why_unconfined = flags.partition(" ")
                 self.confinement = None if how == "-" else how
                 self.cgroup = None if group == "-" else group
+            elif kind == "pids":
+                view, _, self.why_all_pids = rest.partition(" ")
+                self.own_pids = view == "own"
             elif kind == "exited":
                 self.exit_code, self.exited = int(rest), True
             elif kind == "failed":

@@ -174,3 +174,15 @@ async def test_a_connection_stops_counting_as_unauthenticated_once_it_authentica
             await until(lambda: pending_of(lmind) == 1, 5)
             await face.close()
         await until(lambda: pending_of(lmind) == 0, 5)
+
+
+@SERVERS
+async def test_a_refused_request_whose_body_never_ends_is_closed(
+    tmp_path: Path, server: str
+) -> None:
+    async with local_mind(tmp_path / "home", server=server, local_hand=False) as lmind:
+        head = (b"POST /v1/commands/face.chat HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 1000000\r\n\r\n{")
+        # No token: answered 401 at once, and a body nobody reads is not waited for.
+        answer = await request(lmind.server.port, head)
+        assert answer.startswith(b"HTTP/1.1 401"), answer[:80]

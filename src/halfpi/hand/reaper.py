@@ -16,6 +16,10 @@ the command writes there directly. The supervisor
   when the spec denies paths, the command is confined: in a private mount
   namespace that covers them (``mountns.py``) with Landlock on top, or, if
   no such namespace can be made, by Landlock alone (``landlock.py``);
+- has its children born in a PID namespace of their own where it can
+  (``pidns.py``; ``HALFPI_PIDNS=off`` turns it off): the first is the
+  namespace's init, the command the next, with a ``/proc`` of that
+  namespace; the init is killed last, and every process of the run with it;
 - puts the command in a cgroup v2 of its own where it can make one
   (``cgroup.py``; ``HALFPI_CGROUP=off`` turns it off): the command joins it
   before it runs anything, and everything it starts is born there;
@@ -36,6 +40,7 @@ the command writes there directly. The supervisor
                                 mount, landlock, none, or - (nothing denied);
                                 <cgroup> the run's cgroup, or - (none);
                                 <why> not more strongly
+      pids <own|-> <why>        whether it sees its run's processes alone
       failed <message>          the command could not be started
       exited <code>             its exit status (negative: killed by that signal)
       done <ended>              every descendant is gone; <ended> were still running

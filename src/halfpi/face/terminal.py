@@ -8,7 +8,9 @@ connection line (where, what, why, and a live countdown while it waits) and
 a footer with the keys that apply now. Every key in the footer works
 whatever has focus (app-level bindings with ``priority``); a key that does
 not apply now is hidden and left to the focused widget (ctrl+a is "allow
-once" only while an approval waits, and "start of line" otherwise).
+once" only while an approval prompt shows, and "start of line" otherwise).
+A decision binds to the approval its prompt shows, never to "the current
+one" (:class:`~halfpi.face.terminal_widgets.ApprovalScreen`).
 
 Nothing the person types is dropped: before a conversation is open the face
 opens the newest one (or creates one) and sends it there; a message the
@@ -21,12 +23,16 @@ import asyncio
 import contextlib
 import itertools
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from rich.text import Text
+from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
 from textual.widgets import Footer, Input, OptionList, Static
 from textual.widgets.option_list import Option
 
@@ -80,9 +86,16 @@ class TerminalFace(App[int]):
     ]
 
     def __init__(
-        self, urls: list[str], token: str, conversation: str | None = None, **client: Any
+        self,
+        urls: list[str],
+        token: str,
+        conversation: str | None = None,
+        *,
+        wall: Callable[[], float] = time.time,
+        **client: Any,
     ) -> None:
         super().__init__()
+        self.wall = wall  # the Mind's kind of time: approvals' expires_at
         self.client = FaceClient(
             urls,
             token,
@@ -93,7 +106,10 @@ class TerminalFace(App[int]):
         )
         self.initial = conversation
         self.current: str | None = None
-        self.prompted: set[str] = set()
+        # Approvals decided here whose end the Mind has not announced yet:
+        # never prompted again (a failed decision leaves the set: re-prompted).
+        self.deciding: set[str] = set()
+        self.opening: str | None = None  # the conversation being opened, for feedback
         self._sending: dict[str, tuple[str, str | None]] = {}  # key -> (text, request_id)
         self._send_ids = itertools.count(1)
         self._opening = asyncio.Lock()
@@ -125,7 +141,7 @@ class TerminalFace(App[int]):
         self.message_box.focus()
         self.ready = True
         self._show_title()
-        self.set_interval(0.2, self._tick)
+        self.set_interval(0.2, self.tick)
         self.run_worker(self._start(), group="connect")
 
     async def _start(self) -> None:
@@ -155,11 +171,25 @@ class TerminalFace(App[int]):
             return self.current
 
     async def _open(self, conversation_id: str) -> None:
+        """Open a conversation. At once: the title names it and says
+        "opening…", a prompt of the one left closes (deciding nothing; it
+        opens again on return), and what the SDK already holds is drawn;
+        the subscription (a snapshot, seconds under load) catches up. When
+        another conversation was opened meanwhile, that one stays."""
         self.current = conversation_id
+        self.opening = conversation_id
         await self.log_view.clear()
-        await self.client.subscribe(conversation_id)
         self._render()
-        self.message_box.focus()
+        try:
+            await self.client.subscribe(conversation_id)
+        except FaceError as exc:
+            self.notify(f"Cannot open {conversation_id}: {exc}", severity="error")
+        finally:
+            if self.opening == conversation_id:
+                self.opening = None
+        if self.current == conversation_id:
+            self._render()
+            self.message_box.focus()
 
     async def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         if event.option_id is not None:
@@ -214,7 +244,10 @@ class TerminalFace(App[int]):
                 r.status != "cancel_requested" for r in view.streaming.values()
             )
         if action in ("approve", "deny"):
-            return view is not None and bool(view.pending_approvals)
+            # Only through a prompt on screen: a decision binds to the
+            # approval it shows (elsewhere ctrl+a is "start of line").
+            prompt = self._top()
+            return isinstance(prompt, ApprovalScreen) and prompt.armed and not prompt.closed
         if action == "goto_approval":
             return bool(self._approvals_elsewhere())
         if action == "reconnect":
@@ -252,6 +285,7 @@ class TerminalFace(App[int]):
         def renamed(new_name: str | None) -> None:
             if new_name:
                 self.run_worker(self._rename(conversation_id, new_name), group="rename")
+            self._render()  # an approval that came meanwhile is prompted now
 
         self.push_screen(RenameScreen(name), renamed)
 
@@ -278,21 +312,31 @@ class TerminalFace(App[int]):
         self._decide_now("deny_once")
 
     def _decide_now(self, decision: str) -> None:
-        screen = self.screen
-        if isinstance(screen, ApprovalScreen):
-            screen.dismiss(decision)  # its callback sends the decision
-            return
-        view = self._view()
-        if view is not None and view.pending_approvals:
-            approval_id = next(iter(view.pending_approvals))
-            self.prompted.add(approval_id)
-            self.run_worker(self._decide(decision, approval_id), group="decide")
+        prompt = self._top()
+        if isinstance(prompt, ApprovalScreen):
+            prompt.decide(decision)  # its own approval, once, if it was drawn
+
+    def _decided(self, approval_id: str, decision: str) -> None:
+        """A prompt decided its approval: send it; never prompt for it again
+        unless the Mind refuses the decision."""
+        self.deciding.add(approval_id)
+        self.run_worker(self._decide(decision, approval_id), group="decide")
+        self._render()
 
     async def _decide(self, decision: str, approval_id: str) -> None:
         try:
             await self.client.resolve_approval(approval_id, decision)
         except FaceError as exc:
-            self.notify(str(exc), severity="error")
+            self.deciding.discard(approval_id)  # still waiting? it is asked again
+            self.notify(f"Not decided: {exc}", severity="error")
+            self._render()
+
+    def _type_through(self, event: events.Key) -> None:
+        """A key typed while a prompt shows, meant for the message box under it."""
+        if event.key == "enter":
+            self.run_worker(self.message_box.action_submit(), group="send")
+        elif event.character:
+            self.message_box.insert_text_at_cursor(event.character)
 
     async def action_goto_approval(self) -> None:
         elsewhere = self._approvals_elsewhere()
@@ -307,6 +351,14 @@ class TerminalFace(App[int]):
     def _view(self) -> ConversationView | None:
         return self.client.views.get(self.current) if self.current else None
 
+    def _top(self) -> Screen[Any] | None:
+        """The screen on top; None while the app starts or ends (no stack)."""
+        return self.screen_stack[-1] if self.screen_stack else None
+
+    def _refresh_keys(self) -> None:
+        if self.screen_stack:
+            self.refresh_bindings()
+
     def _sdk_update(self, kind: str, conversation_id: str) -> None:
         if not self.ready:
             return
@@ -314,7 +366,7 @@ class TerminalFace(App[int]):
             self._show_list()
             self._show_approvals()
             self._show_title()
-            self.refresh_bindings()
+            self._refresh_keys()
             if kind == "approvals" and conversation_id == self.current:
                 self._render()
         elif conversation_id == self.current:
@@ -327,15 +379,18 @@ class TerminalFace(App[int]):
             return
         self._set_status_text(self._status_text(status))
         self._show_approvals()
-        self.refresh_bindings()
+        self._refresh_keys()
 
-    def _tick(self) -> None:
+    def tick(self) -> None:
         """Countdowns move: the next reconnect attempt, approvals' expiry."""
         status = self.client.status
         if status.state == "reconnecting":
             self._set_status_text(self._status_text(status))
         if self.client.approvals:
             self._show_approvals()
+        prompt = self._top()
+        if isinstance(prompt, ApprovalScreen):
+            prompt.tick()
 
     # -- drawing -----------------------------------------------------------------------
 
@@ -347,7 +402,7 @@ class TerminalFace(App[int]):
         self._show_approvals()
         self._show_list()
         self._set_status_text(self._status_text(self.client.status))
-        self.refresh_bindings()
+        self._refresh_keys()
         self._prompt_if_needed()
 
     def _sync_log(self) -> None:
@@ -362,6 +417,8 @@ class TerminalFace(App[int]):
         name = name or (view.name if view is not None else None) or UNTITLED
         title = Text(escape_controls(name), style="bold")
         title.append(f"  · {self.current}", style="dim")
+        if self.opening == self.current:
+            title.append("  · opening…", style="italic")
         title.truncate(max(10, self.title_line.size.width - 2), overflow="ellipsis")
         self.title_line.update(title)
 
@@ -404,15 +461,14 @@ class TerminalFace(App[int]):
         view = self._view()
         lines = []
         if view is not None and view.pending_approvals:
-            tool = next(iter(view.pending_approvals.values())).get("tool", "?")
-            lines.append(f"⚠ approval waiting here: {tool} — ctrl+a allow once · ctrl+d deny once")
+            lines.append(self._waiting_here(view.pending_approvals))
         elsewhere = self._approvals_elsewhere()
         if elsewhere:
             first = elsewhere[0]
             where = (self.client.conversations.get(str(first["conversation_id"])) or {}).get(
                 "name"
             ) or UNTITLED
-            left = clock(float(first.get("expires_at") or 0.0) - time.time())
+            left = clock(float(first.get("expires_at") or 0.0) - self.wall())
             count = len(elsewhere)
             noun = "approval" if count == 1 else "approvals"
             lines.append(
@@ -427,35 +483,59 @@ class TerminalFace(App[int]):
         self.approvals_line.update(Text(escape_controls("\n".join(lines))))
         self.approvals_line.set_class(bool(lines), "shown")
 
+    def _waiting_here(self, pending: dict[str, dict[str, Any]]) -> str:
+        """The open conversation's approval: what, how long it has left, and
+        what to press — or that the decision made here is on its way."""
+        undecided = [a for a in pending.values() if a.get("approval_id") not in self.deciding]
+        if not undecided:
+            tool = next(iter(pending.values())).get("tool", "?")
+            return f"⏳ your decision on {tool} is on its way to the Mind"
+        first = undecided[0]
+        expires_at = float(first.get("expires_at") or 0.0)
+        left = f" ({clock(expires_at - self.wall())} left)" if expires_at else ""
+        return (
+            f"⚠ approval waiting here: {first.get('tool', '?')}{left}"
+            " — ctrl+a allow once · ctrl+d deny once"
+        )
+
     def _prompt_open(self) -> bool:
-        return isinstance(self.screen, ApprovalScreen | RenameScreen)
+        return isinstance(self._top(), ApprovalScreen | RenameScreen)
 
     def _prompt_if_needed(self) -> None:
-        """One prompt per approval of the open conversation; a prompt whose
-        approval was settled elsewhere closes by itself (deciding nothing)."""
+        """One prompt at a time, for an approval of the open conversation not
+        decided here yet. A prompt whose approval is no longer waiting here
+        (settled elsewhere, or another conversation opened) closes by itself,
+        deciding nothing; the next one waiting opens."""
         view = self._view()
         pending = view.pending_approvals if view is not None else {}
-        screen = self.screen
-        if isinstance(screen, ApprovalScreen) and screen.approval_id not in pending:
-            screen.dismiss(None)
-            return
+        self.deciding &= pending.keys() | self.client.approvals.keys()
+        top = self._top()
+        if isinstance(top, ApprovalScreen) and top.approval_id not in pending:
+            top.close()
         if self._prompt_open():
             return
         for approval_id, approval in pending.items():
-            if approval_id in self.prompted:
+            if approval_id in self.deciding:
                 continue
-            self.prompted.add(approval_id)
-
-            def decided(decision: str | None, approval_id: str = approval_id) -> None:
-                if decision is not None:
-                    self.run_worker(self._decide(decision, approval_id), group="decide")
-
             name = (self.client.conversations.get(self.current or "") or {}).get("name")
-            self.push_screen(ApprovalScreen(approval, name or UNTITLED), decided)
+            expires_at = float(approval.get("expires_at") or 0.0)
+            self.push_screen(
+                ApprovalScreen(
+                    approval,
+                    name or UNTITLED,
+                    decide=self._decided,
+                    type_through=self._type_through,
+                    left=partial(self._left, expires_at),
+                )
+            )
             return
 
+    def _left(self, expires_at: float) -> str:
+        """Time left before ``expires_at`` (the Mind's wall clock), as m:ss."""
+        return clock(expires_at - self.wall()) if expires_at else ""
+
     def _status_text(self, status: Status) -> str:
-        now = time.monotonic()
+        now = self.client.clock()
         if status.state == "reconnecting":
             text = f"○ {status.describe(now)}"
         elif status.state in ("connecting", "closed"):

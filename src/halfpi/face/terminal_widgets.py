@@ -240,10 +240,22 @@ class ConversationList(OptionList):
 # -- prompts -------------------------------------------------------------------------
 
 
-class ApprovalScreen(ModalScreen[str | None]):
-    """One approval prompt. The focused default is *deny once*: Enter or
-    Escape never runs anything. ctrl+a / ctrl+d decide from anywhere (the
-    app's own bindings); dismissed with None when it was settled elsewhere."""
+class ApprovalScreen(ModalScreen[None]):
+    """One approval prompt, bound to one approval for its whole life.
+
+    Its decision goes to *its* approval (``decide(approval_id, decision)``),
+    never to whichever is current when a key lands. It decides at most once,
+    and closes at most once (:meth:`close`: deciding, or settled elsewhere,
+    in any order — Textual's ``dismiss`` pops whatever screen is on top,
+    so a second one would close the wrong screen or none).
+
+    A key that reaches it before it was drawn (``armed``) was not meant for
+    it: a person cannot answer a prompt they have not seen. Such a decision
+    key decides nothing (the face says so); printable keys and Enter typed
+    meanwhile, or while it shows, go to the message box under it
+    (``type_through``), so nothing typed is lost. Once armed, the focused
+    default is *deny once*: Enter or Escape never runs anything.
+    """
 
     BINDINGS = [
         Binding("ctrl+a", "decide('allow_once')", "Allow once"),
@@ -251,19 +263,34 @@ class ApprovalScreen(ModalScreen[str | None]):
         Binding("escape", "decide('deny_once')", "Deny once", show=False),
         Binding("tab", "app.focus_next", "Switch button"),
     ]
+    AUTO_FOCUS = None  # nothing is focused (Enter decides nothing) until drawn
     DEFAULT_CSS = """
     ApprovalScreen { align: center middle; }
     #prompt { width: 84%; height: auto; max-height: 80%; border: thick $warning;
               padding: 1 2; background: $panel; }
     #buttons { height: auto; margin-top: 1; }
     #buttons Button { margin-right: 2; }
+    #countdown { color: $text-muted; }
     """
 
-    def __init__(self, approval: dict[str, Any], where: str) -> None:
+    def __init__(
+        self,
+        approval: dict[str, Any],
+        where: str,
+        decide: Callable[[str, str], None],
+        type_through: Callable[[events.Key], None],
+        left: Callable[[], str] | None = None,
+    ) -> None:
         super().__init__()
         self.approval = approval
         self.approval_id = str(approval.get("approval_id", ""))
         self.where = where
+        self._decide = decide
+        self._type_through = type_through
+        self._left = left
+        self.armed = False  # drawn: a key from now on was meant for it
+        self.decision: str | None = None
+        self.closed = False
 
     def compose(self) -> ComposeResult:
         a = self.approval
@@ -273,21 +300,73 @@ class ApprovalScreen(ModalScreen[str | None]):
         else:
             lines.append(f"arguments hidden (summary view); digest {a.get('args_digest', '')}")
         lines.append("ctrl+a allow once · ctrl+d, Enter or Esc deny once · Tab switches buttons")
+        lines.append("Typing goes on in your message box.")
         with Vertical(id="prompt"):
             yield Static(Text(escape_controls("\n".join(lines))))
+            yield Static(self._countdown(), id="countdown")
             with Horizontal(id="buttons"):
                 yield Button("Deny once", id="deny", variant="error")
                 yield Button("Allow once", id="allow", variant="success")
         yield Footer()
 
     def on_mount(self) -> None:
+        self.tick()
+        self.call_after_refresh(self._arm)
+
+    def _arm(self) -> None:
+        if self.closed or not self.is_attached:
+            return
+        self.armed = True
         self.query_one("#deny", Button).focus()
+        self.app.refresh_bindings()
+
+    def _countdown(self) -> Text:
+        left = self._left() if self._left is not None else ""
+        return Text(f"expires in {left}" if left else "")
+
+    def tick(self) -> None:
+        """The time left to decide moves (the app calls this on its tick)."""
+        if not self.closed:
+            for countdown in self.query("#countdown").results(Static):
+                countdown.update(self._countdown())
+
+    def on_key(self, event: events.Key) -> None:
+        if event.is_printable or (event.key == "enter" and not self.armed):
+            event.stop()
+            event.prevent_default()
+            self._type_through(event)
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
-        self.dismiss("allow_once" if event.button.id == "allow" else "deny_once")
+        event.stop()
+        self.decide("allow_once" if event.button.id == "allow" else "deny_once")
 
     def action_decide(self, decision: str) -> None:
-        self.dismiss(decision)
+        self.decide(decision)
+
+    def decide(self, decision: str) -> bool:
+        """Decide this prompt's approval, once, if it was on screen; True if sent."""
+        if self.closed or self.decision is not None:
+            return False
+        if not self.armed:
+            self.app.notify(
+                "That key came before the approval prompt was drawn: nothing was decided. "
+                "Press it again to decide.",
+                severity="warning",
+            )
+            return False
+        self.decision = decision
+        self._decide(self.approval_id, decision)
+        self.close()
+        return True
+
+    def close(self) -> None:
+        """Leave the screen stack, once, only from its top (decided, or
+        settled elsewhere): a repeat, or a late button press, does nothing."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.app.screen_stack and self.app.screen_stack[-1] is self:
+            self.dismiss(None)
 
 
 class RenameScreen(ModalScreen[str | None]):

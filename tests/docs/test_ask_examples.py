@@ -10,6 +10,11 @@ the Mind was started in, as the docs say. Blocks that start a Mind of
 their own (a real model: docs/agent.md, "Models") are left to
 tests/e2e/test_real_model.py.
 
+A ```sh block that starts ``$ COMMAND`` running ``halfpi face --mode
+headless`` is a transcript: the command runs, and every JSON line the
+block shows must be printed, compared by ``type`` (and a ``face.event``'s
+own ``type``), since the docs elide the rest with ``…``.
+
 The Mind runs with ``--hand-approval exec_command=never`` (nobody is there
 to allow the examples narrated "waits until another Face allows it") and
 ``--approval-ttl 2``: an example the docs show answering at once that
@@ -96,3 +101,66 @@ def test_an_ask_example_answers_as_the_docs_show(mind: MindProcess, example: Exa
     shown = [line.rstrip() for line in done.stdout.strip().splitlines()]
     if example.output:
         assert shown == list(example.output), (example.where, done.stdout)
+
+
+# -- a transcript: `$ COMMAND` and the JSON lines it prints ------------------------------
+
+PROMPT = re.compile(r"^\$ (.*?)$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Transcript:
+    where: str
+    command: str
+    shown: tuple[tuple[str, str | None], ...]  # (type, its face.event's type) per line
+
+
+def shape(line: str) -> tuple[str, str | None] | None:
+    """A printed JSON line as (type, face.event's type); documented lines
+    elide fields with ``…``, so only those two are read from them."""
+    types = re.findall(r'"type":"([a-z_.]+)"', line)
+    if not line.startswith('{"type":') or not types:
+        return None
+    return types[0], types[1] if types[0] == "face.event" and len(types) > 1 else None
+
+
+def transcripts_in(page: Path) -> Iterator[Transcript]:
+    text = page.read_text()
+    for block in BLOCK.finditer(text):
+        lines = block.group(1).splitlines()
+        if not lines or not lines[0].startswith("$ ") or "halfpi face --mode headless" not in \
+                block.group(1):
+            continue
+        command, rest = [lines[0][2:]], iter(lines[1:])
+        for line in rest:  # a command continued with "\"
+            if not command[-1].endswith("\\"):
+                break
+            command.append(line.strip())
+        else:
+            line = ""
+        body = [line, *rest]
+        shown = tuple(s for s in map(shape, body) if s is not None)
+        where = f"{page.name}:{text[: block.start(1)].count(chr(10)) + 1}"
+        yield Transcript(where, "\n".join(command), shown)
+
+
+TRANSCRIPTS = [t for page in PAGES for t in transcripts_in(page)]
+
+
+def test_the_docs_have_a_headless_transcript_to_run() -> None:
+    assert any(t.where.startswith("faces.md") for t in TRANSCRIPTS)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("transcript", TRANSCRIPTS, ids=[t.where for t in TRANSCRIPTS])
+def test_a_headless_transcript_prints_what_the_docs_show(mind: MindProcess,
+                                                          transcript: Transcript) -> None:
+    bin_dir = str(Path(sys.executable).parent)
+    env = dict(os.environ, HALFPI_HOME=str(mind.home), PATH=f"{bin_dir}:{os.environ['PATH']}")
+    done = subprocess.run(["bash", "-c", transcript.command], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, (transcript.where, done.stderr)
+    printed = [s for s in map(shape, done.stdout.replace('": ', '":').replace(", ", ",")
+                              .splitlines()) if s is not None]
+    missing = [s for s in transcript.shown if s not in printed]
+    assert not missing, (transcript.where, missing, done.stdout[-2000:])

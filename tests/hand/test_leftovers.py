@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from halfpi.hand import cgroup
+from halfpi.hand import cgroup, proctree
 from halfpi.hand.executor import KILL_GRACE_S
 from halfpi.hand.leftovers import Leftovers
 from tests.support.procs import Marks, until
@@ -142,6 +142,13 @@ async def test_in_a_pid_namespace_the_run_dies_with_its_supervisor(
         os.kill(instance.supervisor(), signal.SIGKILL)
         await instance.kill()
         await marks.until_gone("cmd", 5)
+        # The next instance has nothing left to end (the namespace's init may
+        # still be exiting); it removes the run's cgroup.
+        record = json.loads(instance.record.read_text())["run-1"]
+        await Leftovers(instance.record).kill_all()
+        assert proctree.run_members(record["supervisor"], record["started"],
+                                    proctree.table()) == set()
+        assert record["cgroup"] is None or not os.path.exists(record["cgroup"])
     finally:
         if instance.proc.returncode is None:
             await instance.kill()

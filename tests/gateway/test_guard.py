@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from halfpi.gateway.bounded_http import PeerMistakes
 from halfpi.gateway.guard import ACCEPT_RETRY_S, Acceptor, Guard
 from halfpi.gateway.native import FaceServer
 from tests.support.client import FaceClient
@@ -186,3 +187,20 @@ async def test_a_refused_request_whose_body_never_ends_is_closed(
         # No token: answered 401 at once, and a body nobody reads is not waited for.
         answer = await request(lmind.server.port, head)
         assert answer.startswith(b"HTTP/1.1 401"), answer[:80]
+
+
+@SERVERS
+async def test_malformed_requests_are_logged_at_the_1st_2nd_4th_only(
+    tmp_path: Path, server: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with local_mind(tmp_path / "home", server=server, local_hand=False) as lmind:
+        (counter,) = [f for f in logging.getLogger("uvicorn.error").filters
+                      if isinstance(f, PeerMistakes)]
+        before = counter.count
+        for _ in range(8):
+            answer = await request(lmind.server.port, b"GET /x HTTP/1.1\r\nno colon\r\n\r\n")
+            assert answer.startswith(b"HTTP/1.1 400")
+    lines = [r.getMessage() for r in caplog.records if r.name == "uvicorn.error"]
+    assert len(lines) <= 4, lines  # anyone can send them: the log stays small
+    assert counter.count == before + 8  # counted, and told with the count
+    assert all("bad requests so far" in line for line in lines), lines

@@ -14,11 +14,14 @@ connection).
   a body nobody reads is not waited for.
 - Its ASGI scopes carry the connection's ticket in ``scope["state"]``, so
   a request that authenticates settles it (``guard.settle``).
+- uvicorn warns once per malformed request; anyone can send them, so only
+  the 1st, 2nd, 4th, 8th… reach the log, with the running count.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import h11
@@ -26,7 +29,34 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
+from halfpi.core.throttle import worth_logging
 from halfpi.gateway.guard import MAX_REQUEST_LINE, TICKET, TOO_LONG, TOO_SLOW, Ticket
+
+# What uvicorn's HTTP protocol says about a peer's bad request (one line each).
+PEER_MISTAKES = frozenset({"Invalid HTTP request received.", "Unsupported upgrade request."})
+
+
+class PeerMistakes(logging.Filter):
+    """Lets the 1st, 2nd, 4th, 8th… of uvicorn's per-request warnings
+    through, each with the running count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg not in PEER_MISTAKES:
+            return True
+        self.count += 1
+        if not worth_logging(self.count):
+            return False
+        record.msg = f"{record.msg} ({self.count} bad requests so far)"
+        return True
+
+
+_UVICORN = logging.getLogger("uvicorn.error")
+if not any(isinstance(f, PeerMistakes) for f in _UVICORN.filters):
+    _UVICORN.addFilter(PeerMistakes())
 
 
 class GuardedH11(H11Protocol):

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from halfpi.face.render import escape_controls
+from halfpi.face.render import escape_controls, preformatted
 
 C0_ESCAPED = [c for c in range(0x00, 0x20) if chr(c) not in "\n\t"]
 C1 = list(range(0x80, 0xA0))
@@ -121,3 +121,9 @@ def test_dense_control_text_is_fully_escaped(text: str) -> None:
     assert not DANGEROUS.intersection(out)
     expected = "".join(f"\\x{ord(c):02x}" if c in DANGEROUS else c for c in text)
     assert out == expected
+
+
+def test_tool_output_keeps_its_lines_and_columns_and_nothing_else() -> None:
+    raw = "total 8\r\n-rw-r--r--\t1 me\n\x1b[31mred\x1b[0m\rover\n\n"
+    assert preformatted(raw) == "total 8\n-rw-r--r--\t1 me\n\\x1b[31mred\\x1b[0m\\x0dover\n"
+    assert preformatted("") == ""

@@ -20,11 +20,12 @@ from typing import Any
 from textual import events
 from textual.app import App, ComposeResult
 from textual.pilot import Pilot
+from textual.widget import Widget
 from textual.widgets import Button, Input, Static
 from textual.widgets._footer import FooterKey
 
 from halfpi.face.terminal import TerminalFace
-from halfpi.face.terminal_widgets import ApprovalScreen, clock
+from halfpi.face.terminal_widgets import ApprovalScreen, ToolBox, clock
 from tests.support.frames import event
 from tests.support.hand import allow_check, honest_result
 from tests.support.rig import Peer, Rig, fake_time_mind
@@ -353,3 +354,40 @@ async def test_the_open_prompt_counts_down_to_its_expiry_and_its_footer_has_the_
         assert await face.finish(chat, approval_id) == "expired"
         await until(lambda: face.prompt() is None, 5.0)
         assert face.decided() == []
+
+
+async def test_tool_output_shows_in_its_card_preformatted_and_scrollable(
+    tmp_path: Path,
+) -> None:
+    """``ls -l`` stays a listing: its line breaks and columns kept, inside
+    the tool's card, scrollable when long, its control characters escaped."""
+    rows = [f"-rw-r--r-- 1 me me {n:5d} Dec  2 05:00 file-{n:03d}.txt" for n in range(40)]
+    listing = "total 160\n" + "\n".join(rows) + "\n\x1b]0;owned\x07\x1b[2J\n"
+    async with terminal_face(tmp_path) as face:
+        chat, approval_id = await face.ask()
+        await until(lambda: face.shown() == approval_id, 5.0)
+        await face.press("ctrl+a")
+        order = await face.rig.take(face.hand, lambda f: f["type"] == "hand.run")
+        run = order["payload"]
+        face.hand.send("hand.result", honest_result(run["run_id"], run["generation"],
+                                                    stdout=listing))
+        await face.rig.reply(face.other, chat)
+        log = face.app.log_view
+        await until(lambda: bool(log.query(ToolBox)) and "file-039" in shown_output(log), 5.0)
+        await face.pilot.pause(0)
+        box = log.query_one(ToolBox)
+        text = shown_output(log)
+        assert text.splitlines()[:3] == ["total 160", rows[0], rows[1]]  # one line each
+        assert "\x1b" not in text and "\x07" not in text
+        assert "\\x1b]0;owned\\x07\\x1b[2J" in text
+        # In the card, under its line; long output scrolls inside it.
+        assert "exec_command" in str(box.line.render()) and "succeeded" in str(box.line.render())
+        assert box.output.display
+        assert box.output.virtual_size.height > box.output.size.height > 0
+        assert box.output.max_scroll_y > 0
+
+
+def shown_output(log: Widget) -> str:
+    """The text of the (first) tool card's output, as drawn."""
+    boxes = list(log.query(ToolBox))
+    return str(boxes[0].text.render()) if boxes else ""

@@ -551,6 +551,31 @@ def test_a_tool_card_says_awaiting_approval_then_running_then_its_end() -> None:
     assert view.tool_phase(card) == "failed (exit 2) · allowed by laptop"
 
 
+def test_a_tool_card_keeps_its_output_live_and_from_a_snapshot() -> None:
+    """The output (transparent only) is kept as sent: stdout then stderr,
+    line breaks and all; a summary card has none, a cut one says so."""
+    listing = "total 8\n-rw-r--r-- 1 me me 0 a\n-rw-r--r-- 1 me me 0 b\n"
+    view = streaming_view()
+    view.apply("face.event", tool_called(5))
+    view.apply("face.event", event(6, "chat.tool_completed", tool_call_id="t1", status="failed",
+                                   success=False, output_bytes=60, truncated=True,
+                                   result={"stdout": listing, "stderr": "ls: x: denied\n",
+                                           "exit_code": 2}))
+    card = view.tool_cards["t1"]
+    assert card.output == listing + "ls: x: denied\n"
+    assert card.truncated
+
+    record = {"tool_call_id": "t1", "request_id": "q2", "tool": "exec_command",
+              "status": "succeeded", "seq": 3, "output_bytes": len(listing),
+              "result": {"stdout": listing, "stderr": "", "exit_code": 0}}
+    summary = {**record, "result": None}
+    view = ConversationView(CID)
+    view.apply_snapshot(snapshot(4, tool_history=[record]))
+    assert (view.tool_cards["t1"].output, view.tool_cards["t1"].truncated) == (listing, False)
+    view.apply_snapshot(snapshot(4, tool_history=[summary]))
+    assert view.tool_cards["t1"].output is None
+
+
 def test_a_denied_tool_card_says_who_denied_it() -> None:
     view = streaming_view()
     view.apply("face.event", tool_called(5))

@@ -22,3 +22,10 @@ def _visible(match: re.Match[str]) -> str:
 def escape_controls(text: str) -> str:
     """Replace terminal control characters with visible ``\\xNN`` escapes."""
     return _CONTROLS.sub(_visible, text)
+
+
+def preformatted(text: str) -> str:
+    """A tool's output for a terminal, as printed: its lines and columns
+    (newlines, tabs) kept, Windows line ends read as line ends, every other
+    control escaped, the final newline dropped (it would draw an empty line)."""
+    return escape_controls(text.replace("\r\n", "\n")).removesuffix("\n")

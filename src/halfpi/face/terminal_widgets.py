@@ -18,15 +18,16 @@ from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal, ScrollableContainer, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widget import Widget
 from textual.widgets import Button, Footer, Input, Markdown, OptionList, Static
 
-from halfpi.face.render import escape_controls
+from halfpi.face.render import escape_controls, preformatted
 from halfpi.face.view import ConversationView, StreamingReply, ToolCard, ViewMessage
 
 ARGS_PREVIEW = 90
+OUTPUT_LINES = 12  # lines of a tool's output a card shows before it scrolls
 LIST_WIDTH = 28  # characters a conversation's line may take in the list
 UNTITLED = "untitled"
 
@@ -64,6 +65,14 @@ def tool_line(view: ConversationView, card: ToolCard) -> str:
     if phase == "awaiting approval":
         parts.append(" — ctrl+a allow once · ctrl+d deny once")
     return escape_controls("".join(parts))
+
+
+def card_output(card: ToolCard) -> str:
+    """What a tool printed, ready for the terminal ("" when nothing to show)."""
+    text = preformatted(card.output or "")
+    if card.truncated and card.output:
+        text += f"\n… (cut: {card.output_bytes} bytes in all)"
+    return text
 
 
 def streaming_header(reply: StreamingReply) -> str:
@@ -126,11 +135,53 @@ class MessageBox(Vertical):
             yield Static(Text("(no text)"), classes="empty")
 
 
-class ToolLine(Static):
-    DEFAULT_CSS = "ToolLine { height: auto; color: $text-muted; margin: 0 0 1 0; }"
+class TypeThrough(ScrollableContainer):
+    """A scrollable part of the log: ↑/↓/←/→ scroll it once focused; typing
+    goes to the message box instead of being lost."""
 
-    def show(self, text: str) -> None:
-        self.update(Text(text))
+    def on_key(self, event: events.Key) -> None:
+        if event.is_printable and event.character:
+            event.stop()
+            event.prevent_default()
+            message_box = self.app.query_one("#input", Input)
+            message_box.focus()
+            message_box.insert_text_at_cursor(event.character)
+
+
+class ToolBox(Vertical):
+    """One tool call: a line saying what is true of it and, under it, what it
+    printed — preformatted (line breaks and columns kept, never wrapped), at
+    most ``OUTPUT_LINES`` high and scrollable both ways, as the web face
+    shows it. Its control characters are escaped (:func:`preformatted`)."""
+
+    DEFAULT_CSS = f"""
+    ToolBox {{ height: auto; margin: 0 0 1 0; }}
+    ToolBox > .line {{ color: $text-muted; }}
+    ToolBox > .output {{ height: auto; max-height: {OUTPUT_LINES}; overflow: auto auto;
+                        border-left: thick $panel-lighten-2; padding: 0 1; display: none; }}
+    ToolBox > .output.shown {{ display: block; }}
+    ToolBox > .output > Static {{ width: auto; }}
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.line = Static(classes="line")
+        self.output = TypeThrough(classes="output")
+        self.text = Static()
+        self._shown: str | None = None
+
+    def compose(self) -> ComposeResult:
+        yield self.line
+        with self.output:
+            yield self.text
+
+    def show(self, state: tuple[str, str]) -> None:
+        line, output = state
+        self.line.update(Text(line))
+        if output != self._shown:
+            self._shown = output
+            self.text.update(Text(output, no_wrap=True, overflow="ignore"))
+            self.output.set_class(bool(output), "shown")
 
 
 class StreamingBox(Vertical):
@@ -190,8 +241,8 @@ class ConversationLog(VerticalScroll):
             for m in view.messages:
                 entries.append((m.seq, 0, f"m{m.seq}", partial(MessageBox, m), None))
             for card in view.tool_cards.values():
-                line = tool_line(view, card)
-                entries.append((card.seq, 1, f"t{card.tool_call_id}", ToolLine, line))
+                state = (tool_line(view, card), card_output(card))
+                entries.append((card.seq, 1, f"t{card.tool_call_id}", ToolBox, state))
             for i, reply in enumerate(view.streaming.values()):
                 entries.append((math.inf, i, f"s{reply.request_id}", StreamingBox, reply))
             mine = {m.request_id for m in view.messages}
@@ -214,7 +265,7 @@ class ConversationLog(VerticalScroll):
                     self.mount(widget, before=first)
                 else:
                     self.mount(widget)
-            if isinstance(widget, ToolLine | StreamingBox):
+            if isinstance(widget, ToolBox | StreamingBox):
                 widget.show(state)
             previous = widget
 

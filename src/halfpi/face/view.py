@@ -104,6 +104,10 @@ class ToolCard:
     decided_by: str | None = None  # who allowed or denied it (a credential label)
     approval: str | None = None  # how its approval ended: allowed, denied, expired, cancelled
     exit_code: int | None = None
+    # What it printed (stdout, then stderr), as the Mind keeps it for display:
+    # transparent admissions only, None otherwise; ``truncated`` when cut.
+    output: str | None = None
+    truncated: bool = False
 
 
 @dataclass(slots=True)
@@ -171,6 +175,8 @@ class ConversationView:
                 record.seq,
                 error_category=present(record.error_category),
                 exit_code=result.get("exit_code") if isinstance(result, dict) else None,
+                output=tool_output(result),
+                truncated=bool(present(record.truncated)),
             )
             self.tool_cards[card.tool_call_id] = card
         for run in msgspec.convert(snapshot.get("active_runs", []), list[RunChanged]):
@@ -234,8 +240,10 @@ class ConversationView:
                 done.output_bytes = event.output_bytes
                 done.digest = event.digest
                 done.error_category = event.error_category
+                done.truncated = event.truncated
                 if event.result is not msgspec.UNSET:
                     done.exit_code = event.result.exit_code
+                    done.output = tool_output(msgspec.to_builtins(event.result))
         elif isinstance(event, ApprovalRequested):
             self.pending_approvals[event.approval_id] = dict(data)
         elif isinstance(event, ApprovalResolved):
@@ -321,6 +329,17 @@ class ConversationView:
                 for t in self.tasks.values()
             ),
         }
+
+
+def tool_output(result: Any) -> str | None:
+    """A tool's displayed output as one text: stdout, then stderr (on a line
+    of its own), as the web face shows it; None when there is none to show."""
+    if not isinstance(result, dict):
+        return None
+    stdout, stderr = str(result.get("stdout") or ""), str(result.get("stderr") or "")
+    if stdout and stderr and not stdout.endswith("\n"):
+        stdout += "\n"
+    return stdout + stderr
 
 
 def _task_ended(task: dict[str, Any]) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import resource
 import socket
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import httpx
 import pytest
 
 from halfpi.gateway.bounded_http import PeerMistakes
-from halfpi.gateway.guard import ACCEPT_RETRY_S, Acceptor, Guard
+from halfpi.gateway.guard import ACCEPT_RETRY_S, Acceptor, Guard, raise_descriptor_limit
 from halfpi.gateway.native import FaceServer
 from tests.support.client import FaceClient
 from tests.support.mind import LocalMind, local_mind
@@ -204,3 +205,17 @@ async def test_malformed_requests_are_logged_at_the_1st_2nd_4th_only(
     assert len(lines) <= 4, lines  # anyone can send them: the log stays small
     assert counter.count == before + 8  # counted, and told with the count
     assert all("bad requests so far" in line for line in lines), lines
+
+
+def test_the_soft_descriptor_limit_is_raised_to_the_hard_one() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        pytest.skip("the hard limit is unlimited here")
+    low = min(256, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+    try:
+        assert raise_descriptor_limit() == (low, hard)
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == (hard, hard)
+        assert raise_descriptor_limit() == (hard, hard)  # nothing more to raise
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

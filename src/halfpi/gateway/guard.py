@@ -37,7 +37,7 @@ import resource
 import socket
 import ssl
 from collections.abc import Callable, MutableMapping
-from typing import Any
+from typing import Any, cast
 
 from halfpi.core.pending import PendingConnections, PendingLimits, Tally, limits_for
 from halfpi.core.throttle import worth_logging
@@ -54,19 +54,22 @@ FAILURE_LOG_INTERVAL_S = 10.0
 TICKET = "halfpi.ticket"
 TOO_LONG = b"HTTP/1.1 414 URI Too Long\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 TOO_SLOW = b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+UNLIMITED_TARGET = 1_048_576  # the soft limit sought when the hard one is unlimited
 _OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 def raise_descriptor_limit() -> tuple[int, int]:
-    """Raise the soft ``RLIMIT_NOFILE`` to the hard limit; returns (before, now)."""
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard limit (an unlimited hard
+    limit: to :data:`UNLIMITED_TARGET`); returns (before, now)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft < hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        except (ValueError, OSError):  # a sandbox may refuse: keep what there is
-            return soft, soft
-        return soft, hard
-    return soft, soft
+    target = UNLIMITED_TARGET if hard == resource.RLIM_INFINITY else hard
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return soft, soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):  # a sandbox may refuse: keep what there is
+        return soft, soft
+    return soft, target
 
 
 def listen(host: str, port: int, backlog: int) -> list[socket.socket]:
@@ -103,19 +106,19 @@ class Ticket:
         self.guard = guard
         self.address = address
         self.accepted_at = accepted_at  # the loop's time
-        self.transport: asyncio.BaseTransport | None = None
+        self.transport: asyncio.Transport | None = None
         self.displaced = False
 
     def attach(self, transport: asyncio.BaseTransport) -> None:
         """The connection's transport exists (after a TLS handshake)."""
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)
         if self.displaced:
-            transport.abort()  # type: ignore[attr-defined]
+            self.transport.abort()
 
     def displace(self) -> None:
         self.displaced = True
         if self.transport is not None:
-            self.transport.abort()  # type: ignore[attr-defined]
+            self.transport.abort()
 
     def settle(self) -> None:
         """Authenticated, or closed: no longer pending."""
@@ -169,7 +172,8 @@ class Guard:
             log.warning(
                 "closed the oldest unauthenticated connection from %s to make room "
                 "(%d so far; at most %d pending, %d per address)",
-                peer, self.pending.displaced, self.limits.total, self.limits.per_address,
+                displaced[-1].address, self.pending.displaced, self.limits.total,
+                self.limits.per_address,
             )
         return ticket
 

@@ -21,7 +21,7 @@ from halfpi.mind.hands import ToolRun
 from halfpi.store.base import WriteTx
 from tests.support.cli import face_add
 from tests.support.client import FaceClient, connect_new_credential
-from tests.support.clock import T0
+from tests.support.clock import T0, WALL0
 from tests.support.frames import event, events_of
 from tests.support.hand import allow_check
 from tests.support.mind import LocalMind, hand_ready
@@ -232,7 +232,7 @@ async def test_approval_expires_at_its_ttl_and_a_late_decision_is_refused(
         ttl = rig.mind.config.approval_ttl_s
         face, hand, chat, approval_id = await waiting_approval(rig)
         requested = await rig.expect(face, event("approval.requested"))
-        assert requested["payload"]["data"]["expires_at"] == T0 + ttl
+        assert requested["payload"]["data"]["expires_at"] == WALL0 + ttl
 
         rig.advance(ttl - 0.001)
         assert rig.mind.approvals.live[approval_id].state == "pending", "not before the TTL"
@@ -240,7 +240,7 @@ async def test_approval_expires_at_its_ttl_and_a_late_decision_is_refused(
         resolved = await rig.expect(face, event("approval.resolved", approval_id=approval_id))
         assert resolved["payload"]["data"]["status"] == "expired"
         assert resolved["payload"]["data"]["decided_by"] is None
-        assert resolved["payload"]["ts"] == T0 + ttl
+        assert resolved["payload"]["ts"] == WALL0 + ttl
 
         # The chat goes on: the tool did not run and the agent was told.
         result = await rig.reply(face, chat)
@@ -259,7 +259,7 @@ async def test_approval_expires_at_its_ttl_and_a_late_decision_is_refused(
         stored = read_row(rig.mind.config.db_path, "approvals", "approval_id", approval_id)
         assert stored is not None
         assert stored["status"] == "expired" and stored["decision"] is None
-        assert stored["decided_at"] == T0 + ttl
+        assert stored["decided_at"] == WALL0 + ttl
 
 
 async def test_a_decision_at_the_ttl_is_refused_even_before_the_timer_ran(
@@ -514,7 +514,7 @@ async def test_an_expired_approval_is_announced_as_settled(tmp_path: Path) -> No
         _, _, chat, approval_id = await waiting_approval(rig)
         pending = await rig.expect(watcher, approval_news("face.approval.pending", approval_id))
         assert pending["payload"]["request_id"] == chat
-        assert pending["payload"]["expires_at"] == T0 + rig.mind.config.approval_ttl_s
+        assert pending["payload"]["expires_at"] == WALL0 + rig.mind.config.approval_ttl_s
         rig.advance(rig.mind.config.approval_ttl_s)
         settled = await rig.expect(watcher, approval_news("face.approval.settled", approval_id))
         assert settled["payload"]["status"] == "expired"

@@ -32,7 +32,7 @@ from tests.mind.test_approvals import waiting_approval
 from tests.mind.test_hand_runs import running_chat
 from tests.mind.test_maintenance import maintenance_after
 from tests.mind.test_tasks import deliveries, start_task, until_attempts
-from tests.support.clock import T0
+from tests.support.clock import T0, WALL0
 from tests.support.frames import event
 from tests.support.rig import fake_time_mind
 from tests.support.wait import until
@@ -121,7 +121,7 @@ async def test_an_approval_expires_after_its_ttl_whatever_the_wall_clock_does(
         ttl = rig.mind.config.approval_ttl_s
         face, _, chat, approval_id = await waiting_approval(rig)
         requested = await rig.expect(face, event("approval.requested"))
-        assert requested["payload"]["data"]["expires_at"] == T0 + ttl  # shown: wall time
+        assert requested["payload"]["data"]["expires_at"] == WALL0 + ttl  # shown: wall time
 
         rig.clock.step_wall(step)
         rig.advance(ttl - 0.001)
@@ -129,7 +129,7 @@ async def test_an_approval_expires_after_its_ttl_whatever_the_wall_clock_does(
         rig.advance(0.001)
         resolved = await rig.expect(face, event("approval.resolved", approval_id=approval_id))
         assert resolved["payload"]["data"]["status"] == "expired"
-        assert resolved["payload"]["ts"] == T0 + step + ttl  # stamped: wall time
+        assert resolved["payload"]["ts"] == WALL0 + step + ttl  # stamped: wall time
         assert (await rig.reply(face, chat))["payload"]["content"].startswith(
             "exec_command expired")
 
@@ -229,3 +229,20 @@ async def test_a_moved_subscription_retries_after_its_backoff_on_the_minds_clock
         rig.advance(0.001)
         await until(lambda: cid in subscriptions)
         assert tries == [T0, pytest.approx(T0 + 0.1)]
+
+
+@pytest.mark.xfail(strict=True, reason="gateway/session.py stamps face.ping with the "
+                   "maintenance round's monotonic now; it must be Mind.wall()")
+async def test_what_a_face_is_shown_is_wall_time_never_the_monotonic_clock(
+    tmp_path: Path,
+) -> None:
+    """``face.ping{ts}`` is a time a Face may show or compare with its own:
+    wall time, as every ``ts``. The rig's two clocks never read alike, so a
+    monotonic reading in its place is seen."""
+    liveness = Config(home=tmp_path)
+    async with fake_time_mind(tmp_path / "home", heartbeat_s=liveness.heartbeat_s) as rig:
+        face = await rig.face()
+        await maintenance_after(rig, liveness.heartbeat_s)
+        pings = face.wire.of_type("face.ping")
+        assert len(pings) == 1
+        assert pings[0]["payload"]["ts"] == pytest.approx(rig.clock.wall(), abs=1.0)

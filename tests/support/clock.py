@@ -7,13 +7,18 @@ import asyncio
 from halfpi.mind.scheduler import Scheduler
 
 T0 = 1_000_000.0
+# Where the wall clock starts: far from T0, so a monotonic reading put where
+# wall time belongs (a ``ts``, an ``expires_at``) is a different number and
+# a test that checks it fails.
+WALL0 = 1_800_000_000.0
 
 
 class FakeClock:
     """The Mind's two clocks in a test (``Mind(clock=c.wall, monotonic=c)``,
     ``Scheduler(c)``): calling it reads the monotonic clock, :attr:`now`;
-    :meth:`wall` reads the wall clock, :attr:`now` plus :attr:`wall_offset`.
-    Both move only when the test moves them.
+    :meth:`wall` reads the wall clock, :attr:`now` plus :attr:`wall_offset`
+    (from :data:`WALL0`: the two never read alike). Both move only when the
+    test moves them.
 
     :meth:`advance` moves both and runs, on every scheduler it :meth:`drives`,
     the timers that came due — a two-minute TTL passes in microseconds, and
@@ -23,7 +28,7 @@ class FakeClock:
 
     def __init__(self, now: float = T0) -> None:
         self.now = now
-        self.wall_offset = 0.0
+        self.wall_offset = WALL0 - now
         self.schedulers: list[Scheduler] = []
 
     def __call__(self) -> float:

@@ -24,6 +24,7 @@ from halfpi.core.redact import (
     count_markers,
     credential_in,
     marker,
+    window_page,
 )
 
 
@@ -207,3 +208,16 @@ def test_an_end_that_cuts_a_secret_takes_out_a_piece_worth_having() -> None:
     stream = StreamRedactor(redactor)
     assert stream.feed("KEY=" + key[:-3]) == "KEY="
     assert stream.flush() == [] and stream.counts == {"provider API key": 1}
+
+
+def test_a_log_window_that_ends_inside_a_secret_shows_no_piece_of_it() -> None:
+    """The last page of a log that ended (or a Hand's window shorter than
+    asked) may stop inside a secret: like any end, the piece is taken out,
+    and the page still reaches the end so the reader is done."""
+    key = "k3y-" + secrets.token_hex(16)
+    redactor = Redactor({key: "secret"})
+    text = "pre " + key[:-2]
+    shown, end, counts = window_page(redactor, text, 0, 4096, more=False)
+    assert (shown, end, counts) == ("pre [redacted: secret]", len(text), {"secret": 1})
+    shown, end, counts = window_page(redactor, text, 6, 4096, more=False)
+    assert key[6:-2] not in shown and end == len(text)

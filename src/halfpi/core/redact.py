@@ -132,14 +132,16 @@ class Redactor:
         counted as that value — else whoever picks the cut reads all of a
         secret but its last character."""
         spans = self.spans(text)
-        start, kind = self._piece_at_end(text)
+        start, kind = self.piece_at_end(text)
         if start == len(text) or (spans and spans[-1][1] > start):
             return _apply(text, spans)
         shown, counts = _apply(text[:start], spans)
         counts[kind] += 1
         return shown, counts
 
-    def _piece_at_end(self, text: str) -> tuple[int, str]:
+    def piece_at_end(self, text: str) -> tuple[int, str]:
+        """Where a tail of ``text`` that is half or more of a configured value
+        begins, and the value's kind (``len(text)`` when none is)."""
         best, kind = len(text), ""
         for value, named in self.values.items():
             least = max(MIN_VALUE, (len(value) + 1) // 2)
@@ -206,6 +208,10 @@ def window_page(
     page that can show nothing yet is empty and ends at ``lead``; one that
     starts inside a secret it cannot get past shows only the marker."""
     spans = redactor.spans(text)
+    if not more:  # the text ends here: perhaps inside a secret (Redactor.redact_end)
+        piece, kind = redactor.piece_at_end(text)
+        if piece < len(text) and not (spans and spans[-1][1] > piece):
+            spans.append((piece, len(text), kind))
     cut = min(len(text), lead + want)
     if more:
         cut = min(cut, redactor.hold_from(text))

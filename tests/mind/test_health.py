@@ -4,11 +4,15 @@ part named when it fails (docs/operations.md, "Health and metrics")."""
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 from functools import partial
 from pathlib import Path
 
+import pytest
+
 from halfpi.errors import StoreError
-from halfpi.mind.health import ReadinessProbe, take_room
+from halfpi.mind.health import NoRoom, ReadinessProbe, take_room
 from tests.support.clock import FakeClock
 from tests.support.tmpfs import fill, small_filesystem
 
@@ -96,3 +100,28 @@ async def test_a_disk_with_no_room_is_not_ready_and_ready_once_room_returns(
         clock.now += 1.1
         assert (await probe.check()).ready
         assert list(disk.iterdir()) == []  # the probe leaves nothing behind
+
+
+@pytest.mark.parametrize("unsupported", ["EOPNOTSUPP", "missing"])
+def test_room_is_taken_where_the_filesystem_cannot_preallocate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unsupported: str,
+) -> None:
+    """A filesystem without ``fallocate`` (``EOPNOTSUPP`` where the C library
+    does not emulate it) or a system without ``posix_fallocate`` at all
+    (macOS) is not a full disk: the probe writes the room instead, and a
+    full disk still says ENOSPC there."""
+    if unsupported == "missing":
+        monkeypatch.delattr(os, "posix_fallocate")
+    else:
+        def refuse(fd: int, offset: int, length: int) -> None:
+            raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+        monkeypatch.setattr(os, "posix_fallocate", refuse)
+    with small_filesystem(tmp_path / "disk") as disk:
+        take_room(disk)  # room: no NoRoom
+        assert list(disk.iterdir()) == []
+        filler = fill(disk)
+        with pytest.raises(NoRoom) as refused:
+            take_room(disk)
+        assert refused.value.why == "ENOSPC"
+        filler.unlink()
+        assert list(disk.iterdir()) == []

@@ -77,17 +77,44 @@ def take_room(folder: Path, room: int = ROOM_BYTES) -> None:
     """Allocate ``room`` bytes in a new file in ``folder`` and remove it:
     :class:`NoRoom` when the filesystem cannot (full, read-only, over quota).
     A real allocation, not ``statvfs``: quotas, reserved blocks and a disk
-    remounted read-only answer the way they will answer the database."""
+    remounted read-only answer the way they will answer the database.
+    Where the filesystem cannot preallocate (``EOPNOTSUPP``, no
+    ``posix_fallocate`` at all) the room is written instead: that is not a
+    full disk. ``O_NOFOLLOW``: a link planted under that name is refused,
+    never truncated through."""
     path = folder / ROOM_FILE
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, flags, 0o600)
         try:
-            os.posix_fallocate(fd, 0, room)
+            _allocate(fd, room)
         finally:
             os.close(fd)
             path.unlink(missing_ok=True)
     except OSError as exc:
         raise NoRoom(errno.errorcode.get(exc.errno or 0, "error")) from None
+
+
+# fallocate's answers that say "not here", not "no room".
+_CANNOT_PREALLOCATE = frozenset({errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL})
+
+
+def _allocate(fd: int, room: int) -> None:
+    """``room`` bytes of real pages for ``fd``: preallocated where the
+    filesystem can, else written and flushed (the disk answers either way)."""
+    fallocate = getattr(os, "posix_fallocate", None)
+    if fallocate is not None:
+        try:
+            fallocate(fd, 0, room)
+            return
+        except OSError as exc:
+            if exc.errno not in _CANNOT_PREALLOCATE:
+                raise
+    zeros = bytes(room)
+    written = 0
+    while written < room:
+        written += os.write(fd, zeros[written:])
+    os.fsync(fd)
 
 
 async def _probe(name: str, check: Awaitable[Any], timeout_s: float) -> tuple[str, str]:

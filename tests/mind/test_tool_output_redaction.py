@@ -237,3 +237,20 @@ async def log_page(rig: Rig, face: Peer, hand: Peer, task_id: str, log: bytes,
         "task_id": "h1", "offset": start, "next_offset": start + len(data),
         "data_b64": base64.b64encode(data).decode(), "truncated": False, "state": state})
     return dict((await rig.reply(face, asked))["payload"]["data"])
+
+
+def test_the_passwords_of_the_store_and_redis_urls_are_secrets_too(tmp_path: Path) -> None:
+    """In cluster mode the Mind holds passwords in its store and Redis URLs
+    (or ``PGPASSWORD``); a command line is readable by any process (``ps``),
+    so they are redacted from tool output like the provider key."""
+    from halfpi.config import Config
+    from halfpi.mind.redaction import configured_secrets
+
+    config = Config(home=tmp_path, store_url="postgresql://halfpi:pg-Secret-1234@db/halfpi",
+                    redis_url="redis://:redis-Secret-5678@cache:6379/0")
+    found = configured_secrets(config, environ={"PGPASSWORD": "env-Secret-9012"})
+    assert found == {"pg-Secret-1234": "database password",
+                     "redis-Secret-5678": "database password",
+                     "env-Secret-9012": "database password"}
+    query = Config(home=tmp_path, store_url="postgresql://db/halfpi?user=h&password=q-Secret-3456")
+    assert configured_secrets(query, environ={}) == {"q-Secret-3456": "database password"}

@@ -8,7 +8,9 @@ values of
 
 - the model provider's API key (``$OPENAI_API_KEY``, the key file),
 - the metrics token (``--metrics-token-file``),
-- the stream key (``HOME/stream.key``, as it is written: hex)
+- the stream key (``HOME/stream.key``, as it is written: hex),
+- in cluster mode, the passwords in its store and Redis URLs and
+  ``$PGPASSWORD`` (a command line is anyone's to read: ``ps``)
 
 — and the credential shapes again, for a Hand that did not — before
 anything is stored, shown or given to the agent. Each redaction is counted
@@ -24,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from halfpi.config import Config
 from halfpi.core.hand_wire import CHUNK_BYTES
@@ -34,12 +37,14 @@ log = logging.getLogger("halfpi.mind")
 PROVIDER_KEY = "provider API key"
 METRICS_TOKEN = "metrics token"
 STREAM_KEY = "stream key"
+DATABASE_PASSWORD = "database password"
+PASSWORD_ENV = "PGPASSWORD"  # as asyncpg reads it
 KEY_ENV = "OPENAI_API_KEY"  # as the provider reads it (agents/openai.py)
 KEY_FILE = "openai.key"
 STREAM_KEY_FILE = "stream.key"
 # The markers a Hand may have put in: the shapes, and (the local Hand, which
 # is given them) the Mind's own kinds.
-HAND_KINDS = (*SHAPE_KINDS, PROVIDER_KEY, METRICS_TOKEN, STREAM_KEY)
+HAND_KINDS = (*SHAPE_KINDS, PROVIDER_KEY, METRICS_TOKEN, STREAM_KEY, DATABASE_PASSWORD)
 
 
 def _read(path: Path) -> str | None:
@@ -62,7 +67,27 @@ def configured_secrets(config: Config, environ: Mapping[str, str] = os.environ) 
                         (_read(config.home / STREAM_KEY_FILE), STREAM_KEY)):
         if value:
             found[value] = kind
+    # Cluster mode: the passwords of its store and Redis.
+    for url in (config.store_url, config.redis_url):
+        for value in _passwords(url):
+            found[value] = DATABASE_PASSWORD
+    if environ.get(PASSWORD_ENV):
+        found[environ[PASSWORD_ENV]] = DATABASE_PASSWORD
     return found
+
+
+def _passwords(url: str | None) -> list[str]:
+    """The password a URL holds: after ``user:`` (as written and decoded),
+    or as ``?password=``."""
+    if not url:
+        return []
+    try:
+        parts = urlsplit(url)
+        raw = parts.password
+    except ValueError:  # not a URL this Mind could use: it holds none
+        return []
+    found = [raw, unquote(raw)] if raw else []
+    return found + [v for v in parse_qs(parts.query).get("password", []) if v]
 
 
 class OutputRedaction:

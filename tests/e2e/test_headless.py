@@ -323,14 +323,16 @@ def test_a_bad_flag_exits_64(tmp_path: Path) -> None:
 
 class RefusingRelay:
     """A WebSocket relay between the headless face and a real Mind that
-    answers the first ``refusals`` face.chat commands itself, as a cluster
+    answers the first ``refusals`` commands of type ``refuse`` itself, as a cluster
     node does during a take-over: ``face.error{unavailable, retryable}``.
     Everything else passes through unchanged."""
 
-    def __init__(self, target: str, refusals: int) -> None:
+    def __init__(self, target: str, refusals: int, refuse: str = "face.chat") -> None:
         self.target = target
         self.refusals = refusals
+        self.refuse = refuse
         self.refused = 0
+        self.request_ids: list[str] = []  # of every ``refuse`` command, refused or passed
         self.url = ""
         self._server: Any = None
 
@@ -349,7 +351,9 @@ class RefusingRelay:
             async def up() -> None:
                 async for text in face:
                     frame = json.loads(text)
-                    if frame["type"] == "face.chat" and self.refused < self.refusals:
+                    if frame["type"] == self.refuse:
+                        self.request_ids.append(frame["payload"].get("request_id"))
+                    if frame["type"] == self.refuse and self.refused < self.refusals:
                         self.refused += 1
                         await face.send(json.dumps({"type": "face.error", "payload": {
                             "request_id": frame["payload"].get("request_id"),
@@ -419,5 +423,28 @@ async def test_a_retryable_refusal_that_lasts_ends_within_the_connect_timeout_sa
         assert "unavailable" in lines[-1] and "--connect-timeout" in lines[-1], err
         for line in lines:  # sentences, never a Python repr
             assert "{'" not in line and "Error(" not in line, line
+    finally:
+        mind.kill()
+
+
+@pytest.mark.e2e
+async def test_a_retryable_refusal_of_the_new_conversation_is_asked_again_under_one_request_id(
+    tmp_path: Path,
+) -> None:
+    """docs/faces.md: the face asks again "with the same request_id", so a
+    refusal that was in fact applied cannot make a second conversation."""
+    home = tmp_path / "home"
+    home.mkdir()
+    mind = MindProcess(home).start()
+    try:
+        async with RefusingRelay(mind.url, refusals=2,
+                                 refuse="face.conversation.create") as relay:
+            code, out, err = await run_headless_face(
+                relay.url, home, "--new-conversation", "c", "--connect-timeout", "20",
+                stdin=lines_in({"type": "face.chat", "payload": {"content": "hello"}}))
+        assert code == EXIT_OK, err
+        assert relay.refused == 2
+        assert len(relay.request_ids) == 3 and len(set(relay.request_ids)) == 1, relay.request_ids
+        assert '"chat.completed"' in out
     finally:
         mind.kill()

@@ -361,8 +361,10 @@ class Headless:
             await self.client.connect(timeout=None)
             if self.options.new_conversation is not None:
                 name = self.options.new_conversation or None
+                created = new_request_id("h")  # one id for every asking: created once at most
                 self.conversation = await self._retrying(
-                    "creating the conversation", lambda: self.client.create_conversation(name))
+                    "creating the conversation",
+                    lambda: self.client.create_conversation(name, request_id=created))
             if self.conversation is not None:
                 cid = self.conversation
                 await self._retrying(f"subscribing to {cid}", lambda: self.client.subscribe(cid))

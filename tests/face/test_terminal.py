@@ -25,6 +25,7 @@ from textual.widgets import Button, Input, Static
 from textual.widgets._footer import FooterKey
 
 from halfpi.face.terminal import TerminalFace
+from halfpi.face.terminal_lines import NEWS_S
 from halfpi.face.terminal_widgets import ApprovalScreen, ToolBox, clock
 from tests.support.frames import event
 from tests.support.hand import allow_check, honest_result
@@ -59,6 +60,7 @@ class Face:
     other: Peer
     links: list[SessionLink]
     chats: int = 0
+    down: bool = False  # the Mind unreachable: every dial is refused
     pressed_for: dict[str, set[str]] = field(default_factory=dict)  # approval -> keys
 
     async def opened(self, before: str | None = None) -> str:
@@ -158,15 +160,18 @@ async def terminal_face(tmp_path: Path) -> AsyncIterator[Face]:
         hand = await rig.hand("dev")
         other = await rig.face()
         links: list[SessionLink] = []
+        reachable: list[Face] = []  # the face, once made: its ``down`` says
         app = TerminalFace(
             ["ws://mind.test/v1/face"],
             rig.face_token,
-            connector=session_connector(rig.mind, links),
+            connector=session_connector(rig.mind, links, lambda: any(f.down for f in reachable)),
             wall=rig.clock.wall,
+            clock=rig.clock,
             **QUIET,
         )
         async with app.run_test(size=(120, 40)) as pilot:
             face = Face(rig, app, pilot, hand, other, links)
+            reachable.append(face)
             await face.opened()
             yield face
 
@@ -391,3 +396,30 @@ def shown_output(log: Widget) -> str:
     """The text of the (first) tool card's output, as drawn."""
     boxes = list(log.query(ToolBox))
     return str(boxes[0].text.render()) if boxes else ""
+
+
+async def test_the_connection_line_tells_the_news_then_says_live_and_offers_only_what_works(
+    tmp_path: Path,
+) -> None:
+    async with terminal_face(tmp_path) as face:
+        app = face.app
+        chat, approval_id = await face.ask()  # a reply in progress here
+        await until(lambda: app.check_action("cancel_chat", ()) is True, 5.0)
+        face.down = True
+        face.links[-1].cut()
+        await until(lambda: app.client.status.state == "reconnecting", 5.0)
+        # Nobody would hear a cancel now: it is not offered.
+        assert app.check_action("cancel_chat", ()) is False
+        face.down = False
+        app.client.reconnect_now()
+        await until(lambda: app.client.status.state == "resumed", 5.0)
+        app.tick()
+        assert str(app.status_line.render()).startswith("● resumed:")
+        assert app.check_action("cancel_chat", ()) is True
+        face.rig.advance(NEWS_S)
+        app.tick()
+        assert str(app.status_line.render()) == "● live · ws://mind.test/v1/face"
+        await face.rig.command(
+            face.other, "face.approval.resolve", approval_id=approval_id, decision="deny_once"
+        )
+        await face.finish(chat, approval_id)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 from halfpi.client.transport import ConnectionLost, Connector, Transport
@@ -84,11 +85,16 @@ class _ClientEnd:
         self.link.cut()
 
 
-def session_connector(mind: Mind, opened: list[SessionLink] | None = None) -> Connector:
-    """Each dial: a new session of ``mind`` (appended to ``opened``, if given)."""
+def session_connector(
+    mind: Mind, opened: list[SessionLink] | None = None, down: Callable[[], bool] | None = None
+) -> Connector:
+    """Each dial: a new session of ``mind`` (appended to ``opened``, if
+    given); refused while ``down()`` says the Mind is unreachable."""
 
     async def connect(url: str) -> Transport:
         await asyncio.sleep(0)  # a dial is a scheduling point, as on a network
+        if down is not None and down():
+            raise ConnectionLost(None, "connection refused")
         link = SessionLink(mind, url)
         if opened is not None:
             opened.append(link)

@@ -40,14 +40,21 @@ from halfpi.client.redial import Locate
 from halfpi.face.client import FaceClient, Status
 from halfpi.face.errors import CommandError, FaceError
 from halfpi.face.render import escape_controls
+from halfpi.face.terminal_lines import (
+    CONNECTED,
+    NEWS,
+    approvals_elsewhere,
+    bar_lines,
+    connection_line,
+    conversation_rows,
+    left,
+)
 from halfpi.face.terminal_widgets import (
     UNTITLED,
     ApprovalScreen,
     ConversationList,
     ConversationLog,
     RenameScreen,
-    clock,
-    conversation_label,
 )
 from halfpi.face.view import ConversationView
 
@@ -110,6 +117,7 @@ class TerminalFace(App[int]):
         # never prompted again (a failed decision leaves the set: re-prompted).
         self.deciding: set[str] = set()
         self.opening: str | None = None  # the conversation being opened, for feedback
+        self._news_at = 0.0  # when the connection last came back (resumed, resynced)
         self._sending: dict[str, tuple[str, str | None]] = {}  # key -> (text, request_id)
         self._send_ids = itertools.count(1)
         self._opening = asyncio.Lock()
@@ -240,7 +248,8 @@ class TerminalFace(App[int]):
             return False
         view = self._view()
         if action == "cancel_chat":
-            return view is not None and any(
+            # Not while the Mind is unreachable: nobody would hear it.
+            return self.client.status.state in CONNECTED and view is not None and any(
                 r.status != "cancel_requested" for r in view.streaming.values()
             )
         if action in ("approve", "deny"):
@@ -375,6 +384,8 @@ class TerminalFace(App[int]):
             self._show_list()  # a reply elsewhere started or ended
 
     def _sdk_status(self, status: Status) -> None:
+        if status.state in NEWS:
+            self._news_at = self.client.clock()
         if not self.ready:
             return
         self._set_status_text(self._status_text(status))
@@ -384,7 +395,7 @@ class TerminalFace(App[int]):
     def tick(self) -> None:
         """Countdowns move: the next reconnect attempt, approvals' expiry."""
         status = self.client.status
-        if status.state == "reconnecting":
+        if status.state == "reconnecting" or status.state in NEWS:
             self._set_status_text(self._status_text(status))
         if self.client.approvals:
             self._show_approvals()
@@ -425,21 +436,9 @@ class TerminalFace(App[int]):
     def _show_list(self) -> None:
         if not self.ready:
             return
-        waiting: dict[str, int] = {}
-        for a in self.client.approvals.values():
-            cid = str(a.get("conversation_id"))
-            waiting[cid] = waiting.get(cid, 0) + 1
-        rows = []
-        for c in self.client.conversation_list():
-            cid = str(c["id"])
-            view = self.client.views.get(cid)
-            label = conversation_label(
-                c,
-                current=cid == self.current,
-                approvals=waiting.get(cid, 0),
-                streaming=bool(view is not None and view.streaming),
-            )
-            rows.append((cid, label))
+        rows = conversation_rows(
+            self.client.conversation_list(), self.client.views, self.client.approvals, self.current
+        )
         shown = [(cid, label.plain) for cid, label in rows]
         if shown == self._list_shown:
             return
@@ -451,52 +450,26 @@ class TerminalFace(App[int]):
         if keep in ids:
             self.conversations.highlighted = ids.index(keep)
 
-    def _approvals_elsewhere(self) -> list[dict[str, Any]]:
-        return sorted(
-            (a for a in self.client.approvals.values() if a.get("conversation_id") != self.current),
-            key=lambda a: float(a.get("expires_at") or 0.0),
-        )
-
     def _show_approvals(self) -> None:
-        view = self._view()
-        lines = []
-        if view is not None and view.pending_approvals:
-            lines.append(self._waiting_here(view.pending_approvals))
-        elsewhere = self._approvals_elsewhere()
-        if elsewhere:
-            first = elsewhere[0]
-            where = (self.client.conversations.get(str(first["conversation_id"])) or {}).get(
-                "name"
-            ) or UNTITLED
-            left = clock(float(first.get("expires_at") or 0.0) - self.wall())
-            count = len(elsewhere)
-            noun = "approval" if count == 1 else "approvals"
-            lines.append(
-                f"⚠ {count} {noun} waiting in other conversations: {first.get('tool', '?')} "
-                f"in “{where}” ({left} left) — ctrl+g go there"
-            )
-        if view is not None and view.tasks:
-            # Background tasks (DESIGN §8): a line each, the newest few.
-            lines.extend(f"⚙ {line}" for line in view.task_lines()[-TASK_LINES:])
-        if lines and self.client.status.state in ("reconnecting", "connecting"):
-            lines.append("(as last known: the Mind is unreachable; it re-reads them when back)")
+        lines = bar_lines(
+            self._view(),
+            self.deciding,
+            self._approvals_elsewhere(),
+            self.client.conversations,
+            self.wall(),
+            reachable=self.client.status.state not in ("reconnecting", "connecting"),
+        )
         self.approvals_line.update(Text(escape_controls("\n".join(lines))))
         self.approvals_line.set_class(bool(lines), "shown")
 
-    def _waiting_here(self, pending: dict[str, dict[str, Any]]) -> str:
-        """The open conversation's approval: what, how long it has left, and
-        what to press — or that the decision made here is on its way."""
-        undecided = [a for a in pending.values() if a.get("approval_id") not in self.deciding]
-        if not undecided:
-            tool = next(iter(pending.values())).get("tool", "?")
-            return f"⏳ your decision on {tool} is on its way to the Mind"
-        first = undecided[0]
-        expires_at = float(first.get("expires_at") or 0.0)
-        left = f" ({clock(expires_at - self.wall())} left)" if expires_at else ""
-        return (
-            f"⚠ approval waiting here: {first.get('tool', '?')}{left}"
-            " — ctrl+a allow once · ctrl+d deny once"
-        )
+    def _approvals_elsewhere(self) -> list[dict[str, Any]]:
+        return approvals_elsewhere(self.client.approvals, self.current)
+
+    def _left(self, expires_at: float) -> str:
+        return left(expires_at, self.wall())
+
+    def _status_text(self, status: Status) -> str:
+        return connection_line(status, self.client.clock(), self._news_at, self._view())
 
     def _prompt_open(self) -> bool:
         return isinstance(self._top(), ApprovalScreen | RenameScreen)
@@ -530,27 +503,6 @@ class TerminalFace(App[int]):
             )
             return
 
-    def _left(self, expires_at: float) -> str:
-        """Time left before ``expires_at`` (the Mind's wall clock), as m:ss."""
-        return clock(expires_at - self.wall()) if expires_at else ""
-
-    def _status_text(self, status: Status) -> str:
-        now = self.client.clock()
-        if status.state == "reconnecting":
-            text = f"○ {status.describe(now)}"
-        elif status.state in ("connecting", "closed"):
-            text = f"○ {status.state} · {status.url}"
-        elif status.state == "refused":
-            text = f"✗ {status.describe()}"
-        else:
-            text = f"● {status.describe()} · {status.url}"
-        view = self._view()
-        if view is not None and any(
-            r.status == "cancel_requested" for r in view.streaming.values()
-        ):
-            text += " · cancel requested"
-        return text
-
     def _set_status_text(self, text: str) -> None:
         # Not mounted yet (or already gone): the next status change redraws.
         with contextlib.suppress(Exception):
@@ -559,9 +511,6 @@ class TerminalFace(App[int]):
     async def on_unmount(self) -> None:
         self.ready = False  # the widgets are going: the SDK's last words are not drawn
         await self.client.close()
-
-
-TASK_LINES = 5  # background tasks shown above the prompt
 
 
 def run_terminal(

@@ -18,7 +18,7 @@ import pytest
 
 from halfpi.core.requests import RequestRecord
 from halfpi.errors import FencedOut, StoreError, TerminalExists
-from halfpi.store import postgres_schema
+from halfpi.store import postgres_schema, postgres_sql
 from halfpi.store.base import Fence, RunRow, StoredEvent, TaskRow, TaskUpdate, TxOutcome, WriteTx
 from halfpi.store.postgres import PostgresStore
 from halfpi.store.postgres_schema import FENCED_OUT, SCHEMA_VERSION
@@ -445,5 +445,38 @@ async def test_a_lost_connection_fails_the_batch_and_the_next_write_reconnects(
             await store.write(WriteTx(events=[event("c_1", 1)]))
         assert (await store.write(WriteTx(events=[event("c_1", 1)]))).committed
         assert await store.head_seq("c_1") == 1
+    finally:
+        await store.close()
+
+
+async def test_a_full_disk_inside_a_write_fails_the_group_commit_and_is_remembered(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    """PostgreSQL says a full disk when a write needs a new page ("could not
+    extend file", 53100), inside the write's savepoint, while a small
+    in-place update (the readiness probe's row) still commits: that refusal
+    of the database must fail the group commit and set
+    ``last_commit_failed``, which ``/readyz`` reads, as a constraint a write
+    breaks on its own does not."""
+    store = PostgresStore(pg_url)
+    await store.open()
+    real = postgres_sql.apply_tx
+
+    async def disk_full_for_events(conn: Any, tx: WriteTx) -> TxOutcome:
+        if tx.admit is not None:  # an admission: it needs new pages
+            raise asyncpg.exceptions.DiskFullError(
+                'could not extend file "base/16384/16500": No space left on device')
+        return await real(conn, tx)
+
+    try:
+        await store.write(WriteTx(meta=[("readyz_probe", "1.0")]))
+        assert store.last_commit_failed is False
+        monkeypatch.setattr(postgres_sql, "apply_tx", disk_full_for_events)
+        with pytest.raises(StoreError, match="No space left on device"):
+            await store.write(WriteTx(admit=admission("r_full"), events=[event("c_1", 1)]))
+        assert store.last_commit_failed is True
+        assert await store.head_seq("c_1") == 0  # nothing of it stands
+        await store.write(WriteTx(meta=[("readyz_probe", "2.0")]))  # room again
+        assert store.last_commit_failed is False
     finally:
         await store.close()

@@ -404,8 +404,17 @@ def _refusal(exc: Any) -> StoreError:
     return StoreError(f"write failed: {_line(exc)}")
 
 
+# SQLSTATE classes of the database refusing to write at all, not of one
+# write's own fault: insufficient resources (53: a full disk, "could not
+# extend file"), operator intervention (57), system error (58: I/O), internal
+# error (XX). Such a refusal fails the whole group commit (``/readyz`` then
+# says the last commit failed), as it does with SQLite.
+_THE_DATABASE_REFUSES = ("53", "57", "58", "XX")
+
+
 async def _in_savepoint(conn: Any, tx: WriteTx) -> TxOutcome | BaseException:
-    """Run ``tx`` so that its failure undoes only itself, not the batch."""
+    """Run ``tx`` so that its failure undoes only itself, not the batch,
+    unless the database refuses to write at all (``_THE_DATABASE_REFUSES``)."""
     import asyncpg
 
     savepoint = conn.transaction()  # nested in the batch's: a SAVEPOINT
@@ -414,6 +423,8 @@ async def _in_savepoint(conn: Any, tx: WriteTx) -> TxOutcome | BaseException:
         outcome = await sql.apply_tx(conn, tx)
     except asyncpg.PostgresError as exc:
         await savepoint.rollback()
+        if str(getattr(exc, "sqlstate", "") or "").startswith(_THE_DATABASE_REFUSES):
+            raise
         return _refusal(exc)
     if outcome.committed:
         await savepoint.commit()

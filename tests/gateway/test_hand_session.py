@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from websockets.protocol import State
+from websockets.server import ServerProtocol
+
 from halfpi.gateway.hand_session import PONG_WAIT_S, HandSession
 from tests.support.hand import hello_payload
 from tests.support.rig import Peer, Rig, Wire, fake_time_mind
@@ -60,3 +63,31 @@ async def test_refused_claims_are_counted_with_the_latest_address(tmp_path: Path
         refused = rig.mind.hands.hands["dev"].to_wire()["refused"]
         assert refused["count"] == 3 and refused["address"] == "198.51.100.9"
         assert rig.mind.hands.connected("dev")
+
+
+class WebSocketWire(Wire):
+    """A wire that closes as the native server does, through websockets'
+    own protocol: a close reason longer than a control frame allows (123
+    bytes) raises there instead of closing."""
+
+    def close(self, code: int, reason: str) -> None:
+        protocol = ServerProtocol()
+        protocol.state = State.OPEN
+        protocol.send_close(code, reason)
+        super().close(code, reason)
+
+
+async def test_a_refused_claim_is_closed_whatever_the_length_of_the_hands_name(
+    tmp_path: Path,
+) -> None:
+    """A Hand id may be 128 characters; the refusal's close reason must
+    still fit a WebSocket close frame, or the impostor is never closed."""
+    long_id = "a-hand-with-a-long-name-" + "x" * 76  # 100: "ID-1" stays an Id
+    async with fake_time_mind(tmp_path / "home") as rig:
+        await rig.hand(long_id, "1")
+        wire = WebSocketWire(address="198.51.100.9")
+        peer = Peer(HandSession(rig.mind, wire), wire)
+        peer.send("hand.hello", hello_payload(rig.hand_tokens[long_id], long_id, "x-2"))
+        await until(lambda: wire.closed_with is not None or bool(wire.of_type("hand.welcome")))
+        assert wire.closed_with == 4029
+        assert rig.mind.hands.hands[long_id].to_wire()["refused"]["count"] == 1

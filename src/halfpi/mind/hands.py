@@ -63,7 +63,9 @@ class HandInUse(RateLimited):
     tool calls). ``holder``: the link that keeps the Hand."""
 
     def __init__(self, hand_id: str, holder: HandLink) -> None:
-        super().__init__(f"Hand {hand_id!r} is already connected and answering: retry later, "
+        # The close reason of the refused link: no id in it, so that it fits a
+        # WebSocket close frame (123 bytes) whatever the Hand's name.
+        super().__init__("this Hand is already connected and answering: retry later, "
                          "or revoke its token if that link is not yours")
         self.holder = holder
 

@@ -1,0 +1,60 @@
+"""A missing optional package is one line naming its extra, wherever the
+import fails (halfpi/extras.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+from halfpi import cli
+from halfpi.extras import EXTRA, MissingExtra, missing, need
+
+
+class _Refuse:
+    """A finder that refuses textual, as a machine without it would."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name.partition(".")[0] == "textual":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+
+def test_need_names_the_extra_of_a_missing_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in sys.modules if n.partition(".")[0] == "textual"]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [_Refuse(), *sys.meta_path])
+    with pytest.raises(MissingExtra) as caught:
+        need("textual", "the terminal face")
+    assert str(caught.value) == "the terminal face needs textual: pip install 'halfpi[face]'"
+
+
+def test_every_optional_package_has_an_extra_in_pyproject() -> None:
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    for package, extra in EXTRA.items():
+        assert any(req.startswith(package) for req in extras[extra]), (package, extra)
+        assert not any(req.startswith(package) for req in project["dependencies"]), package
+
+
+@pytest.mark.parametrize(("module", "extra"), [("redis.asyncio", "cluster"), ("openai", "openai"),
+                                               ("asyncpg", "postgresql")])
+def test_an_unguarded_import_of_an_extra_is_still_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    module: str, extra: str,
+) -> None:
+    def command(args: argparse.Namespace) -> int:
+        raise ModuleNotFoundError(f"No module named {module!r}", name=module)
+
+    monkeypatch.setattr(cli, "cmd_mind", command)  # the import fails inside the command
+    assert cli.main(["mind", "--home", str(tmp_path), "--port", "0"]) == 1
+    package = module.partition(".")[0]
+    assert capsys.readouterr().err == (
+        f"halfpi: this command needs {package}: pip install 'halfpi[{extra}]'\n")
+
+
+def test_a_missing_module_that_is_no_extra_is_a_bug_not_a_hint() -> None:
+    assert missing(ModuleNotFoundError("No module named 'nope'", name="nope")) is None

@@ -31,10 +31,17 @@ from halfpi.store.sqlite import SQLiteStore
 from tests.mind.test_approvals import waiting_approval
 from tests.mind.test_hand_runs import running_chat
 from tests.mind.test_maintenance import maintenance_after
-from tests.mind.test_tasks import deliveries, start_task, until_attempts
+from tests.mind.test_tasks import (
+    deliveries,
+    receipt,
+    start_task,
+    task_event,
+    until_async,
+    until_attempts,
+)
 from tests.support.clock import T0, WALL0
-from tests.support.frames import event
-from tests.support.rig import fake_time_mind
+from tests.support.frames import Frame, event
+from tests.support.rig import Peer, Rig, fake_time_mind
 from tests.support.wait import until
 
 HOUR = 3600.0
@@ -246,3 +253,62 @@ async def test_what_a_face_is_shown_is_wall_time_never_the_monotonic_clock(
         pings = face.wire.of_type("face.ping")
         assert len(pings) == 1
         assert pings[0]["payload"]["ts"] == pytest.approx(rig.clock.wall(), abs=1.0)
+
+
+DELIVER = "hand.task.deliver"
+
+
+async def two_tasks_one_second_apart(
+    rig: Rig, step: float
+) -> tuple[Peer, Peer, str, str, Frame]:
+    """Two tasks delivered, the first at T0 (due again at +2 s), the second
+    at +1 s (due again at +3 s); the wall clock stepped by ``step`` between."""
+    rig.mind.tasks.draw = lambda: 0.5  # no jitter: each waits exactly 2 s
+    hand = await rig.hand("dev")
+    face = await rig.face()
+    cid = await rig.conversation(face)
+    first = await start_task(rig, face, cid)
+    order = (await rig.take(hand, lambda f: f["type"] == DELIVER))["payload"]
+    await until_attempts(rig, first, 1)
+    rig.clock.step_wall(step)
+    rig.advance(1.0)
+    await start_task(rig, face, cid)
+    started = await rig.take(face, lambda f: task_event("task.started")(f)
+                             and f["payload"]["data"]["task"]["task_id"] != first)
+    second = str(started["payload"]["data"]["task"]["task_id"])
+    await rig.take(hand, lambda f: f["type"] == DELIVER)
+    await until_attempts(rig, second, 1)
+    return face, hand, first, second, order
+
+
+async def test_a_later_redelivery_is_not_dropped_for_an_earlier_one(tmp_path: Path) -> None:
+    """Each row waiting for its Hand's receipt is looked at again when its
+    wait ends, whatever else is waiting: an earlier wake that finds nothing
+    due (its task was received) does not make the later one forgotten."""
+    async with fake_time_mind(tmp_path / "home") as rig:
+        face, hand, first, second, order = await two_tasks_one_second_apart(rig, 0.0)
+        hand.send("hand.task.receipt", receipt(order))  # the first: never due again
+
+        async def received() -> bool:
+            row = await rig.mind.store.get_task(first)
+            return row is not None and row.delivered_at is not None
+
+        await until_async(received)
+        rig.advance(1.0)  # +2 s: the first's wait ends; nothing is due
+        # A round trip through the Store: the look at +2 s (asked first) is over.
+        asked = await rig.command(face, "face.task.get", task_id=first)
+        await rig.reply(face, asked)
+        rig.advance(1.0)  # +3 s: the second's wait ends
+        await until_attempts(rig, second, 2)
+
+
+async def test_a_wait_set_before_a_wall_step_back_is_kept_by_a_later_one(
+    tmp_path: Path,
+) -> None:
+    """The first task's wait was set before the wall clock went back an
+    hour; the second's, set after, is earlier in wall time. The first is
+    still delivered again after its 2 s, not an hour later."""
+    async with fake_time_mind(tmp_path / "home") as rig:
+        _, _, first, _, _ = await two_tasks_one_second_apart(rig, -HOUR)
+        rig.advance(1.0)  # +2 s of the monotonic clock
+        await until_attempts(rig, first, 2)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
+import heapq
 import logging
 import random
 import time
@@ -109,9 +110,11 @@ class TaskDispatcher:
         # The Mind's secrets never leave through a task's log or error (DESIGN §8).
         self.redaction = redaction or OutputRedaction(dict)
         self._timer: Timer | None = None
-        # The wall time the armed timer looks for rows due at, and the
-        # latest such time reached (by the monotonic delay) meanwhile.
-        self._timer_for = 0.0
+        # Every wake asked for and not reached yet: (when, on the scheduler's
+        # monotonic clock; the wall time the rows are due at). One timer, for
+        # the earliest; none forgotten. The wall time reached (by the
+        # monotonic delay) since the last look.
+        self._wakes: list[tuple[float, float]] = []
         self._reached = float("-inf")
         self._pumping = False
         self._again = False
@@ -156,25 +159,39 @@ class TaskDispatcher:
 
     def wake(self, at: float) -> None:
         """Look for due rows at ``at`` (wall time, as stored), or earlier if
-        asked: after ``at - now`` seconds of the scheduler's clock."""
+        asked: after ``at - now`` seconds of the scheduler's clock, counted
+        from now — a step of the wall clock later changes nothing."""
         if self.closed:
             return
         delay = at - self.clock()
         if delay <= 0:
             self._fire()
             return
+        heapq.heappush(self._wakes, (self.scheduler.now() + delay, at))
+        self._arm()
+
+    def _arm(self) -> None:
+        if not self._wakes or self.closed:
+            return
+        when = self._wakes[0][0]
         timer = self._timer
-        if timer is not None and not timer.done and self._timer_for <= at:
+        if timer is not None and not timer.done and timer.when <= when:
             return
         if timer is not None:
             timer.cancel()
-        self._timer_for = at
-        self._timer = self.scheduler.call_later(delay, self._fire, at)
+        self._timer = self.scheduler.call_at(when, self._due)
 
-    def _fire(self, at: float | None = None) -> None:
-        if at is not None:  # the timer's delay ran out: rows due at ``at`` are due
-            self._timer = None
-            self._reached = max(self._reached, at)
+    def _due(self) -> None:
+        """The earliest wait ran out: the rows due at its wall time (and any
+        other's that ran out with it) are due."""
+        self._timer = None
+        now = self.scheduler.now()
+        while self._wakes and self._wakes[0][0] <= now:
+            self._reached = max(self._reached, heapq.heappop(self._wakes)[1])
+        self._arm()
+        self._fire()
+
+    def _fire(self) -> None:
         if self._pumping:
             self._again = True
             return

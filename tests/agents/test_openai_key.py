@@ -6,6 +6,7 @@ owner may read is refused with one line."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,25 @@ def test_a_named_key_file_others_may_read_is_refused_in_one_line(
     line = str(refused.value)
     assert "\n" not in line and "chmod 600" in line and str(path) in line
     assert FILE_KEY not in line
+
+
+def test_a_key_file_that_is_not_a_regular_file_is_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pipe (``--api-key-file <(pass show key)``) gives its key once: the
+    provider would have it, the redaction of tool output (which reads the
+    file again) would not, and the key could leave through a tool. It is
+    refused with one line, as a directory is."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, FILE_KEY.encode() + b"\n")
+        os.close(write_end)
+        for path in (f"/dev/fd/{read_end}", str(tmp_path)):
+            with pytest.raises(AgentConfigError) as refused:
+                read_key(config(tmp_path), ModelSettings(model="m", api_key_file=path))
+            line = str(refused.value)
+            assert "\n" not in line and "not a regular file" in line and path in line
+            assert FILE_KEY not in line
+    finally:
+        os.close(read_end)

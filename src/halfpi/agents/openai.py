@@ -97,21 +97,41 @@ def read_key(config: Config, settings: ModelSettings) -> str | None:
         path = config.home / path
     path = path or config.home / KEY_FILE
     try:
-        mode = path.stat().st_mode
-        key = path.read_text().strip()
+        key = _read_key_file(path)
     except FileNotFoundError:
         if settings.api_key_file:
             raise AgentConfigError(f"the API key file {path} does not exist") from None
         return None
-    except OSError as exc:
-        raise AgentConfigError(f"cannot read the API key file {path}: {exc.strerror}") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise AgentConfigError(
-            f"the API key file {path} is readable by others (mode {mode & 0o777:o}): chmod 600 it"
-        )
+    except (OSError, UnicodeDecodeError) as exc:
+        why = getattr(exc, "strerror", None) or "not UTF-8 text"
+        raise AgentConfigError(f"cannot read the API key file {path}: {why}") from None
     if not key:
         raise AgentConfigError(f"the API key file {path} is empty")
     return key
+
+
+def _read_key_file(path: Path) -> str:
+    """The key file's text, its mode checked on the very file read (one
+    descriptor: no race between the check and the read). Refused with one
+    line: a file others may use, and anything but a regular file — a pipe
+    (``<(…)``) gives its key once, so the redaction of tool output, which
+    reads the file again, would not know it (``O_NONBLOCK``: a FIFO without
+    a writer is refused, never waited on)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise AgentConfigError(
+                f"the API key file {path} is not a regular file: write the key to a file, "
+                "mode 0600"
+            )
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise AgentConfigError(f"the API key file {path} is readable by others "
+                                   f"(mode {mode & 0o777:o}): chmod 600 it")
+        with os.fdopen(os.dup(fd), "rb") as file:
+            return file.read().decode("utf-8").strip()
+    finally:
+        os.close(fd)
 
 
 def from_config(config: Config) -> OpenAIAgent:

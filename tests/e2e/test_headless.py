@@ -448,3 +448,27 @@ async def test_a_retryable_refusal_of_the_new_conversation_is_asked_again_under_
         assert '"chat.completed"' in out
     finally:
         mind.kill()
+
+
+@pytest.mark.e2e
+def test_a_subscribe_line_the_mind_refuses_is_said_in_a_sentence(tmp_path: Path) -> None:
+    """A stdin ``face.subscribe`` the Mind refuses is said as a ``halfpi: …``
+    sentence naming the code and the Mind's words, never a Python repr of
+    the frame; the lines after it still run."""
+    home = tmp_path / "home"
+    home.mkdir()
+    mind = MindProcess(home).start()
+    try:
+        done = subprocess.run(
+            headless("--url", mind.url, "--new-conversation", "subs"),
+            input=lines_in({"type": "face.subscribe", "payload": {"conversation_ids": ["c_nope"]}},
+                           {"type": "face.chat", "payload": {"content": "still here"}}),
+            env=_env(home), capture_output=True, text=True, timeout=60,
+        )
+        (line,) = reasons(done.stderr)
+        assert line.startswith("halfpi: face.subscribe refused"), line
+        assert "conversation_not_found" in line and "no conversation c_nope" in line, line
+        assert "{" not in line, line
+        assert '"chat.completed"' in done.stdout, done.stdout
+    finally:
+        mind.kill()

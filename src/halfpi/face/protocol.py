@@ -345,7 +345,9 @@ class FaceProtocol:
         if not command.own:
             self._events.append(Failed(request_id, command_error(payload)))
             return
-        log.warning("%s refused: %s", command.type, payload)
+        # A sentence, never the frame's repr (the headless face prints it).
+        log.warning("%s refused: %s: %s", command.type, payload.get("code", "refused"),
+                    payload.get("message", "no reason given"))
         if command.role == SUBSCRIBE:
             cids = list(command.payload.get("conversation_ids", ()))
             retryable = bool(payload.get("retryable"))

@@ -238,8 +238,6 @@ async def test_a_moved_subscription_retries_after_its_backoff_on_the_minds_clock
         assert tries == [T0, pytest.approx(T0 + 0.1)]
 
 
-@pytest.mark.xfail(strict=True, reason="gateway/session.py stamps face.ping with the "
-                   "maintenance round's monotonic now; it must be Mind.wall()")
 async def test_what_a_face_is_shown_is_wall_time_never_the_monotonic_clock(
     tmp_path: Path,
 ) -> None:

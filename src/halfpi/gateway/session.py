@@ -357,7 +357,7 @@ class FaceSession:
             ping_at = now + config.heartbeat_s
         if now >= self.last_ping + config.heartbeat_s:
             self.last_ping = now
-            self.send(to_message(Ping(ts=now)))
+            self.send(to_message(Ping(ts=self.mind.wall())))  # shown: wall time
         return self._blocked_deadline(min(dead_at, ping_at, self.last_ping + config.heartbeat_s))
 
     def _blocked_deadline(self, deadline: float) -> float:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import sqlite3
@@ -879,3 +880,23 @@ async def test_I11_a_mind_shutting_down_lets_its_local_hand_end_its_running_task
     [record] = hand.book.tasks()
     assert record.state == "lost", record
     assert record.error == "the Hand stopped while the task was unfinished"
+
+
+async def test_a_link_that_takes_the_place_of_one_presumed_dead_is_audited(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A laptop that sleeps stops answering pings; a copied token may then
+    take its Hand's place. That take-over is an audit line naming both
+    addresses, as a refusal is, so an operator can tell it from a restart."""
+    hands = registry()
+    first = FakeLink(hands)
+    first.address = "192.0.2.10"
+    hands.connect(first, hello(), "p_hand")
+    first.live = False  # it failed its liveness check
+    newer = FakeLink(hands)
+    newer.address = "203.0.113.7"
+    with caplog.at_level(logging.WARNING, logger="halfpi.hands"):
+        hands.connect(newer, hello(instance="inst-2"), "p_hand")
+    (line,) = [r.getMessage() for r in caplog.records if "audit" in r.getMessage()]
+    assert "'dev'" in line and "203.0.113.7" in line and "192.0.2.10" in line, line
+    assert "halfpi hand revoke dev" in line, line

@@ -202,6 +202,12 @@ class HandRegistry:
             if hand.link.alive():
                 self._refuse(hand, link)
                 raise HandInUse(hello.hand_id, hand.link)
+            log.warning(
+                "audit: Hand %r from %s took the place of its link from %s, which did not "
+                "answer a ping in time (presumed dead). If the new link is not yours: "
+                "halfpi hand revoke %s, then give the Hand a new token",
+                hello.hand_id, link.address, hand.link.address, hello.hand_id,
+            )
             hand.link.close(CloseCode.GOING_AWAY, "presumed dead: a new link of this Hand "
                             "took its place")
         if hand is not None and hand.instance_id != hello.instance_id:

@@ -176,6 +176,25 @@ async def test_text_typed_before_the_mind_answers_is_sent_into_a_new_conversatio
         mind.kill()
 
 
+async def test_a_message_typed_and_sent_while_the_face_starts_is_sent(tmp_path: Path) -> None:
+    """Typed before the face took the terminal (still in its ordinary mode,
+    where Enter becomes a line feed): the message is sent, not left in the
+    box. A message of several lines (ctrl+j) arrives whole."""
+    async with running(tmp_path, "halfpi-early") as (mind, tmux):
+        tmux.start(face_command(mind.home, mind.url))
+        tmux.type("early bird")
+        tmux.keys("Enter")
+        await tmux.wait_for(lambda s: chat_area(s).count("early bird") == 2, timeout=30)
+        tmux.type("first line")
+        tmux.keys("C-j")
+        tmux.type("second line")
+        tmux.keys("Enter")
+        screen = await tmux.wait_for(lambda s: chat_area(s).count("second line") == 2)
+        lines = [line.strip() for line in chat_area(screen).splitlines()]
+        said = lines.index("first line")
+        assert lines[said + 1] == "second line"  # one message, two lines
+
+
 # -- 2. every advertised key works wherever focus is -------------------------------------
 
 

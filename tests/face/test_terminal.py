@@ -352,8 +352,8 @@ async def test_the_open_prompt_counts_down_to_its_expiry_and_its_footer_has_the_
         # The bar under the conversation says it too, and the keys that decide
         # are in the prompt's footer.
         assert f"({clock(ttl - 61.0)} left)" in str(face.app.approvals_line.render())
-        keys = {(k.key, k.description) for k in prompt.query(FooterKey)}
-        assert {("ctrl+a", "Allow once"), ("ctrl+d", "Deny once")} <= keys
+        deciding = {("ctrl+a", "Allow once"), ("ctrl+d", "Deny once")}
+        await until(lambda: deciding <= {(k.key, k.description) for k in prompt.query(FooterKey)})
         # It expires: the prompt closes by itself, deciding nothing.
         face.rig.advance(ttl)
         assert await face.finish(chat, approval_id) == "expired"

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import sys
 import time
 from collections.abc import Callable
 from functools import partial
@@ -33,13 +34,14 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import Footer, Input, OptionList, Static
+from textual.widgets import Footer, OptionList, Static
 from textual.widgets.option_list import Option
 
 from halfpi.client.redial import Locate
 from halfpi.face.client import FaceClient, Status
 from halfpi.face.errors import CommandError, FaceError
 from halfpi.face.render import escape_controls
+from halfpi.face.terminal_input import Composer, typed_ahead
 from halfpi.face.terminal_lines import (
     CONNECTED,
     NEWS,
@@ -98,6 +100,7 @@ class TerminalFace(App[int]):
         token: str,
         conversation: str | None = None,
         *,
+        typed: str = "",
         wall: Callable[[], float] = time.time,
         **client: Any,
     ) -> None:
@@ -112,6 +115,7 @@ class TerminalFace(App[int]):
             **client,
         )
         self.initial = conversation
+        self.typed = typed  # lines typed before the face took the terminal
         self.current: str | None = None
         # Approvals decided here whose end the Mind has not announced yet:
         # never prompted again (a failed decision leaves the set: re-prompted).
@@ -132,7 +136,9 @@ class TerminalFace(App[int]):
             with Vertical(id="chat"):
                 yield Static(id="title")
                 yield ConversationLog(id="log")
-                yield Input(placeholder="Type a message; Enter sends", id="input")
+                yield Composer(
+                    id="input", placeholder="Type a message; Enter sends, ctrl+j new line"
+                )
         yield Static(id="approvals")
         yield Static(Text("connecting"), id="status")
         yield Footer()
@@ -142,7 +148,7 @@ class TerminalFace(App[int]):
         self.conversations.border_title = "Conversations"
         self.log_view = self.query_one("#log", ConversationLog)
         self.log_view.anchor()
-        self.message_box = self.query_one("#input", Input)
+        self.message_box = self.query_one("#input", Composer)
         self.title_line = self.query_one("#title", Static)
         self.approvals_line = self.query_one("#approvals", Static)
         self.status_line = self.query_one("#status", Static)
@@ -150,6 +156,7 @@ class TerminalFace(App[int]):
         self.ready = True
         self._show_title()
         self.set_interval(0.2, self.tick)
+        self._send_typed_ahead()
         self.run_worker(self._start(), group="connect")
 
     async def _start(self) -> None:
@@ -205,12 +212,14 @@ class TerminalFace(App[int]):
 
     # -- sending -------------------------------------------------------------------------
 
-    async def on_input_submitted(self, event: Input.Submitted) -> None:
-        if event.input is not self.message_box:
-            return
-        text = event.value
+    def on_composer_submitted(self, event: Composer.Submitted) -> None:
+        if event.composer is self.message_box and self._submit(event.value):
+            self.message_box.value = ""
+
+    def _submit(self, text: str) -> bool:
+        """Send ``text`` (True), or say why not and leave it where it is."""
         if not text.strip():
-            return
+            return False
         view = self._view()
         if view is not None and view.streaming:
             # One reply at a time per conversation: say so, keep the text.
@@ -219,12 +228,19 @@ class TerminalFace(App[int]):
                 "Your message stays in the box.",
                 severity="warning",
             )
-            return
-        event.input.value = ""
+            return False
         key = f"sending-{next(self._send_ids)}"
         self._sending[key] = (text, None)
         self._render()
         self.run_worker(self._send(key, text), group="send")
+        return True
+
+    def _send_typed_ahead(self) -> None:
+        """Lines typed (and sent with Enter) before the face took the
+        terminal are sent now; one that cannot be waits in the box."""
+        for line in self.typed.splitlines():
+            if not self._submit(line):
+                self.message_box.insert_text_at_cursor(line)
 
     async def _send(self, key: str, text: str) -> None:
         try:
@@ -343,7 +359,7 @@ class TerminalFace(App[int]):
     def _type_through(self, event: events.Key) -> None:
         """A key typed while a prompt shows, meant for the message box under it."""
         if event.key == "enter":
-            self.run_worker(self.message_box.action_submit(), group="send")
+            self.message_box.action_submit()
         elif event.character:
             self.message_box.insert_text_at_cursor(event.character)
 
@@ -516,5 +532,6 @@ class TerminalFace(App[int]):
 def run_terminal(
     urls: list[str], token: str, conversation: str | None = None, locate: Locate | None = None
 ) -> int:
-    TerminalFace(urls, token, conversation, locate=locate).run()
+    typed = typed_ahead(sys.stdin.fileno()) if sys.stdin.isatty() else ""
+    TerminalFace(urls, token, conversation, typed=typed, locate=locate).run()
     return 0

@@ -24,6 +24,7 @@ from textual.widget import Widget
 from textual.widgets import Button, Footer, Input, Markdown, OptionList, Static
 
 from halfpi.face.render import escape_controls, preformatted
+from halfpi.face.terminal_input import Composer
 from halfpi.face.view import ConversationView, StreamingReply, ToolCard, ViewMessage
 
 ARGS_PREVIEW = 90
@@ -143,7 +144,7 @@ class TypeThrough(ScrollableContainer):
         if event.is_printable and event.character:
             event.stop()
             event.prevent_default()
-            message_box = self.app.query_one("#input", Input)
+            message_box = self.app.query_one("#input", Composer)
             message_box.focus()
             message_box.insert_text_at_cursor(event.character)
 
@@ -283,7 +284,7 @@ class ConversationList(OptionList):
         if event.is_printable and event.character:
             event.stop()
             event.prevent_default()
-            message_box = self.app.query_one("#input", Input)
+            message_box = self.app.query_one("#input", Composer)
             message_box.focus()
             message_box.insert_text_at_cursor(event.character)
 

@@ -313,17 +313,33 @@ async def test_failed_and_interrupted_replies_stay_with_their_reason_across_a_cr
         tmux.keys("Enter")
         await tmux.wait_for(lambda s: "agent · streaming" in s and "charlie delta" in chat_area(s))
         saved = await wait_for_checkpoint(mind.home / "halfpi.db")
+        # Killed between two checkpoints: the face has shown more than was saved.
+        await tmux.wait_for(lambda s: len(streamed(s)) > len(saved) + 6)
         mind.kill()  # kill -9, mid-reply
-        await tmux.wait_for(lambda s: "reconnecting (attempt" in s)
+        saved = await wait_for_checkpoint(mind.home / "halfpi.db")  # what stands
+        down = await tmux.wait_for(lambda s: "reconnecting (attempt" in s)
+        shown = streamed(down)  # what the face showed of the reply, to its last word
         mind.start()
         screen = await tmux.wait_for(lambda s: "agent · interrupted" in s, timeout=30)
         lines = [line.strip() for line in chat_area(screen).splitlines()]
         reason = lines.index("✗ the Mind stopped before the reply finished")
         assert lines[reason + 1] == saved  # the text it had kept, no more
+        # The words shown after the last checkpoint did not vanish silently.
+        assert shown.startswith(saved) and len(shown) > len(saved)
+        note = f"… (the last words shown were not saved: “{shown[len(saved):].strip()}”)"
+        assert note in " ".join(chat_area(screen).split())
         assert "▌" not in screen
         # The earlier failure survived the resync too, reason and all.
         assert "agent · failed (agent_bad_input)" in screen
         assert "✗ tool arguments are not JSON" in screen
+
+
+def streamed(screen: str) -> str:
+    """The text of the reply streaming on ``screen``, its wrapped lines joined."""
+    lines = [line.strip() for line in chat_area(screen).splitlines()]
+    start = next(i for i, line in enumerate(lines) if line.startswith("agent · streaming"))
+    end = next(i for i in range(start + 1, len(lines)) if not lines[i] or "▌" in lines[i])
+    return " ".join(lines[start + 1 : end + 1]).rstrip("▌").strip()
 
 
 async def wait_for_checkpoint(db: Path, timeout: float = 20.0) -> str:

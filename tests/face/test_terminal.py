@@ -26,7 +26,7 @@ from textual.widgets._footer import FooterKey
 
 from halfpi.face.terminal import TerminalFace
 from halfpi.face.terminal_lines import NEWS_S
-from halfpi.face.terminal_widgets import ApprovalScreen, ToolBox, clock
+from halfpi.face.terminal_widgets import ApprovalScreen, ToolBox, clock, unsaved_note
 from tests.support.frames import event
 from tests.support.hand import allow_check, honest_result
 from tests.support.rig import Peer, Rig, fake_time_mind
@@ -423,3 +423,11 @@ async def test_the_connection_line_tells_the_news_then_says_live_and_offers_only
             face.other, "face.approval.resolve", approval_id=approval_id, decision="deny_once"
         )
         await face.finish(chat, approval_id)
+
+
+def test_an_interrupted_reply_says_which_shown_words_were_not_saved() -> None:
+    note = "… (the last words shown were not saved: “charlie delta”)"
+    assert unsaved_note(" charlie\ndelta") == note
+    long = " ".join(f"w{i}" for i in range(40))
+    assert unsaved_note(long).endswith("w38 w39”)")
+    assert "\x1b" not in unsaved_note("\x1b[2J")

@@ -551,6 +551,31 @@ def test_a_tool_card_says_awaiting_approval_then_running_then_its_end() -> None:
     assert view.tool_phase(card) == "failed (exit 2) · allowed by laptop"
 
 
+def test_an_interrupted_reply_says_what_was_shown_but_not_saved() -> None:
+    """The Mind keeps a reply's text by checkpoints (DESIGN §5): after a
+    crash the reply can be shorter than what this Face showed. The view
+    says so instead of letting the words vanish — after a reset (snapshot)
+    and live alike; a reply whose every word was saved says nothing."""
+    view = streaming_view()
+    view.apply("face.chat.delta", delta(5, "q2", "alpha bravo"))
+    view.apply("face.chat.delta", delta(6, "q2", " charlie"))
+    saved = message(7, "assistant", "alpha bravo", "q2", "interrupted")
+    view.apply_snapshot(snapshot(7, epoch="e2", messages=[saved]))
+    assert view.messages[-1].unsaved == " charlie"
+
+    view = streaming_view()
+    view.apply("face.chat.delta", delta(5, "q2", "alpha bravo charlie"))
+    view.apply("face.event", event(6, "chat.interrupted", request_id="q2",
+                                   status="interrupted", content="alpha"))
+    assert view.messages[-1].unsaved == " bravo charlie"
+
+    view = streaming_view()
+    view.apply("face.chat.delta", delta(5, "q2", "alpha"))
+    view.apply("face.event", event(6, "chat.interrupted", request_id="q2",
+                                   status="interrupted", content="alpha"))
+    assert view.messages[-1].unsaved is None
+
+
 def test_a_tool_card_keeps_its_output_live_and_from_a_snapshot() -> None:
     """The output (transparent only) is kept as sent: stdout then stderr,
     line breaks and all; a summary card has none, a cut one says so."""

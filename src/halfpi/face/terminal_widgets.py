@@ -28,6 +28,7 @@ from halfpi.face.terminal_input import Composer
 from halfpi.face.view import ConversationView, StreamingReply, ToolCard, ViewMessage
 
 ARGS_PREVIEW = 90
+UNSAVED_PREVIEW = 60  # characters of an interrupted reply's unsaved end shown
 OUTPUT_LINES = 12  # lines of a tool's output a card shows before it scrolls
 LIST_WIDTH = 28  # characters a conversation's line may take in the list
 UNTITLED = "untitled"
@@ -44,6 +45,15 @@ def reply_header(message: ViewMessage) -> str:
         return "agent"
     code = f" ({message.error_code})" if message.error_code else ""
     return f"agent · {message.status}{code}"
+
+
+def unsaved_note(unsaved: str) -> str:
+    """Says that the end of an interrupted reply was shown but not saved
+    (the Mind keeps a reply by checkpoints), and which words."""
+    words = " ".join(unsaved.split())
+    if len(words) > UNSAVED_PREVIEW:
+        words = "…" + words[-(UNSAVED_PREVIEW - 1):]
+    return escape_controls(f"… (the last words shown were not saved: “{words}”)")
 
 
 def args_preview(args: Any) -> str:
@@ -134,6 +144,8 @@ class MessageBox(Vertical):
             yield Markdown(escape_controls(m.content))
         else:
             yield Static(Text("(no text)"), classes="empty")
+        if m.unsaved:
+            yield Static(Text(unsaved_note(m.unsaved)), classes="empty")
 
 
 class TypeThrough(ScrollableContainer):

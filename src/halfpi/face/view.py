@@ -15,7 +15,7 @@ coalesced delta straddling the cursor, an event from another epoch — makes
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
@@ -62,10 +62,23 @@ class ViewMessage:
     status: str | None
     error_code: str | None = None
     reason: str | None = None  # why a reply did not succeed, for people
+    # Shown while the reply streamed but not saved: the Mind keeps a reply's
+    # text by checkpoints (DESIGN §5), so a crash can cut the last words.
+    unsaved: str | None = None
 
     @classmethod
     def from_wire(cls, m: dict[str, Any]) -> ViewMessage:
         return cls.from_entry(msgspec.convert(m, MessageEntry))
+
+    def noting_unsaved(self, shown: dict[str, str]) -> ViewMessage:
+        """This message, saying which words of it a Face showed (``shown``:
+        request_id -> text) that the Mind did not save."""
+        text = shown.get(self.request_id or "", "")
+        if self.status != "interrupted" or len(text) <= len(self.content):
+            return self
+        if not text.startswith(self.content):
+            return self
+        return replace(self, unsaved=text[len(self.content):])
 
     @classmethod
     def from_entry(cls, m: MessageEntry) -> ViewMessage:
@@ -137,11 +150,19 @@ class ConversationView:
     def apply_snapshot(self, snapshot: dict[str, Any]) -> None:
         """Replace everything with the snapshot (DESIGN §4.1)."""
         position = parse_cursor(str(snapshot["cursor"]), field="cursor")
+        # What this Face showed of each reply: kept to tell words that were
+        # shown but not saved (a reply interrupted between checkpoints).
+        shown = {rid: r.text for rid, r in self.streaming.items()}
+        for m in self.messages:
+            if m.request_id and m.unsaved:
+                shown[m.request_id] = m.content + m.unsaved
         self.epoch = position.epoch
         self.seq = position.seq
         conversation = snapshot.get("conversation") or {}
         self.name = conversation.get("name", self.name)
-        self.messages = [ViewMessage.from_wire(m) for m in snapshot.get("messages", [])]
+        self.messages = [
+            ViewMessage.from_wire(m).noting_unsaved(shown) for m in snapshot.get("messages", [])
+        ]
         self.has_more_older = bool(snapshot.get("has_more_older", False))
         self.detail_mode = snapshot.get("detail_mode")
         pending = msgspec.convert(snapshot.get("pending_chats", []), list[PendingChat])
@@ -216,9 +237,10 @@ class ConversationView:
             request_id = event.request_id or ""
             self.streaming[request_id] = StreamingReply(request_id, event.run_id)
         elif isinstance(event, ChatEnded):
-            self.streaming.pop(event.request_id or "", None)
+            ended = self.streaming.pop(event.request_id or "", None)
+            shown = {ended.request_id: ended.text} if ended is not None else {}
             # Every end is an assistant message: the rule the Mind stores by.
-            self.messages.append(ViewMessage.from_entry(event.reply(seq, ts)))
+            self.messages.append(ViewMessage.from_entry(event.reply(seq, ts)).noting_unsaved(shown))
         elif isinstance(event, ConversationChanged):
             name = event.conversation.name
             if name is not msgspec.UNSET:

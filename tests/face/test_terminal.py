@@ -174,6 +174,10 @@ async def terminal_face(tmp_path: Path) -> AsyncIterator[Face]:
             reachable.append(face)
             await face.opened()
             yield face
+            # Let the last keys finish bubbling before the app ends: Textual
+            # itself fails on a key that reaches the app after its screens went.
+            for _ in range(3):
+                await pilot.pause(0)
 
 
 # -- the approval prompt ------------------------------------------------------------

@@ -25,11 +25,9 @@ import itertools
 import sys
 import time
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 from rich.text import Text
-from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -49,8 +47,8 @@ from halfpi.face.terminal_lines import (
     bar_lines,
     connection_line,
     conversation_rows,
-    left,
 )
+from halfpi.face.terminal_prompts import Prompter
 from halfpi.face.terminal_widgets import (
     UNTITLED,
     ApprovalScreen,
@@ -117,9 +115,10 @@ class TerminalFace(App[int]):
         self.initial = conversation
         self.typed = typed  # lines typed before the face took the terminal
         self.current: str | None = None
-        # Approvals decided here whose end the Mind has not announced yet:
-        # never prompted again (a failed decision leaves the set: re-prompted).
-        self.deciding: set[str] = set()
+        self.prompter = Prompter(
+            self, self.client, wall=wall, message_box=lambda: self.message_box,
+            redraw=self._render,
+        )
         self.opening: str | None = None  # the conversation being opened, for feedback
         self._news_at = 0.0  # when the connection last came back (resumed, resynced)
         self._sending: dict[str, tuple[str, str | None]] = {}  # key -> (text, request_id)
@@ -331,37 +330,10 @@ class TerminalFace(App[int]):
         self._render()
 
     def action_approve(self) -> None:
-        self._decide_now("allow_once")
+        self.prompter.decide_now("allow_once")
 
     def action_deny(self) -> None:
-        self._decide_now("deny_once")
-
-    def _decide_now(self, decision: str) -> None:
-        prompt = self._top()
-        if isinstance(prompt, ApprovalScreen):
-            prompt.decide(decision)  # its own approval, once, if it was drawn
-
-    def _decided(self, approval_id: str, decision: str) -> None:
-        """A prompt decided its approval: send it; never prompt for it again
-        unless the Mind refuses the decision."""
-        self.deciding.add(approval_id)
-        self.run_worker(self._decide(decision, approval_id), group="decide")
-        self._render()
-
-    async def _decide(self, decision: str, approval_id: str) -> None:
-        try:
-            await self.client.resolve_approval(approval_id, decision)
-        except FaceError as exc:
-            self.deciding.discard(approval_id)  # still waiting? it is asked again
-            self.notify(f"Not decided: {exc}", severity="error")
-            self._render()
-
-    def _type_through(self, event: events.Key) -> None:
-        """A key typed while a prompt shows, meant for the message box under it."""
-        if event.key == "enter":
-            self.message_box.action_submit()
-        elif event.character:
-            self.message_box.insert_text_at_cursor(event.character)
+        self.prompter.decide_now("deny_once")
 
     async def action_goto_approval(self) -> None:
         elsewhere = self._approvals_elsewhere()
@@ -469,7 +441,7 @@ class TerminalFace(App[int]):
     def _show_approvals(self) -> None:
         lines = bar_lines(
             self._view(),
-            self.deciding,
+            self.prompter.deciding,
             self._approvals_elsewhere(),
             self.client.conversations,
             self.wall(),
@@ -481,9 +453,6 @@ class TerminalFace(App[int]):
     def _approvals_elsewhere(self) -> list[dict[str, Any]]:
         return approvals_elsewhere(self.client.approvals, self.current)
 
-    def _left(self, expires_at: float) -> str:
-        return left(expires_at, self.wall())
-
     def _status_text(self, status: Status) -> str:
         return connection_line(status, self.client.clock(), self._news_at, self._view())
 
@@ -491,33 +460,13 @@ class TerminalFace(App[int]):
         return isinstance(self._top(), ApprovalScreen | RenameScreen)
 
     def _prompt_if_needed(self) -> None:
-        """One prompt at a time, for an approval of the open conversation not
-        decided here yet. A prompt whose approval is no longer waiting here
-        (settled elsewhere, or another conversation opened) closes by itself,
-        deciding nothing; the next one waiting opens."""
         view = self._view()
-        pending = view.pending_approvals if view is not None else {}
-        self.deciding &= pending.keys() | self.client.approvals.keys()
-        top = self._top()
-        if isinstance(top, ApprovalScreen) and top.approval_id not in pending:
-            top.close()
-        if self._prompt_open():
-            return
-        for approval_id, approval in pending.items():
-            if approval_id in self.deciding:
-                continue
-            name = (self.client.conversations.get(self.current or "") or {}).get("name")
-            expires_at = float(approval.get("expires_at") or 0.0)
-            self.push_screen(
-                ApprovalScreen(
-                    approval,
-                    name or UNTITLED,
-                    decide=self._decided,
-                    type_through=self._type_through,
-                    left=partial(self._left, expires_at),
-                )
-            )
-            return
+        where = (self.client.conversations.get(self.current or "") or {}).get("name")
+        self.prompter.update(
+            view.pending_approvals if view is not None else {},
+            where,
+            busy=isinstance(self._top(), RenameScreen),
+        )
 
     def _set_status_text(self, text: str) -> None:
         # Not mounted yet (or already gone): the next status change redraws.

@@ -10,11 +10,13 @@ whatever has focus (app-level bindings with ``priority``); a key that does
 not apply now is hidden and left to the focused widget (ctrl+a is "allow
 once" only while an approval prompt shows, and "start of line" otherwise).
 A decision binds to the approval its prompt shows, never to "the current
-one" (:class:`~halfpi.face.terminal_widgets.ApprovalScreen`).
+one" (:class:`~halfpi.face.terminal_prompts.Prompter`).
 
 Nothing the person types is dropped: before a conversation is open the face
 opens the newest one (or creates one) and sends it there; a message the
-Mind refuses (a reply still streaming, say) goes back into the box.
+Mind refuses (a reply still streaming, say) goes back into the box; lines
+sent while the face was starting are read and sent
+(:func:`~halfpi.face.terminal_input.typed_ahead`).
 """
 
 from __future__ import annotations

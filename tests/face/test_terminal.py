@@ -249,9 +249,9 @@ class PromptHost(App[None]):
     def compose(self) -> ComposeResult:
         yield Input(id="input")
 
-    def open_prompt(self) -> ApprovalScreen:
+    def open_prompt(self, approval_id: str = "a_1") -> ApprovalScreen:
         prompt = ApprovalScreen(
-            {"approval_id": "a_1", "tool": "exec_command", "args": {"argv": ["true"]}},
+            {"approval_id": approval_id, "tool": "exec_command", "args": {"argv": ["true"]}},
             "here",
             decide=lambda approval_id, decision: self.decided.append((approval_id, decision)),
             type_through=lambda key: self.query_one(Input).insert_text_at_cursor(
@@ -298,6 +298,37 @@ async def test_a_prompt_settled_elsewhere_closes_once_and_decides_nothing() -> N
         assert host.decided == []
         assert len(host.screen_stack) == 1
         assert not prompt.armed
+
+
+async def test_hundreds_of_prompts_closed_and_decided_in_any_order_stay_harmless() -> None:
+    """Prompts open and close in every order the face can produce — settled
+    elsewhere before or after they were drawn, decided by key or button,
+    closed twice, pressed late — with no crash, no prompt left behind, at
+    most one decision per approval, and none before it was drawn."""
+    rng = random.Random(300)
+    host = PromptHost()
+    async with host.run_test() as pilot:
+        for i in range(300):
+            prompt = host.open_prompt(f"a_{i}")
+            steps = rng.sample(["settle", "key", "button", "wait"], k=rng.randint(1, 4))
+            if not prompt.armed:  # nothing awaited since it opened: not drawn yet
+                assert prompt.decide(rng.choice(["allow_once", "deny_once"])) is False
+            for step in steps:
+                if step == "wait":
+                    await pilot.pause(0)
+                elif step == "settle":
+                    prompt.close()
+                elif step == "key":
+                    host.post_message(key_event(rng.choice(["ctrl+a", "ctrl+d", "enter", "x"])))
+                    await pilot.pause(0)
+                else:
+                    prompt.on_button_pressed(Button.Pressed(Button("Allow once", id="allow")))
+            prompt.close()  # settled elsewhere, after all that
+            await pilot.pause(0)
+            assert len(host.screen_stack) == 1, f"round {i}: {steps}"
+            mine = [d for d in host.decided if d[0] == f"a_{i}"]
+            assert len(mine) <= 1, f"round {i}: {steps}"
+            assert not mine or prompt.decision == mine[0][1]
 
 
 async def test_an_approval_elsewhere_is_reached_and_a_switch_decides_nothing(

@@ -479,17 +479,20 @@ def _face_target(args: argparse.Namespace) -> tuple[list[str], str, Locate | Non
     return urls, token, None
 
 
-def _locator(home: Path) -> Locate:
-    """Where the home's Mind says it is now, read before every redial: a Mind
-    restarted with ``--port 0`` listens on a new port and is found there.
-    A missing or stale file says nothing (the last address is dialed)."""
+def _locator(home: Path, *, hand: bool = False) -> Locate:
+    """Where the home's Mind says it is now (its Face door, or its Hand door),
+    read before every redial: a Mind restarted with ``--port 0`` listens on
+    a new port and is found there. A missing or stale file says nothing
+    (the last address is dialed)."""
 
     def locate() -> list[str] | None:
         try:
             address = read_address(home)
         except StaleAddress:
             return None
-        return [address.face_url] if address is not None else None
+        if address is None:
+            return None
+        return [address.hand_url if hand else address.face_url]
 
     return locate
 
@@ -1080,10 +1083,11 @@ def cmd_hand(args: argparse.Namespace) -> int:
         )
     home = _home(args.home)
     prepare_home(home)  # the Hand keeps its runs' state there
-    url = args.mind
+    url, locate = args.mind, None
     if not url:
         address = _mind_address(home)
         url = address.hand_url if address else f"ws://127.0.0.1:{DEFAULT_PORT}/v1/hand"
+        locate = _locator(home, hand=True)
     from halfpi.logs import configure
 
     configure(args.log_level, args.log_format)
@@ -1100,6 +1104,7 @@ def cmd_hand(args: argparse.Namespace) -> int:
                 rules=dict(args.approval or ()),
                 protected=(home,),
                 ca_file=ca_file,
+                locate=locate,
             )
         )
     return 0 if served else 3  # 3: refused by the Mind (bad or revoked token)

@@ -1,4 +1,4 @@
-"""Faces that found their Mind through ``--home`` follow it to a new port.
+"""Faces and Hands that found their Mind through ``--home`` follow it to a new port.
 
 ``halfpi mind --port 0`` listens where nobody could guess and writes the
 address into ``HOME/mind.json``. A Face started with ``--home`` (no
@@ -20,7 +20,11 @@ from typing import Any
 import pytest
 
 from tests.e2e.test_terminal import Tmux, is_live, ready, status_line
+from tests.e2e.test_tool_policy import listed_hand
 from tests.support import programs
+from tests.support.cli import hand_add
+from tests.support.client import FaceClient
+from tests.support.hand import HandProcess
 from tests.support.mind import MindProcess
 
 pytestmark = pytest.mark.e2e
@@ -121,4 +125,28 @@ async def test_the_terminal_face_finds_a_restarted_port_0_mind_again(tmp_path: P
         await tmux.wait_for(lambda s: s.count("still here") >= 2)
     finally:
         tmux.kill()
+        mind.kill()
+
+
+async def test_a_hand_started_with_home_finds_a_restarted_port_0_mind_again(
+    tmp_path: Path,
+) -> None:
+    """``halfpi hand --home`` (no ``--mind``) reads HOME/mind.json again
+    before every redial, like a Face."""
+    home = tmp_path / "home"
+    home.mkdir()
+    token = (await hand_add(home, "laptop")).token
+    mind = MindProcess(home, extra_args=("--no-local-hand",)).start()
+    hand = HandProcess(None, token, "laptop", tmp_path / "hand.log", ("--home", str(home)))
+    face = await FaceClient.connect(mind.url, mind.token)
+    try:
+        await listed_hand(face, "laptop")
+        await face.close()
+        start_again_elsewhere(mind)
+        face = await FaceClient.connect(mind.url, mind.token)
+        await listed_hand(face, "laptop", timeout=30)
+        assert hand.alive(), hand.log()
+    finally:
+        await face.close()
+        hand.kill()
         mind.kill()

@@ -107,8 +107,9 @@ def allow_check(check: dict[str, Any]) -> dict[str, Any]:
 class HandProcess:
     """``halfpi hand`` as a child process; its token travels in the environment."""
 
-    def __init__(self, url: str, token: str, hand_id: str, log_path: Path,
+    def __init__(self, url: str | None, token: str, hand_id: str, log_path: Path,
                  extra_args: tuple[str, ...] = ()) -> None:
+        """``url`` None: no ``--mind`` (give ``--home`` in ``extra_args``)."""
         self.log_path = log_path
         # One Hand home per test: a restarted Hand finds what its previous
         # instance left running there.
@@ -118,8 +119,8 @@ class HandProcess:
         # read_file runs without approval.
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "halfpi.cli", "hand", "--mind", url, "--id", hand_id,
-                 *extra_args],
+                [sys.executable, "-m", "halfpi.cli", "hand", *(["--mind", url] if url else []),
+                 "--id", hand_id, *extra_args],
                 env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=log_path.parent,
             )
 

@@ -47,7 +47,7 @@ from typing import Any
 
 from halfpi import __version__
 from halfpi.client.reconnect import Link, Reconnect
-from halfpi.client.redial import Narrator, Retry
+from halfpi.client.redial import Locate, Narrator, Retry
 from halfpi.client.transport import (
     ConnectionLost,
     Connector,
@@ -115,8 +115,12 @@ class HandNode:
         delays: Callable[[], Iterator[float]] | None = None,
         policy: HandPolicy | None = None,
         state_dir: Path | None = None,
+        locate: Locate | None = None,
     ) -> None:
         self.url = url
+        # Where the Mind says it is now (HOME/mind.json), asked before every
+        # dial: a Mind restarted with --port 0 listens on a new port.
+        self.locate = locate
         self.token = token
         self.hand_id = hand_id
         self.instance_id = os.urandom(8).hex()
@@ -167,6 +171,7 @@ class HandNode:
             sleep=self.sleep,
             delays=self.delays,
             on_retry=self._retrying,
+            locate=self.locate,
         )
         if self._stopping:
             return True
@@ -635,9 +640,11 @@ async def run_hand(
     rules: Mapping[str, Rule] | None = None,
     protected: Iterable[str | Path] = (),
     ca_file: str | None = None,
+    locate: Locate | None = None,
 ) -> bool:
     """Serve as a standalone Hand. Its roots default to the working directory;
-    its home (``protected``) and state are never reachable by a tool."""
+    its home (``protected``) and state are never reachable by a tool.
+    ``locate``: where the Mind is now, asked before every dial (else ``url``)."""
     node = HandNode(
         url,
         token,
@@ -646,6 +653,7 @@ async def run_hand(
         # wss:// is verified against the system's CAs, or this CA file.
         connector=tls_connector(ca_file) if ca_file else websocket_connector,
         policy=HandPolicy(roots, rules, [*protected, state_dir]),
+        locate=locate,
     )
     try:
         return await node.run_forever()

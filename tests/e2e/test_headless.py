@@ -451,10 +451,13 @@ async def test_a_retryable_refusal_of_the_new_conversation_is_asked_again_under_
 
 
 @pytest.mark.e2e
-def test_a_subscribe_line_the_mind_refuses_is_said_in_a_sentence(tmp_path: Path) -> None:
+def test_a_subscribe_line_the_mind_refuses_is_said_in_a_sentence_and_exits_1(
+    tmp_path: Path,
+) -> None:
     """A stdin ``face.subscribe`` the Mind refuses is said as a ``halfpi: …``
     sentence naming the code and the Mind's words, never a Python repr of
-    the frame; the lines after it still run."""
+    the frame; the lines after it still run, and the exit status is 1 (a
+    refused command, docs/faces.md), not 0."""
     home = tmp_path / "home"
     home.mkdir()
     mind = MindProcess(home).start()
@@ -470,5 +473,6 @@ def test_a_subscribe_line_the_mind_refuses_is_said_in_a_sentence(tmp_path: Path)
         assert "conversation_not_found" in line and "no conversation c_nope" in line, line
         assert "{" not in line, line
         assert '"chat.completed"' in done.stdout, done.stdout
+        assert done.returncode == 1, (done.returncode, done.stderr)
     finally:
         mind.kill()

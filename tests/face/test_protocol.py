@@ -324,6 +324,34 @@ def test_a_refusal_that_is_not_retryable_is_not_retried() -> None:
     assert wire.protocol.next_timer() == wire.now + 3600.0  # only the heartbeat
 
 
+def test_a_refusal_that_is_not_retryable_is_told_with_its_reason() -> None:
+    """on_update("refused", cid) with ``view.refused``: a Face learns that
+    the conversation will not be followed (the headless face exits 1)."""
+    wire = Wire()
+    wire.connect()
+    wire.follow("c_1", "a")
+    wire.feed("face.pong", {}, gap=1)
+    (_, sub), = wire.sent()
+    events = wire.feed("face.error", {"request_id": sub["request_id"],
+                                      "code": "conversation_not_found",
+                                      "message": "no conversation c_1", "retryable": False})
+    assert Updated("refused", "c_1") in events
+    refused = wire.protocol.views["c_1"].refused
+    assert refused is not None and refused.code == "conversation_not_found"
+
+
+def test_a_retryable_refusal_is_not_told_as_refused() -> None:
+    wire = Wire()
+    wire.connect()
+    wire.follow("c_1", "a")
+    wire.feed("face.pong", {}, gap=1)
+    (_, sub), = wire.sent()
+    events = wire.feed("face.error", {"request_id": sub["request_id"], "code": "busy",
+                                      "message": "", "retryable": True})
+    assert Updated("refused", "c_1") not in events
+    assert wire.protocol.views["c_1"].refused is None
+
+
 # -- heartbeat (time passed in) --------------------------------------------------------
 
 

@@ -102,7 +102,8 @@ class FaceClient:
         self._delays = delays or (lambda: backoff(cap=self.max_delay_s, rng=self.rng))
         self.on_status = on_status
         # on_update(kind, conversation_id): a view changed (kind: the message
-        # type, "snapshot", "cancel_requested"), or a live list did
+        # type, "snapshot", "cancel_requested"; "refused": the Mind will not
+        # let it be followed, ``view.refused`` says why), or a live list did
         # ("conversations", "approvals"; conversation_id "" when re-read whole).
         self.on_update = on_update
         self.on_message = on_message

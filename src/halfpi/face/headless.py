@@ -165,6 +165,7 @@ class Headless:
             client_name="halfpi-headless",
             connector=self._connect,
             on_status=self._status,
+            on_update=self._update,
             on_message=self._message,
             locate=options.locate,
         )
@@ -301,6 +302,15 @@ class Headless:
                 self._event("approval.requested", approval)
             for call in snap.get("tool_history") or ():
                 self._event("chat.tool_completed", call)
+
+    def _update(self, kind: str, conversation_id: str) -> None:
+        """A conversation the Mind refused to let this Face follow (a stdin
+        ``face.subscribe``, ``--conversation``): a refused command, said
+        once by the client's log line, and the exit status it sets."""
+        view = self.client.views.get(conversation_id)
+        if kind == "refused" and view is not None and view.refused is not None:
+            if self.exit_code == EXIT_OK:
+                self.exit_code = ERROR_EXIT.get(view.refused.code, EXIT_FAILED)
 
     def _event(self, type_: Any, data: dict[str, Any]) -> None:
         tools = self._chats.get(str(data.get("request_id", "")))

@@ -355,6 +355,11 @@ class FaceProtocol:
             # stop updating — it is tried again after a pause.
             self.subscriptions.refused(request_id, cids, retryable, now, self.rng)
             self._maybe_resumed()
+            for cid in cids if not retryable else ():
+                view = self.views.get(cid)
+                if view is not None:
+                    view.refused = command_error(payload)
+                    self._updated("refused", cid)
         elif command.role == READ_CONVERSATIONS:
             self.lists.conversations_read(None)
         elif command.role == RECONCILE and command.target is not None:

@@ -40,6 +40,7 @@ from halfpi.core.events import (
     present,
 )
 from halfpi.core.states import OUTBOX
+from halfpi.face.errors import CommandError
 
 
 class Applied(enum.Enum):
@@ -136,6 +137,9 @@ class ConversationView:
     tasks: dict[str, dict[str, Any]] = field(default_factory=dict)
     has_more_older: bool = False
     detail_mode: str | None = None
+    # Why the Mind refused to follow it (not found, forbidden): a refusal
+    # not asked again, said to the Face with on_update("refused", cid).
+    refused: CommandError | None = None
 
     @property
     def cursor(self) -> str | None:

@@ -125,6 +125,7 @@ def local_hand(config: Config, url: str, connector: Connector | None = None) -> 
     )
     if connector is not None:
         hand.connector = connector
+    hand.announce = True  # how its commands are confined, said at the start
     # In the Mind's process: its tools' output is redacted of the Mind's own
     # secrets before it reaches a task log (mind/redaction.py).
     hand.secrets = partial(configured_secrets, config)

@@ -341,7 +341,7 @@ USER = 4242  # no account of that number is needed
 
 
 @functools.cache
-def _python_for(uid: int) -> str | None:
+def python_for(uid: int) -> str | None:
     """A Python that ``uid`` can run and that finds this source tree."""
     setpriv = shutil.which("setpriv")
     if setpriv is None or os.geteuid() != 0:
@@ -402,7 +402,7 @@ def test_an_unprivileged_hand_hides_denied_paths_in_a_user_namespace(
     home beside the denied one."""
     if sys.platform != "linux" or landlock.abi() == 0:
         pytest.skip("needs Landlock")
-    python = _python_for(USER)
+    python = python_for(USER)
     if python is None:
         pytest.skip(f"needs root, setpriv(1) and a Python that uid {USER} can run")
     home = unprivileged_home

@@ -250,6 +250,7 @@ async def exec_command(
         _say_confinement(run.confinement, run.why_unconfined)
     if run.own_pids is not None:
         _say_pids(run.own_pids, run.why_all_pids)
+        _say_cgroup(run.cgroup is not None)
     out, err = streams["stdout"], streams["stderr"]
     return Outcome(
         status=status,
@@ -317,6 +318,20 @@ def _say_pids(own: bool, why: str) -> None:
 pids_said: set[tuple[str, bool]] = set()  # each said once per Hand process
 
 
+def _say_cgroup(own: bool) -> None:
+    """Say once per Hand process whether its runs get a cgroup of their own."""
+    if ("cgroup", own) in pids_said:
+        return
+    pids_said.add(("cgroup", own))
+    if own:
+        log.info("each command runs in a cgroup of its own: all it leaves ends with the run")
+    else:
+        why = ("turned off (HALFPI_CGROUP=off)" if not tree.cgroup_wanted()
+               else "no cgroup v2 directory this user may write")
+        log.warning("commands run without a cgroup of their own (%s): what a run leaves is "
+                    "found by its supervisor as a child subreaper", why)
+
+
 def _open_plain(path: str) -> int:
     return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
 
@@ -379,3 +394,16 @@ TOOLS: dict[str, Callable[..., Awaitable[Outcome]]] = {
     "exec_command": exec_command,
     "read_file": read_file,
 }
+
+
+async def announce_confinement(deny_paths: Sequence[str]) -> None:
+    """Run ``true`` once, confined as every command will be, so that the
+    Hand says at its start (once) how its commands are confined and what
+    they see — not on its first real run."""
+    if not tree.SUPERVISED:
+        return
+    try:
+        await exec_command({"command": "true", "timeout_s": 30}, lambda *_: None,
+                           asyncio.Event(), deny_paths=deny_paths)
+    except ToolError as exc:
+        log.error("a command could not be started here: %s", exc)

@@ -114,9 +114,55 @@ def _write(path: str, text: str) -> None:
         os.close(fd)
 
 
+def map_ids(uid: int, gid: int) -> None:
+    """In a user namespace just made: this user and group mapped onto themselves."""
+    _write("/proc/self/setgroups", "deny")  # an unprivileged gid_map needs it first
+    _write("/proc/self/uid_map", f"{uid} {uid} 1\n")
+    _write("/proc/self/gid_map", f"{gid} {gid} 1\n")
+
+
+def userns_refusal(flags: int) -> str:
+    """Why this process cannot enter a user namespace (with ``flags``) and
+    map its ids there, "" if it can — tried in a child that exits at once.
+
+    A user namespace cannot be left: a process that made one and then could
+    not write its id map (Ubuntu's AppArmor lets ``unshare`` succeed and
+    refuses the map) would run its command as the overflow user. So the
+    whole sequence — and, for a mount namespace, the private ``/`` — is
+    tried first where a refusal changes nothing."""
+    uid, gid = os.geteuid(), os.getegid()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - exits at once
+        code = 1
+        try:
+            os.close(read_end)
+            if _lib().unshare(CLONE_NEWUSER | flags) != 0:
+                raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+            try:
+                map_ids(uid, gid)
+            except OSError as exc:
+                raise OSError(exc.errno, f"its id map: {exc.strerror}") from None
+            if flags & CLONE_NEWNS:
+                _mount(None, "/", None, MS_REC | MS_PRIVATE)
+            code = 0
+        except OSError as exc:
+            os.write(write_end, (exc.strerror or str(exc)).encode("utf-8", "replace"))
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    try:
+        why = os.read(read_end, 512).decode("utf-8", "replace")
+    finally:
+        os.close(read_end)
+    status = os.waitpid(pid, 0)[1]
+    return "" if os.waitstatus_to_exitcode(status) == 0 else why or "refused"
+
+
 def enter() -> str:
     """Enter a private mount namespace; say how: ``"mount"`` (``CAP_SYS_ADMIN``
-    was enough) or ``"user"`` (inside a new user namespace). Raises
+    was enough) or ``"user"`` (inside a new user namespace, once a child
+    showed it can be made whole: :func:`userns_refusal`). Raises
     :class:`Unavailable` when neither can be made (nothing has changed
     then), OSError when a later step failed."""
     uid, gid = os.geteuid(), os.getegid()
@@ -124,13 +170,13 @@ def enter() -> str:
     if libc.unshare(CLONE_NEWNS) == 0:
         kind = "mount"
     else:
+        if why := userns_refusal(CLONE_NEWNS):
+            raise Unavailable(errno.EPERM, why)
         if libc.unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0:
             code = ctypes.get_errno()
             raise Unavailable(code, os.strerror(code))
         kind = "user"
-        _write("/proc/self/setgroups", "deny")  # an unprivileged gid_map needs it first
-        _write("/proc/self/uid_map", f"{uid} {uid} 1\n")
-        _write("/proc/self/gid_map", f"{gid} {gid} 1\n")
+        map_ids(uid, gid)
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted here reaches outside
     return kind
 

@@ -60,7 +60,7 @@ from halfpi.core.policy import Rule
 from halfpi.core.redact import Redactor
 from halfpi.errors import HalfpiError
 from halfpi.hand.conceal import conceal
-from halfpi.hand.executor import KILL_GRACE_S, TOOLS, Outcome, ToolError
+from halfpi.hand.executor import KILL_GRACE_S, TOOLS, Outcome, ToolError, announce_confinement
 from halfpi.hand.leftovers import Leftovers
 from halfpi.hand.policy import HandPolicy, scrub_environment, without_secrets
 from halfpi.hand.redaction import (
@@ -144,6 +144,9 @@ class HandNode:
         # to the Hand in its process (hand/redaction.py).
         self.secrets: Callable[[], Mapping[str, str]] | None = None
         self.speaks_tasks = False
+        # Say at the start how commands are confined (a run of ``true``),
+        # not on the first real run: a standalone or the local Hand does.
+        self.announce = False
         self.generation = 0
         self.connected = asyncio.Event()
         self._transport: Transport | None = None
@@ -162,6 +165,8 @@ class HandNode:
                 log.warning("task %s was unfinished when this Hand stopped: lost", task_id)
         for root in self.policy.protected_roots():
             log.warning("root %s is a protected path: tools are refused there", root)
+        if self.announce:
+            await announce_confinement(self.policy.deny_paths())
         # The shared loop (the Face SDK's too): the URL in turn, backoff reset
         # after a welcome, a 2 s cap for a Mind on this machine.
         self._reconnect = reconnect = Reconnect(
@@ -655,6 +660,7 @@ async def run_hand(
         policy=HandPolicy(roots, rules, [*protected, state_dir]),
         locate=locate,
     )
+    node.announce = True
     try:
         return await node.run_forever()
     except asyncio.CancelledError:

@@ -30,6 +30,8 @@ import ctypes
 import os
 import signal
 
+from halfpi.hand import mountns
+
 CLONE_NEWPID = 0x20000000
 CLONE_NEWUSER = 0x10000000
 PR_SET_PDEATHSIG = 1
@@ -42,27 +44,20 @@ def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
 
-def _write(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-
-
 def enter() -> str:
     """Have this process's next children born in a new PID namespace;
     "" when done, else why not (nothing changed then)."""
     libc = _libc()
     if libc.unshare(CLONE_NEWPID) == 0:
         return ""
+    # A user namespace cannot be left: tried whole in a child first.
+    if why := mountns.userns_refusal(CLONE_NEWPID):
+        return f"no PID namespace ({why})"
     uid, gid = os.geteuid(), os.getegid()
     if libc.unshare(CLONE_NEWUSER | CLONE_NEWPID) != 0:
         return f"no PID namespace ({os.strerror(ctypes.get_errno())})"
     try:  # inside a user namespace now: map its ids, or it is nobody
-        _write("/proc/self/setgroups", "deny")
-        _write("/proc/self/uid_map", f"{uid} {uid} 1\n")
-        _write("/proc/self/gid_map", f"{gid} {gid} 1\n")
+        mountns.map_ids(uid, gid)
     except OSError as exc:
         raise OSError(exc.errno, f"user namespace for the PID namespace: {exc.strerror}") from None
     return ""

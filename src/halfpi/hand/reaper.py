@@ -391,10 +391,18 @@ class Reaper:
         signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)
         if not self.spec.get("pidns", True):
             self.pid_view = "turned off (HALFPI_PIDNS=off)"
-        elif not (why := pidns.enter()):
-            self.init = pidns.start_init(self.me)
         else:
-            self.pid_view = why
+            try:
+                why = pidns.enter()
+            except OSError as exc:
+                # Its id map refused after a child showed it could be
+                # written: the namespace is made, its children need an init.
+                why = ""
+                self.pid_view = str(exc)
+            if not why:
+                self.init = pidns.start_init(self.me)
+            else:
+                self.pid_view = why
         failure = self.spawn(self.applied, env)
         if self.retry:  # the namespace failed half-way: the child ran nothing
             os.waitpid(self.child, 0)

@@ -93,3 +93,20 @@ def test_a_tally_flushed_at_the_end_of_its_interval_tells_what_was_held_back() -
     assert tally.flush(20.0) == 1
     assert tally.flush(30.0) is None  # nothing held back
     assert tally.note(30.5) == 1
+
+
+def test_an_ipv6_network_counts_as_one_address() -> None:
+    """Any IPv6 host has a /64 of its own: 10,000 addresses of one /64 are
+    one address to the per-address cap, and displace nobody else."""
+    limits = PendingLimits(total=100, per_address=8)
+    pending: PendingConnections[int] = PendingConnections(limits)
+    pending.admit(0, "2001:db8:0:2::1")  # a Face, mid-handshake, in another /64
+    displaced = [k for i in range(1, 10_001) for k in pending.admit(i, f"2001:db8::{i:x}")]
+    assert 0 not in displaced
+    assert pending.of("2001:db8::ffff") == 8
+    assert pending.count == 9
+    # An IPv4 address is itself, written mapped into IPv6 or not.
+    pending.admit(10_001, "::ffff:192.0.2.9")
+    pending.admit(10_002, "192.0.2.9")
+    assert pending.of("192.0.2.9") == 2
+    assert pending.of("192.0.2.10") == 0

@@ -11,10 +11,11 @@ with everyone else. So what has not shown a credential yet is also capped:
 - A connection is *pending* from its accept until it authenticates (a
   Face's or Hand's hello is welcomed, an HTTP request's bearer token or
   stream ticket is accepted) or closes.
-- At most ``per_address`` pending connections per address and ``total`` in
-  all. A new connection over a cap *displaces* the oldest pending one (of
-  its own address, else of all) rather than being refused: a flood closes
-  its own oldest sockets, while a Face, whose handshake takes milliseconds,
+- At most ``per_address`` pending connections per address (an IPv6
+  address counts by its /64: :func:`address_key`) and ``total`` in all.
+  A new connection over a cap *displaces* the oldest pending one (of its
+  own address, else of all) rather than being refused: a flood closes its
+  own oldest sockets, while a Face, whose handshake takes milliseconds,
   gets through unless a cap's worth of new connections arrive during it.
 - The caps follow the descriptor limit (:func:`limits_for`): pending
   connections hold at most half of it, so authenticated Faces and Hands and
@@ -23,6 +24,7 @@ with everyone else. So what has not shown a credential yet is also capped:
 
 from __future__ import annotations
 
+import ipaddress
 from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -33,6 +35,22 @@ K = TypeVar("K", bound=Hashable)
 # Past these, more pending connections buy nothing but memory.
 MAX_TOTAL = 16_384
 MAX_PER_ADDRESS = 256
+
+
+def address_key(address: str) -> str:
+    """What the per-address cap counts: an IPv6 address's /64 (one host's
+    usual share: a peer with one has 2⁶⁴ addresses to spread a flood
+    over), an IPv4 address itself (mapped into IPv6 or not); anything else
+    (a name, a proxy's per-connection key) as it is."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return address
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,11 +83,12 @@ class PendingConnections(Generic[K]):
         return len(self._all)
 
     def of(self, address: str) -> int:
-        return len(self._by_address.get(address, ()))
+        return len(self._by_address.get(address_key(address), ()))
 
     def admit(self, key: K, address: str) -> list[K]:
         """A connection from ``address`` was accepted: it is pending. Returns
         the connections it displaces (the server closes them)."""
+        address = address_key(address)
         out: list[K] = []
         mine = self._by_address.setdefault(address, OrderedDict())
         if len(mine) >= self.limits.per_address:

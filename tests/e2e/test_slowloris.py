@@ -16,11 +16,14 @@ import httpx
 import pytest
 import websockets
 
+from tests.e2e.test_tls import Tls, authority, tls
 from tests.support.mind import MindProcess
 from tests.support.slowloris import flood
 from tests.support.wait import until
 
 pytestmark = pytest.mark.e2e
+
+__all__ = ["authority", "tls"]  # fixtures
 
 DESCRIPTORS = 256
 SOURCES = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.1"]
@@ -69,3 +72,32 @@ async def test_a_face_is_welcomed_while_more_sockets_than_descriptors_dribble(
     assert log.count("\n") < 60, log[-3000:]
     assert closed >= len(dribblers) - DESCRIPTORS // 2
     assert "connections not yet authenticated: at most 128, 16 per address" in log
+
+
+async def test_a_face_is_welcomed_over_tls_while_more_handshakes_than_descriptors_stall(
+    tmp_path: Path, tls: Tls, server_kind: str,
+) -> None:
+    """With ``--tls-cert`` a connection is pending from its accept, before
+    its TLS handshake ends: one displaced then must be closed then too, not
+    when its handshake times out."""
+    home = tmp_path / "home"
+    home.mkdir()
+    mind = MindProcess(home, server=server_kind, nofile=DESCRIPTORS, extra_args=(
+        "--tls-cert", str(tls.cert), "--tls-key", str(tls.key))).start()
+    try:
+        async with flood(mind.port, SOURCES, PER_SOURCE, tls=True) as dribblers:
+            # Closed when displaced, not when their handshake times out (10 s).
+            await until(lambda: sum(not d.closed for d in dribblers) <= DESCRIPTORS // 2, 5)
+            started = time.monotonic()
+            async with websockets.connect(mind.url, open_timeout=5, ssl=tls.context()) as ws:
+                await ws.send(json.dumps({"type": "face.hello", "payload": {
+                    "token": mind.token, "client": {"name": "test", "version": "0"},
+                    "protocol": 3}}))
+                frame = json.loads(await asyncio.wait_for(ws.recv(), 5))
+            assert frame["type"] == "face.welcome", frame
+            latency = time.monotonic() - started
+            assert latency < 1.0, f"the Face waited {latency:.2f} s"
+        log = (home / "mind.log").read_text()
+        assert "Traceback" not in log
+    finally:
+        mind.kill()

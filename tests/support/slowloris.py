@@ -17,6 +17,9 @@ class Dribbler:
     path: str = "/v1/conversations"
     source: str = "127.0.0.1"  # another loopback address counts as another client
     every_s: float = 1.0
+    # True: a TLS handshake that never ends instead (a record header that
+    # announces a ClientHello, then one byte of it every ``every_s``).
+    tls: bool = False
     opened_at: float | None = None
     closed_after: float | None = None  # seconds from connect to the server's close
     answer: bytes = b""  # what the server wrote before closing, if anything
@@ -29,7 +32,8 @@ class Dribbler:
             "127.0.0.1", self.port, local_addr=(self.source, 0)
         )
         self.opened_at = loop.time()
-        writer.write(f"GET {self.path} HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode())
+        writer.write(b"\x16\x03\x01\x02\x00\x01" if self.tls else
+                     f"GET {self.path} HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode())
         self.task = asyncio.create_task(self._dribble(reader, writer))
 
     async def _dribble(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -40,7 +44,7 @@ class Dribbler:
             while not reading.done():
                 await asyncio.wait({reading}, timeout=self.every_s)
                 if not reading.done():
-                    writer.write(f"X-Line-{line}: slow\r\n".encode())
+                    writer.write(b"\x00" if self.tls else f"X-Line-{line}: slow\r\n".encode())
                     line += 1
             self.answer = reading.result()
         except (ConnectionError, OSError):
@@ -62,9 +66,9 @@ class Dribbler:
 
 @contextlib.asynccontextmanager
 async def flood(port: int, sources: list[str], per_source: int, path: str = "/v1/conversations",
-                every_s: float = 1.0) -> AsyncIterator[list[Dribbler]]:
+                every_s: float = 1.0, tls: bool = False) -> AsyncIterator[list[Dribbler]]:
     """``per_source`` dribblers from each source address, all open; stopped on exit."""
-    dribblers = [Dribbler(port, path, source, every_s) for source in sources
+    dribblers = [Dribbler(port, path, source, every_s, tls) for source in sources
                  for _ in range(per_source)]
     try:
         for i in range(0, len(dribblers), 50):

@@ -37,6 +37,7 @@ import resource
 import socket
 import ssl
 from collections.abc import Callable, MutableMapping
+from functools import partial
 from typing import Any, cast
 
 from halfpi.core.pending import PendingConnections, PendingLimits, Tally, limits_for
@@ -100,7 +101,7 @@ def listen(host: str, port: int, backlog: int) -> list[socket.socket]:
 class Ticket:
     """One accepted connection, pending until it authenticates or closes."""
 
-    __slots__ = ("accepted_at", "address", "displaced", "guard", "transport")
+    __slots__ = ("accepted_at", "address", "connecting", "displaced", "guard", "transport")
 
     def __init__(self, guard: Guard, address: str, accepted_at: float) -> None:
         self.guard = guard
@@ -108,6 +109,9 @@ class Ticket:
         self.accepted_at = accepted_at  # the loop's time
         self.transport: asyncio.Transport | None = None
         self.displaced = False
+        # Making the connection (its TLS handshake): cancelled if displaced
+        # before it has a transport, which closes the socket at once.
+        self.connecting: asyncio.Task[None] | None = None
 
     def attach(self, transport: asyncio.BaseTransport) -> None:
         """The connection's transport exists (after a TLS handshake)."""
@@ -119,6 +123,8 @@ class Ticket:
         self.displaced = True
         if self.transport is not None:
             self.transport.abort()
+        elif self.connecting is not None:
+            self.connecting.cancel()
 
     def settle(self) -> None:
         """Authenticated, or closed: no longer pending."""
@@ -202,6 +208,12 @@ class Guard:
             )
 
 
+def _close_if_cancelled(conn: socket.socket, ticket: Ticket, task: asyncio.Task[None]) -> None:
+    if task.cancelled():
+        conn.close()
+        ticket.settle()
+
+
 class Acceptor:
     """Accepts on ``sock`` for ``factory`` (a protocol per connection, given
     its ticket), applying the guard; :meth:`close` stops."""
@@ -245,8 +257,11 @@ class Acceptor:
             conn.setblocking(False)
             peer = str(addr[0]) if isinstance(addr, tuple) and addr else "unknown"
             ticket = self.guard.admit(peer, self.loop.time())
-            task = self.loop.create_task(self._connect(conn, ticket))
+            task = ticket.connecting = self.loop.create_task(self._connect(conn, ticket))
             self._tasks.add(task)
+            # Cancelled before it began (displaced in this same turn): its
+            # socket is closed here, as the coroutine never ran.
+            task.add_done_callback(partial(_close_if_cancelled, conn, ticket))
             task.add_done_callback(self._tasks.discard)
 
     async def _connect(self, conn: socket.socket, ticket: Ticket) -> None:
@@ -260,6 +275,11 @@ class Acceptor:
             log.debug("connection from %s ended before it was made: %r", ticket.address, exc)
             conn.close()
             ticket.settle()
+        except asyncio.CancelledError:  # displaced mid-handshake, or the server stops
+            conn.close()
+            ticket.settle()
+        finally:
+            ticket.connecting = None
 
     def _failed(self, exc: OSError) -> None:
         """Told now, or counted and told when the interval ends (a burst

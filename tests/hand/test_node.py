@@ -10,6 +10,10 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
+import subprocess
+import sys
+import sysconfig
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +23,11 @@ import pytest
 
 from halfpi.client.transport import Transport
 from halfpi.core.policy import Rule
+from halfpi.hand import node
 from halfpi.hand.executor import TOOLS, Outcome, Progress
 from halfpi.hand.node import HandNode, ToolFn
 from halfpi.hand.policy import HandPolicy
+from tests.hand.test_confinement import USER, python_for
 from tests.support.scripted_mind import ScriptedMind
 
 Frame = dict[str, Any]
@@ -175,3 +181,46 @@ async def test_exec_command_children_never_see_the_hands_secrets(
             assert result["status"] == "succeeded", result
             assert "PATH=" in result["stdout"]
             assert "must_not_leak" not in result["stdout"], result["stdout"]
+
+
+UNDUMPABLE_HAND = """
+import asyncio, ctypes, os, sys
+from pathlib import Path
+from halfpi.hand import node
+from halfpi.undumpable import is_dumpable
+
+async def serve(self):
+    with open("/proc/self/stat", "rb") as handle:  # where exec put the environment
+        raw = handle.read()
+    fields = raw[raw.rindex(b")") + 2 :].split()
+    start, end = int(fields[47]), int(fields[48])
+    shown = ctypes.string_at(start, end - start)
+    print("dumpable" if is_dumpable() else "non-dumpable",
+          "token-shown" if os.environ["HALFPI_HAND_TOKEN"].encode() in shown else "concealed")
+    return True
+
+node.HandNode.run_forever = serve
+asyncio.run(node.run_hand("ws://127.0.0.1:9/v1/hand", os.environ["HALFPI_HAND_TOKEN"], "h",
+                          Path(sys.argv[1])))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl")
+def test_a_standalone_hand_is_non_dumpable_before_it_serves(tmp_path: Path) -> None:
+    """Its memory holds its token: a command of its user, where no PID
+    namespace hides the Hand, must not read ``/proc/<hand>/mem``. The token
+    is concealed first (an ordinary user's non-dumpable process cannot read
+    its own ``environ``): run as an ordinary user where the test can."""
+    src = str(Path(node.__file__).resolve().parents[2])
+    python, setpriv = python_for(USER), shutil.which("setpriv")
+    state = tmp_path / "state"
+    as_user: list[str] = []
+    if python is not None and setpriv is not None:
+        as_user = [setpriv, f"--reuid={USER}", f"--regid={USER}", "--clear-groups"]
+        tmp_path.chmod(0o777)
+    done = subprocess.run(
+        [*as_user, python or sys.executable, "-c", UNDUMPABLE_HAND, str(state)],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([src, sysconfig.get_paths()["purelib"]]),
+             "HALFPI_HAND_TOKEN": "hph_" + "s3cret" * 4})
+    assert done.stdout.split() == ["non-dumpable", "concealed"], (done.stdout, done.stderr)

@@ -73,6 +73,7 @@ from halfpi.hand.redaction import (
 )
 from halfpi.hand.tasks import TaskBook, TaskRecord
 from halfpi.logs import bind, unbind
+from halfpi.undumpable import make_undumpable
 
 log = logging.getLogger("halfpi.hand")
 
@@ -661,6 +662,11 @@ async def run_hand(
         locate=locate,
     )
     node.announce = True
+    # Its memory holds its token: no command of its user may read it where
+    # no PID namespace hides this process (undumpable.py). Concealed first:
+    # a non-dumpable process of an ordinary user cannot read its own environ.
+    conceal(token)
+    make_undumpable()
     try:
         return await node.run_forever()
     except asyncio.CancelledError:

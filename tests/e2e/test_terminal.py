@@ -241,7 +241,12 @@ async def test_the_approval_prompt_defaults_to_deny(tmp_path: Path) -> None:
         tmux.keys("Enter")
         prompt = await tmux.wait_for(lambda s: "Deny once" in s and "Allow once" in s)
         assert '"api_key": "***"' in prompt  # masked in the prompt too
-        tmux.keys("Enter")  # the focused default: deny once
+        tmux.keys("Tab", "Enter")  # the first button Tab reaches: deny once
+        # Keys that beat the prompt's first frame decide nothing ("press it
+        # again"): the button Tab chose stays chosen for the next Enter.
+        said = await tmux.wait_for(lambda s: "denied by local" in s or "again" in s)
+        if "denied by local" not in said:
+            tmux.keys("Enter")
         # Nothing waits any more: the keys are not offered.
         screen = await tmux.wait_for(
             lambda s: "denied by local" in s and "\n exec_command denied" in chat_area(s)

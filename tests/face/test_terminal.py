@@ -223,7 +223,12 @@ async def test_a_decision_key_decides_the_prompt_on_screen_and_nothing_else(
                     5.0,
                 )
                 if face.shown() == approval_id:
-                    await face.press(rng.choice(["ctrl+a", "ctrl+d", "enter", "escape"]))
+                    # Enter and Esc decide nothing (typed through); Tab then
+                    # Enter presses the button Tab reached.
+                    keys = rng.choice([["ctrl+a"], ["ctrl+d"], ["enter", "ctrl+a"],
+                                       ["escape", "ctrl+d"], ["tab", "enter"]])
+                    for key in keys:
+                        await face.press(key)
                     if race == "twice":
                         await face.press(rng.choice(["ctrl+a", "ctrl+d"]))
                 elif approval_id not in face.decided():
@@ -245,18 +250,22 @@ class PromptHost(App[None]):
     def __init__(self) -> None:
         super().__init__()
         self.decided: list[tuple[str, str]] = []
+        self.typed: list[str] = []  # keys the prompt passed on to the box
 
     def compose(self) -> ComposeResult:
         yield Input(id="input")
+
+    def type_through(self, key: events.Key) -> None:
+        self.typed.append(key.key)
+        if key.is_printable:
+            self.query_one(Input).insert_text_at_cursor(key.character or "")
 
     def open_prompt(self, approval_id: str = "a_1") -> ApprovalScreen:
         prompt = ApprovalScreen(
             {"approval_id": approval_id, "tool": "exec_command", "args": {"argv": ["true"]}},
             "here",
             decide=lambda approval_id, decision: self.decided.append((approval_id, decision)),
-            type_through=lambda key: self.query_one(Input).insert_text_at_cursor(
-                key.character or ""
-            ),
+            type_through=self.type_through,
             left=lambda: "1:59",
         )
         self.push_screen(prompt)
@@ -285,6 +294,23 @@ async def test_a_prompt_decides_its_own_approval_once_and_only_once_drawn() -> N
         await pilot.pause(0)
         assert host.decided == [("a_1", "allow_once")]
         assert len(host.screen_stack) == 1
+
+
+async def test_an_enter_or_escape_typed_while_a_prompt_shows_decides_nothing() -> None:
+    """A person typing a message can hit Enter (or Esc) the instant a prompt
+    appears: the prompt needs its own keys (ctrl+a, ctrl+d, or a button
+    reached with Tab), so Enter goes on to the message box under it and Esc
+    does nothing, however long the prompt has shown."""
+    host = PromptHost()
+    async with host.run_test() as pilot:
+        prompt = host.open_prompt()
+        await until(lambda: prompt.armed, 5.0)
+        await pilot.press("enter", "escape", "enter")
+        assert host.decided == []
+        assert host.typed == ["enter", "enter"]
+        assert host.screen is prompt
+        await pilot.press("tab", "enter")  # Tab reaches a button: a deliberate choice
+        assert host.decided == [("a_1", "deny_once")]
 
 
 async def test_a_prompt_settled_elsewhere_closes_once_and_decides_nothing() -> None:

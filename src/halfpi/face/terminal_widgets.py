@@ -315,19 +315,20 @@ class ApprovalScreen(ModalScreen[None]):
 
     A key that reaches it before it was drawn (``armed``) was not meant for
     it: a person cannot answer a prompt they have not seen. Such a decision
-    key decides nothing (the face says so); printable keys and Enter typed
-    meanwhile, or while it shows, go to the message box under it
-    (``type_through``), so nothing typed is lost. Once armed, the focused
-    default is *deny once*: Enter or Escape never runs anything.
+    key decides nothing (the face says so). It decides only with its own
+    keys — ctrl+a, ctrl+d, or a button reached with Tab (or the mouse) —
+    never with Enter or Escape: a person typing a message hits those at any
+    instant, and one landing as the prompt appears must not decide an
+    approval they have not read. Printable keys and Enter go to the message
+    box under it (``type_through``), so nothing typed is lost.
     """
 
     BINDINGS = [
         Binding("ctrl+a", "decide('allow_once')", "Allow once"),
         Binding("ctrl+d", "decide('deny_once')", "Deny once"),
-        Binding("escape", "decide('deny_once')", "Deny once", show=False),
-        Binding("tab", "app.focus_next", "Switch button"),
+        Binding("tab", "choose", "Choose a button"),
     ]
-    AUTO_FOCUS = None  # nothing is focused (Enter decides nothing) until drawn
+    AUTO_FOCUS = None  # no button is focused (Enter decides nothing) until Tab
     DEFAULT_CSS = """
     ApprovalScreen { align: center middle; }
     #prompt { width: 84%; height: auto; max-height: 80%; border: thick $warning;
@@ -355,6 +356,7 @@ class ApprovalScreen(ModalScreen[None]):
         self.armed = False  # drawn: a key from now on was meant for it
         self.decision: str | None = None
         self.closed = False
+        self.chosen: str | None = None  # the button Tab reached: "deny", "allow"
 
     def compose(self) -> ComposeResult:
         a = self.approval
@@ -363,14 +365,17 @@ class ApprovalScreen(ModalScreen[None]):
             lines.append(json.dumps(a["args"], ensure_ascii=False, indent=1)[:2000])
         else:
             lines.append(f"arguments hidden (summary view); digest {a.get('args_digest', '')}")
-        lines.append("ctrl+a allow once · ctrl+d, Enter or Esc deny once · Tab switches buttons")
-        lines.append("Typing goes on in your message box.")
+        lines.append("ctrl+a allow once · ctrl+d deny once · Tab then Enter chooses a button")
+        lines.append("Typing (and Enter) goes on in your message box.")
         with Vertical(id="prompt"):
             yield Static(Text(escape_controls("\n".join(lines))))
             yield Static(self._countdown(), id="countdown")
             with Horizontal(id="buttons"):
-                yield Button("Deny once", id="deny", variant="error")
-                yield Button("Allow once", id="allow", variant="success")
+                for label, id_, variant in (("Deny once", "deny", "error"),
+                                            ("Allow once", "allow", "success")):
+                    button = Button(label, id=id_, variant=variant)
+                    button.can_focus = False  # until Tab: Enter must not reach it
+                    yield button
         yield Footer()
 
     def on_mount(self) -> None:
@@ -381,7 +386,6 @@ class ApprovalScreen(ModalScreen[None]):
         if self.closed or not self.is_attached:
             return
         self.armed = True
-        self.query_one("#deny", Button).focus()
         self.app.refresh_bindings()
 
     def _countdown(self) -> Text:
@@ -394,11 +398,34 @@ class ApprovalScreen(ModalScreen[None]):
             for countdown in self.query("#countdown").results(Static):
                 countdown.update(self._countdown())
 
+    def action_choose(self) -> None:
+        """Tab: "Deny once", then "Allow once", in turn, is chosen (and
+        focused), and from then on Enter decides it — a choice the person
+        made. Kept here, not read from the focus, which Textual moves a
+        moment later: a Tab and an Enter read together still decide."""
+        self.chosen = "allow" if self.chosen == "deny" else "deny"
+        button = self.query_one(f"#{self.chosen}", Button)
+        button.can_focus = True
+        button.focus()
+
     def on_key(self, event: events.Key) -> None:
-        if event.is_printable or (event.key == "enter" and not self.armed):
+        # Tab here, not only by its binding: a binding runs after the keys
+        # already read (a Tab and an Enter together would miss the choice).
+        if event.key == "tab":
+            event.stop()
+            event.prevent_default()
+            self.action_choose()
+        elif event.key == "enter" and self.chosen is not None:
+            event.stop()
+            event.prevent_default()
+            self.decide("allow_once" if self.chosen == "allow" else "deny_once")
+        elif event.is_printable or event.key == "enter":
             event.stop()
             event.prevent_default()
             self._type_through(event)
+        elif event.key == "escape":
+            event.stop()  # not a decision (see the class): and not the app's either
+            event.prevent_default()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()

@@ -160,6 +160,7 @@ async def running_mind(
         if config.local_hand:
             # The local Hand dials the address the server listens on.
             start_local_hand(mind, dial_url(config, server.port, "/v1/hand"))
+            await local_hand_linked(mind, LOCAL_HAND_LINK_S)
         try:
             yield mind, server
         finally:
@@ -168,6 +169,25 @@ async def running_mind(
             await server.wait_closed(close_wait_s)
     finally:
         home_lock.release()
+
+
+# How long a starting Mind waits for its local Hand's link before it says
+# it listens: its start-up checks (namespaces, cgroups) take some tens of
+# milliseconds, and a chat sent the moment the Mind listens must not find
+# "no Hand is connected".
+LOCAL_HAND_LINK_S = 5.0
+
+
+async def local_hand_linked(mind: Mind, within_s: float) -> None:
+    """Wait, at most ``within_s``, until the local Hand is linked; past that
+    the Mind serves anyway (its tools wait for the Hand) and says so once."""
+    hand = mind.local_hand
+    if hand is None:
+        return
+    try:
+        await asyncio.wait_for(hand.connected.wait(), within_s)
+    except TimeoutError:
+        log.warning("the local Hand has not linked within %.0f s; serving without it", within_s)
 
 
 def dial_url(config: Config, port: int, path: str) -> str:

@@ -13,8 +13,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-import signal
 import sqlite3
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -45,6 +43,7 @@ from tests.support.clock import FakeClock
 from tests.support.frames import Frame, event, events_of
 from tests.support.hand import FakeLink, allow_check, hello_payload, honest_result
 from tests.support.mind import LocalMind, MindProcess, hand_ready, local_mind
+from tests.support.procs import Marks
 from tests.support.rig import Peer, Rig, fake_time_mind
 
 # -- the registry alone ---------------------------------------------------------------------
@@ -782,16 +781,19 @@ class Interrupted:
     run_id: str
     pending_cid: str
     approval_id: str
-    pid: int
+    started: str  # what the command wrote when it started: unique to that start
 
 
-async def kill_mind_mid_tool(mind: MindProcess, pidfile: Path) -> Interrupted:
+async def kill_mind_mid_tool(mind: MindProcess, pidfile: Path, marks: Marks) -> Interrupted:
     face = await FaceClient.connect(mind.url, mind.token)
     running_cid = await face.create_conversation("running")
     pending_cid = await face.create_conversation("pending")
     await face.subscribe(running_cid)
     await face.subscribe(pending_cid)
-    command = f"echo $$ > {pidfile}; echo started; exec sleep 30"
+    # A start writes a nonce of its own (a pid alone repeats in a run's
+    # PID namespace); the mark lets the test end what the crash left.
+    command = (f"{marks.export()}od -An -N8 -tx8 /dev/urandom | tr -d ' ' > {pidfile}; "
+               "echo started; exec sleep 30")
     chat_id = await face.command("face.chat", conversation_id=running_cid,
                                  content="/tool exec_command " + json.dumps({"command": command}))
     await approve_next(face, chat_id)
@@ -805,55 +807,51 @@ async def kill_mind_mid_tool(mind: MindProcess, pidfile: Path) -> Interrupted:
     await face.close()
     return Interrupted(running_cid, run_id, pending_cid,
                        requested["payload"]["data"]["approval_id"],
-                       int(pidfile.read_text().strip()))
+                       pidfile.read_text().strip())
 
 
 @pytest.mark.e2e
 async def test_I11_mind_restart_marks_runs_lost_and_approvals_cancelled(
-    mind_proc: MindProcess, tmp_path: Path
+    mind_proc: MindProcess, tmp_path: Path, marks: Marks
 ) -> None:
-    pidfile = tmp_path / "tool.pid"
-    left = await kill_mind_mid_tool(mind_proc, pidfile)
-    try:
-        mind_proc.start()
-        face = await FaceClient.connect(mind_proc.url, mind_proc.token)
-        snap = await snapshot(face, left.running_cid)
-        (record,) = snap["tool_history"]
-        assert (record["status"], record["error_category"], record["success"]) == (
-            "lost", "lost", False)
-        assert record["run_id"] == left.run_id, "the record knew its run before the crash"
-        assert snap["active_runs"] == [] and snap["pending_chats"] == []
-        pending = await snapshot(face, left.pending_cid)
-        assert pending["pending_approvals"] == [] and pending["pending_chats"] == []
-        # The call that only waited for its approval never ran: cancelled, not lost.
-        (waited,) = pending["tool_history"]
-        assert (waited["status"], waited["error_category"], waited["run_id"]) == (
-            "cancelled", "cancelled", None)
-        db = mind_proc.home / "halfpi.db"
-        assert read_one(db, "tool_runs", "run_id", left.run_id)["status"] == "lost"
-        approval = read_one(db, "approvals", "approval_id", left.approval_id)
-        assert approval["status"] == "cancelled" and approval["decided_at"] is not None
+    pidfile = tmp_path / "tool.start"
+    left = await kill_mind_mid_tool(mind_proc, pidfile, marks)
+    mind_proc.start()
+    face = await FaceClient.connect(mind_proc.url, mind_proc.token)
+    snap = await snapshot(face, left.running_cid)
+    (record,) = snap["tool_history"]
+    assert (record["status"], record["error_category"], record["success"]) == (
+        "lost", "lost", False)
+    assert record["run_id"] == left.run_id, "the record knew its run before the crash"
+    assert snap["active_runs"] == [] and snap["pending_chats"] == []
+    pending = await snapshot(face, left.pending_cid)
+    assert pending["pending_approvals"] == [] and pending["pending_chats"] == []
+    # The call that only waited for its approval never ran: cancelled, not lost.
+    (waited,) = pending["tool_history"]
+    assert (waited["status"], waited["error_category"], waited["run_id"]) == (
+        "cancelled", "cancelled", None)
+    db = mind_proc.home / "halfpi.db"
+    assert read_one(db, "tool_runs", "run_id", left.run_id)["status"] == "lost"
+    approval = read_one(db, "approvals", "approval_id", left.approval_id)
+    assert approval["status"] == "cancelled" and approval["decided_at"] is not None
 
-        # A decision now converges on the cancellation; it runs nothing.
-        resolve_id = await face.command("face.approval.resolve",
-                                        approval_id=left.approval_id, decision="allow_once")
-        late = await face.reply(resolve_id)
-        assert late["payload"]["data"]["outcome"] == "already_resolved"
-        assert late["payload"]["data"]["resolution"]["status"] == "cancelled"
+    # A decision now converges on the cancellation; it runs nothing.
+    resolve_id = await face.command("face.approval.resolve",
+                                    approval_id=left.approval_id, decision="allow_once")
+    late = await face.reply(resolve_id)
+    assert late["payload"]["data"]["outcome"] == "already_resolved"
+    assert late["payload"]["data"]["resolution"]["status"] == "cancelled"
 
-        # Nothing was re-run: the command's pid file is the one it wrote
-        # before the crash (read through the new Mind's own Hand).
-        await face.subscribe(left.running_cid)
-        read = await face.chat_to_end(
-            left.running_cid, "/tool read_file " + json.dumps({"path": str(pidfile)}))
-        assert read["payload"]["content"].splitlines()[-1] == str(left.pid)
-        for cid in (left.running_cid, left.pending_cid):
-            again = await snapshot(face, cid)
-            assert again["active_runs"] == []
-        await face.close()
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(left.pid, signal.SIGKILL)
+    # Nothing was re-run: the command's start file is the one it wrote
+    # before the crash (read through the new Mind's own Hand).
+    await face.subscribe(left.running_cid)
+    read = await face.chat_to_end(
+        left.running_cid, "/tool read_file " + json.dumps({"path": str(pidfile)}))
+    assert read["payload"]["content"].splitlines()[-1] == left.started
+    for cid in (left.running_cid, left.pending_cid):
+        again = await snapshot(face, cid)
+        assert again["active_runs"] == []
+    await face.close()
 
 
 async def test_I11_a_mind_shutting_down_lets_its_local_hand_end_its_running_task(

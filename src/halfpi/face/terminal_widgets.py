@@ -371,9 +371,9 @@ class ApprovalScreen(ModalScreen[None]):
             yield Static(Text(escape_controls("\n".join(lines))))
             yield Static(self._countdown(), id="countdown")
             with Horizontal(id="buttons"):
-                for label, id_, variant in (("Deny once", "deny", "error"),
-                                            ("Allow once", "allow", "success")):
-                    button = Button(label, id=id_, variant=variant)
+                buttons = (Button("Deny once", id="deny", variant="error"),
+                           Button("Allow once", id="allow", variant="success"))
+                for button in buttons:
                     button.can_focus = False  # until Tab: Enter must not reach it
                     yield button
         yield Footer()

@@ -58,3 +58,19 @@ def test_an_unguarded_import_of_an_extra_is_still_one_line(
 
 def test_a_missing_module_that_is_no_extra_is_a_bug_not_a_hint() -> None:
     assert missing(ModuleNotFoundError("No module named 'nope'", name="nope")) is None
+
+
+def test_the_terminal_face_without_textual_names_the_extra_first(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+) -> None:
+    """`pip install halfpi` then `halfpi face` on a new home (no token yet,
+    no terminal here): the line that names the extra comes first, before
+    the token's or the terminal's — else the person fixes one, then meets
+    the other."""
+    for name in [n for n in sys.modules if n.partition(".")[0] == "textual"]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [_Refuse(), *sys.meta_path])
+    monkeypatch.delenv("HALFPI_TOKEN", raising=False)
+    assert cli.main(["face", "--home", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == (
+        "halfpi: the terminal face needs textual: pip install 'halfpi[face]'\n")

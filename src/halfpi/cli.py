@@ -498,6 +498,8 @@ def _locator(home: Path, *, hand: bool = False) -> Locate:
 
 
 def cmd_face(args: argparse.Namespace) -> int:
+    if args.mode != "headless":  # the missing extra first: no other fix makes it run
+        need("textual", "the terminal face")
     urls, token, locate = _face_target(args)
     if args.mode == "headless":
         # stderr is for people: every line starts with "halfpi: " (docs/faces.md).
@@ -521,7 +523,6 @@ def cmd_face(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    need("textual", "the terminal face")
     from halfpi.face.terminal import run_terminal
 
     # The screen is the terminal: logs go to a file, never onto the screen.

@@ -110,3 +110,21 @@ def test_an_ipv6_network_counts_as_one_address() -> None:
     pending.admit(10_002, "192.0.2.9")
     assert pending.of("192.0.2.9") == 2
     assert pending.of("192.0.2.10") == 0
+
+
+def test_a_flood_from_many_addresses_never_displaces_a_face_mid_handshake() -> None:
+    """Over the total cap, the connection displaced is the oldest of the
+    address holding the most: a flood from ten addresses fills the total,
+    but a Face holding one pending connection is never the one to go (only
+    a flood from as many addresses as the total could reach it)."""
+    limits = PendingLimits(total=100, per_address=16)
+    pending: PendingConnections[int] = PendingConnections(limits)
+    attackers = [f"198.51.100.{n}" for n in range(10)]
+    for i in range(1, 1_001):
+        pending.admit(i, attackers[i % 10])
+    pending.admit(0, B)  # a Face, mid-handshake
+    displaced = [k for i in range(1_001, 11_001) for k in pending.admit(i, attackers[i % 10])]
+    assert 0 not in displaced
+    assert pending.of(B) == 1
+    assert pending.count == 100
+    assert max(pending.of(a) for a in attackers) - min(pending.of(a) for a in attackers) <= 1

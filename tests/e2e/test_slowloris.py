@@ -101,3 +101,29 @@ async def test_a_face_is_welcomed_over_tls_while_more_handshakes_than_descriptor
         assert "Traceback" not in log
     finally:
         mind.kill()
+
+
+MANY_SOURCES = [f"127.0.1.{n}" for n in range(1, 11)]
+
+
+async def test_a_flood_from_ten_addresses_does_not_displace_a_face_mid_handshake(
+    small_mind: MindProcess,
+) -> None:
+    """Ten addresses fill the total cap (128) that one address could not
+    (16 each); a Face whose request head is half sent while 300 more of
+    their sockets arrive is still the one that gets its upgrade."""
+    async with flood(small_mind.port, MANY_SOURCES, 15):  # the total is full
+        reader, writer = await asyncio.open_connection("127.0.0.1", small_mind.port)
+        try:
+            writer.write(b"GET /v1/face HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n")
+            await writer.drain()
+            async with flood(small_mind.port, MANY_SOURCES, 30) as more:
+                # Every one of them accepted, or closed to make room.
+                await until(lambda: sum(not d.closed for d in more) <= DESCRIPTORS // 2, 30)
+                writer.write(b"Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+                             b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+                await writer.drain()
+                answer = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert answer.startswith(b"HTTP/1.1 101"), answer
+        finally:
+            writer.close()

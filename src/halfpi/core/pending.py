@@ -13,10 +13,11 @@ with everyone else. So what has not shown a credential yet is also capped:
   stream ticket is accepted) or closes.
 - At most ``per_address`` pending connections per address (an IPv6
   address counts by its /64: :func:`address_key`) and ``total`` in all.
-  A new connection over a cap *displaces* the oldest pending one (of its
-  own address, else of all) rather than being refused: a flood closes its
-  own oldest sockets, while a Face, whose handshake takes milliseconds,
-  gets through unless a cap's worth of new connections arrive during it.
+  A new connection over a cap *displaces* the oldest pending one of its
+  own address, or (over the total) of the address that holds the most,
+  rather than being refused: a flood closes its own oldest sockets, while
+  a Face, whose handshake takes milliseconds, gets through — unless the
+  flood comes from as many addresses as the total cap, or from its own.
 - The caps follow the descriptor limit (:func:`limits_for`): pending
   connections hold at most half of it, so authenticated Faces and Hands and
   the Mind's own files always have the other half.
@@ -74,8 +75,13 @@ class PendingConnections(Generic[K]):
 
     def __init__(self, limits: PendingLimits) -> None:
         self.limits = limits
-        self._all: OrderedDict[K, str] = OrderedDict()
+        self._all: dict[K, str] = {}
         self._by_address: dict[str, OrderedDict[K, None]] = {}
+        # How many each address holds: count -> those addresses (insertion
+        # ordered), and the largest count, so that the biggest holder is
+        # found at once however many addresses there are.
+        self._holding: dict[int, dict[str, None]] = {}
+        self._most = 0
         self.displaced = 0  # connections closed to make room, since the start
 
     @property
@@ -87,20 +93,26 @@ class PendingConnections(Generic[K]):
 
     def admit(self, key: K, address: str) -> list[K]:
         """A connection from ``address`` was accepted: it is pending. Returns
-        the connections it displaces (the server closes them)."""
+        the connections it displaces (the server closes them): over the
+        per-address cap, the oldest of its own address; over the total, the
+        oldest of the address that holds the most (its own among equals), so
+        that a flood from a few addresses displaces only itself."""
         address = address_key(address)
         out: list[K] = []
-        mine = self._by_address.setdefault(address, OrderedDict())
-        if len(mine) >= self.limits.per_address:
+        mine = self._by_address.get(address)
+        if mine is not None and len(mine) >= self.limits.per_address:
             out.append(next(iter(mine)))
             self.settle(out[-1])
-            mine = self._by_address.setdefault(address, OrderedDict())
         if len(self._all) >= self.limits.total:
-            out.append(next(iter(self._all)))
+            mine = self._by_address.get(address)
+            biggest = (address if mine is not None and len(mine) >= self._most
+                       else next(iter(self._holding[self._most])))
+            out.append(next(iter(self._by_address[biggest])))
             self.settle(out[-1])
-            mine = self._by_address.setdefault(address, OrderedDict())
+        mine = self._by_address.setdefault(address, OrderedDict())
         self._all[key] = address
         mine[key] = None
+        self._moved(address, len(mine) - 1, len(mine))
         self.displaced += len(out)
         return out
 
@@ -111,8 +123,23 @@ class PendingConnections(Generic[K]):
             return
         mine = self._by_address[address]
         del mine[key]
+        self._moved(address, len(mine) + 1, len(mine))
         if not mine:
             del self._by_address[address]
+
+    def _moved(self, address: str, before: int, now: int) -> None:
+        """``address`` held ``before`` pending connections, now ``now`` (±1)."""
+        if before:
+            bucket = self._holding[before]
+            del bucket[address]
+            if not bucket:
+                del self._holding[before]
+        if now:
+            self._holding.setdefault(now, {})[address] = None
+        if now > self._most:
+            self._most = now
+        while self._most and self._most not in self._holding:
+            self._most -= 1
 
 
 class Tally:

@@ -85,3 +85,37 @@ async def test_a_user_namespace_without_an_id_map_falls_back_and_is_said_once_at
     assert len(landlock_said) == 1 and "Operation not permitted" in landlock_said[0], said
     assert len(pids_said) == 1 and "Operation not permitted" in pids_said[0], said
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], said
+
+
+# The supervisor, as an ordinary user, whose first fork (the trial of the
+# user namespace) fails as under a pids limit.
+FIRST_FORK_FAILS = f"""
+import errno, os, sys
+sys.path.insert(0, {SRC!r})
+plain_fork = os.fork
+forks = []
+def failing_fork():
+    forks.append(1)
+    if len(forks) == 1:
+        raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+    return plain_fork()
+os.fork = failing_fork
+from halfpi.hand.reaper import main
+main()
+"""
+
+
+async def test_a_user_namespace_that_cannot_be_tried_is_not_made(
+    refused_id_maps: None, marks: Marks, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    argv = tree.supervisor_argv()  # as the ordinary user; its code replaced
+    monkeypatch.setattr(tree, "supervisor_argv", lambda: [*argv[:-1], FIRST_FORK_FAILS])
+    with caplog.at_level(logging.INFO, logger="halfpi.hand"):
+        outcome = await asyncio.wait_for(exec_command(
+            {"command": marks.export() + "id -u"}, lambda *_: None, asyncio.Event()), 60)
+    assert outcome.status == "succeeded", outcome
+    assert outcome.stdout.decode().split() == [str(USER)]
+    said = [r.getMessage() for r in caplog.records if "every process" in r.getMessage()]
+    assert len(said) == 1 and "no PID namespace (Resource temporarily unavailable)" in said[0], (
+        said)

@@ -51,7 +51,11 @@ def enter() -> str:
     if libc.unshare(CLONE_NEWPID) == 0:
         return ""
     # A user namespace cannot be left: tried whole in a child first.
-    if why := mountns.userns_refusal(CLONE_NEWPID):
+    try:
+        why = mountns.userns_refusal(CLONE_NEWPID)
+    except OSError as exc:  # no child to try it in (a pids limit): nothing changed
+        why = exc.strerror or str(exc)
+    if why:
         return f"no PID namespace ({why})"
     uid, gid = os.geteuid(), os.getegid()
     if libc.unshare(CLONE_NEWUSER | CLONE_NEWPID) != 0:

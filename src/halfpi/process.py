@@ -232,6 +232,25 @@ def _listen_error(host: str, port: int, exc: Exception) -> str:
     return f"{where}: {why}"
 
 
+async def build_http_door_ahead(config: Config) -> None:
+    """The native server's HTTP door, imported in a worker thread right after
+    ``listening``. Imported on the loop by the first HTTP request, its
+    ~0.2 to 0.4 s of imports (uvicorn, Starlette, AG-UI's models) stalled every
+    Face's frames; in a thread the loop keeps serving meanwhile, and the
+    first request finds the modules loaded (its own build takes ~1 ms).
+    The start itself stays as fast (docs/performance.md, "Start-up")."""
+    if config.server != "native":
+        return  # the ASGI server has its app from the start
+    from halfpi.gateway.handover import HttpHandover
+
+    try:
+        # A throwaway instance: it imports exactly what the real one needs.
+        await asyncio.to_thread(HttpHandover, lambda: None)
+    except Exception as exc:  # the first HTTP request builds it then, as before
+        log.warning("the HTTP door was not prepared ahead (%s); the first HTTP request "
+                    "prepares it", exc)
+
+
 async def serve(config: Config) -> None:
     """Serve until SIGINT/SIGTERM, then drain (see :func:`running_mind`).
 
@@ -262,9 +281,11 @@ async def serve(config: Config) -> None:
         }
         sys.stdout.write(json.dumps(ready) + "\n")
         sys.stdout.flush()
+        ahead = asyncio.create_task(build_http_door_ahead(config))
         try:
             await stop.wait()
         finally:
+            ahead.cancel()
             remove_address(config.home, address.pid)
         log.info("draining")
     log.info("stopped")

@@ -2,8 +2,8 @@
 chat, and a feature whose extra is missing says which extra in one line.
 
 Each child Python runs behind an import blocker (tests/support/plain_install.py)
-that refuses redis, asyncpg, openai, textual, uvicorn and playwright as a
-machine without them would. CI proves the same with a real plain install in
+that refuses redis, asyncpg, openai, textual and playwright as a machine
+without them would. CI proves the same with a real plain install in
 a fresh venv (.ci/run).
 """
 
@@ -48,6 +48,7 @@ def test_a_plain_install_runs_the_mind_and_a_headless_chat(
         status = mind.terminate()
     assert status == 0, mind.log()
     assert "Traceback" not in mind.log()
+    assert "not prepared ahead" not in mind.log()  # the HTTP door's packages are core
 
 
 def _in_a_terminal(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:

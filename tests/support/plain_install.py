@@ -15,10 +15,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-# What `pip install halfpi` does not install (pyproject.toml's extras), plus
-# the HTTP server and framework the native server imports only for its first
-# HTTP request: a Mind serving WebSocket Faces never loads them.
-BLOCKED = ("redis", "asyncpg", "openai", "textual", "uvicorn", "playwright")
+# What `pip install halfpi` does not install (pyproject.toml's extras). Not
+# uvicorn: a core dependency, which the native server imports in the
+# background once it listens (process.build_http_door_ahead).
+BLOCKED = ("redis", "asyncpg", "openai", "textual", "playwright")
 
 _SITECUSTOMIZE = '''\
 import sys

@@ -224,3 +224,39 @@ def test_a_standalone_hand_is_non_dumpable_before_it_serves(tmp_path: Path) -> N
         env={**os.environ, "PYTHONPATH": os.pathsep.join([src, sysconfig.get_paths()["purelib"]]),
              "HALFPI_HAND_TOKEN": "hph_" + "s3cret" * 4})
     assert done.stdout.split() == ["non-dumpable", "concealed"], (done.stdout, done.stderr)
+
+
+async def test_the_start_check_of_confinement_does_not_delay_the_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The Hand says at its start how its commands are confined (a run of
+    ``true``, tens of milliseconds); it dials meanwhile, and a check still
+    running when it stops is ended with it."""
+    checking, ended = asyncio.Event(), asyncio.Event()
+
+    async def slow_check(deny_paths: Sequence[str]) -> None:
+        checking.set()
+        try:
+            await asyncio.Event().wait()  # until cancelled
+        finally:
+            ended.set()
+
+    monkeypatch.setattr(node, "announce_confinement", slow_check)
+    mind = ScriptedMind()
+
+    async def connector(url: str) -> Transport:
+        return mind
+
+    async def stop_instead_of_retrying(seconds: float) -> None:
+        await hand_node.stop()
+
+    hand_node = HandNode("ws://mind/v1/hand", "hph_x", "dev", connector=connector,
+                         sleep=stop_instead_of_retrying, policy=HandPolicy([tmp_path]))
+    hand_node.announce = True
+    task = asyncio.create_task(hand_node.run_forever())
+    await asyncio.wait_for(mind.expect("hand.hello"), 10)
+    assert checking.is_set() and not ended.is_set()
+    await hand_node.stop()
+    await mind.close()
+    await asyncio.wait_for(task, 10)
+    assert ended.is_set()

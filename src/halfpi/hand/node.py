@@ -166,8 +166,6 @@ class HandNode:
                 log.warning("task %s was unfinished when this Hand stopped: lost", task_id)
         for root in self.policy.protected_roots():
             log.warning("root %s is a protected path: tools are refused there", root)
-        if self.announce:
-            await announce_confinement(self.policy.deny_paths())
         # The shared loop (the Face SDK's too): the URL in turn, backoff reset
         # after a welcome, a 2 s cap for a Mind on this machine.
         self._reconnect = reconnect = Reconnect(
@@ -181,6 +179,9 @@ class HandNode:
         )
         if self._stopping:
             return True
+        announcing = None
+        if self.announce:  # beside the first dial: the link is not delayed by it
+            announcing = asyncio.create_task(announce_confinement(self.policy.deny_paths()))
         try:
             async with contextlib.aclosing(reconnect.links()) as links:
                 async for link in links:
@@ -195,6 +196,9 @@ class HandNode:
             log.error("the Mind refused this Hand (%s): %s", exc.code, exc.reason)
             return False
         finally:
+            if announcing is not None:
+                announcing.cancel()  # its run ends with it
+                await asyncio.gather(announcing, return_exceptions=True)
             await self._end_work()
         return True
 

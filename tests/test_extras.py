@@ -74,3 +74,34 @@ def test_the_terminal_face_without_textual_names_the_extra_first(
     assert cli.main(["face", "--home", str(tmp_path)]) == 1
     assert capsys.readouterr().err == (
         "halfpi: the terminal face needs textual: pip install 'halfpi[face]'\n")
+
+
+class _RefuseAll:
+    """A finder that refuses the given packages."""
+
+    def __init__(self, *names: str) -> None:
+        self.names = names
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name.partition(".")[0] in self.names:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["--agent", "openai"],  # no model named either
+     "halfpi: the model provider (--agent openai) needs openai: pip install 'halfpi[openai]'"),
+    (["--store", "postgresql://u@127.0.0.1:1/db", "--redis", "redis://127.0.0.1:1"],  # no --node-id
+     "halfpi: the PostgreSQL store (--store postgresql://…) needs asyncpg: "
+     "pip install 'halfpi[postgresql]'"),
+])
+def test_a_mind_without_its_extra_names_the_extra_before_other_mistakes(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    args: list[str], line: str,
+) -> None:
+    """The extra first: no other fix makes the feature run."""
+    for name in [n for n in sys.modules if n.partition(".")[0] in ("openai", "asyncpg", "redis")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [_RefuseAll("openai", "asyncpg", "redis"),
+                                           *sys.meta_path])
+    assert cli.main(["mind", "--home", str(tmp_path), "--port", "0", *args]) == 1
+    assert capsys.readouterr().err == line + "\n"

@@ -223,6 +223,7 @@ def cmd_mind(args: argparse.Namespace) -> int:
         lease_ms=args.lease_ms,
         metrics_token=_metrics_token(args.metrics_token_file),
     )
+    _need_extras(config)  # before other mistakes: no other fix makes the feature run
     if config.cluster and not config.node_id:
         print(
             "halfpi: cluster mode (--store postgresql://… with --redis) needs --node-id NAME, "
@@ -230,7 +231,6 @@ def cmd_mind(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    _need_extras(config)
     from halfpi.errors import HomeInUse
     from halfpi.logs import configure
 
@@ -284,6 +284,8 @@ def _agent(args: argparse.Namespace, home: Path) -> tuple[str, ModelSettings | N
             raise UserError("--model, --base-url and --api-key-file go with --agent openai",
                             EXIT_USAGE)
         return agent, None
+    # The missing extra first: no other fix (a model name) makes it run.
+    need("openai", "the model provider (--agent openai)")
     values = dict(values)
     if args.model:
         values["model"] = args.model

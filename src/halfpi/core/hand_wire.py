@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -266,6 +267,34 @@ class ProgressBudget:
         self.events += 1
         self.bytes += size
         return None
+
+
+Progress = Callable[[str, str, bool], None]  # (kind, text, gap): a run's progress sink
+
+
+class BoundedProgress:
+    """The Hand's side of the same allowance: a piece (at most 4 KiB,
+    cut by the caller) is passed on while the run's 256 events and 1 MiB
+    last; beyond them it is dropped, and the next piece passed on (if
+    any) says ``gap``."""
+
+    def __init__(self, sink: Progress) -> None:
+        self.sink = sink
+        self.events = 0
+        self.bytes = 0
+        self.gap = False
+
+    def send(self, kind: str, text: str) -> bool:
+        """Pass ``text`` on; False when the allowance is spent (dropped)."""
+        size = len(text.encode())
+        if self.events >= PROGRESS_EVENTS or self.bytes + size > PROGRESS_BYTES:
+            self.gap = True
+            return False
+        self.events += 1
+        self.bytes += size
+        gap, self.gap = self.gap, False
+        self.sink(kind, text, gap)
+        return True
 
 
 def result_violation(result: HandResult) -> str | None:

@@ -25,20 +25,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from halfpi.core.hand_wire import ERROR_CHARS, combine_digests
+from halfpi.core.hand_wire import (
+    CHUNK_BYTES,
+    ERROR_CHARS,
+    BoundedProgress,
+    Progress,
+    combine_digests,
+)
 from halfpi.hand import tree
 
 log = logging.getLogger("halfpi.hand")
 
-CHUNK = 4096
-PROGRESS_BYTES = 1024 * 1024
-PROGRESS_EVENTS = 256
+CHUNK = CHUNK_BYTES
 DISPLAY_BYTES = 1024 * 1024
 KILL_GRACE_S = 2.0
 DEFAULT_TIMEOUT_S = 300.0
 MAX_TIMEOUT_S = 24 * 3600.0
 
-Progress = Callable[[str, str, bool], None]  # (kind, text, gap)
 
 
 class ToolError(Exception):
@@ -105,14 +108,11 @@ def _pieces(text: str, limit: int = CHUNK) -> list[str]:
     return pieces
 
 
-class ProgressGate:
-    """Applies the per-run progress bounds; remembers a gap to report."""
+class ProgressGate(BoundedProgress):
+    """Applies the per-run progress bounds to a command's raw output."""
 
     def __init__(self, sink: Progress) -> None:
-        self.sink = sink
-        self.bytes = 0
-        self.events = 0
-        self.gap = False
+        super().__init__(sink)
         # One incremental decoder per stream: a character split across two
         # reads is decoded whole, never as two replacement characters.
         self._decoders = {
@@ -125,14 +125,8 @@ class ProgressGate:
         if not text:
             return
         for piece in _pieces(text):
-            size = len(piece.encode())
-            if self.events >= PROGRESS_EVENTS or self.bytes + size > PROGRESS_BYTES:
-                self.gap = True
+            if not self.send(kind, piece):
                 return
-            self.events += 1
-            self.bytes += size
-            gap, self.gap = self.gap, False
-            self.sink(kind, piece, gap)
 
     def close(self) -> None:
         """Flush what the decoders still hold (an incomplete last character)."""

@@ -30,7 +30,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from halfpi.core.hand_wire import CHUNK_BYTES, PROGRESS_BYTES, PROGRESS_EVENTS
+from halfpi.core.hand_wire import CHUNK_BYTES, BoundedProgress, Progress
 from halfpi.core.redact import Redactor, StreamRedactor
 
 log = logging.getLogger("halfpi.hand")
@@ -38,19 +38,14 @@ log = logging.getLogger("halfpi.hand")
 SHAPES = Redactor()
 KINDS = ("stdout", "stderr")
 
-Progress = Callable[[str, str, bool], None]  # (kind, text, gap)
 
-
-class ProgressRedaction:
+class ProgressRedaction(BoundedProgress):
     """A run's progress sink, redacted; :meth:`close` at the tool's end
     passes on what was held back."""
 
     def __init__(self, sink: Progress, redactor: Redactor = SHAPES) -> None:
-        self.sink = sink
+        super().__init__(sink)
         self.streams = {kind: StreamRedactor(redactor, limit=CHUNK_BYTES) for kind in KINDS}
-        self.events = 0
-        self.bytes = 0
-        self.gap = False
 
     def __call__(self, kind: str, text: str, gap: bool) -> None:
         stream = self.streams.get(kind)
@@ -72,16 +67,8 @@ class ProgressRedaction:
         return sum((s.counts for s in self.streams.values()), Counter())
 
     def _send(self, kind: str, text: str) -> None:
-        if not text:
-            return
-        size = len(text.encode())
-        if self.events >= PROGRESS_EVENTS or self.bytes + size > PROGRESS_BYTES:
-            self.gap = True
-            return
-        self.events += 1
-        self.bytes += size
-        gap, self.gap = self.gap, False
-        self.sink(kind, text, gap)
+        if text:
+            self.send(kind, text)
 
 
 def redact_result(

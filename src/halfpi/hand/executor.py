@@ -232,6 +232,9 @@ async def exec_command(
         if not finished.done():  # this task was cancelled: the supervisor ends the tree
             finished.cancel()
             run.terminate()
+        if not pumps.done():  # cancelled midway: its readers go with it, unreported
+            pumps.add_done_callback(lambda f: f.cancelled() or f.exception())
+            pumps.cancel()
     if run.failure is not None:
         raise ToolError("spawn_failed", run.failure)
     exit_code = run.exit_code

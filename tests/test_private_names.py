@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import halfpi
+from tests.support.source import parse
 
 SRC = Path(halfpi.__file__).resolve().parent
 MODULES = sorted(SRC.rglob("*.py"))
@@ -42,7 +43,7 @@ def _is_own(node: ast.expr) -> bool:
 def private_uses(source: str) -> list[str]:
     """Every use in ``source`` of another module's private name."""
     found: list[str] = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parse(source)):
         if isinstance(node, ast.ImportFrom):
             ours = node.level > 0 or (node.module or "").split(".")[0] == "halfpi"
             if ours:

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import halfpi
+from tests.support.source import parse
 
 SRC = Path(halfpi.__file__).resolve().parent
 
@@ -33,7 +34,7 @@ def imported(path: Path) -> Iterator[str]:
     """Every module name ``path`` imports (relative imports resolved)."""
     relative = path.relative_to(SRC).with_suffix("")
     package = ["halfpi", *relative.parts[:-1]]
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse(path.read_text())):
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -90,7 +91,7 @@ def literal_protocol_numbers(path: Path) -> list[int]:
     """Integer literals given as a ``protocol`` value: ``{"protocol": 3}``,
     ``protocol=3``."""
     found: list[int] = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse(path.read_text())):
         pairs: list[tuple[ast.expr | None, ast.expr]] = []
         if isinstance(node, ast.Dict):
             pairs += list(zip(node.keys, node.values, strict=True))

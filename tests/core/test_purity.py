@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import halfpi.core
+from tests.support.source import parse
 
 FORBIDDEN = (
     "asyncio",
@@ -67,7 +68,7 @@ def imported_modules(tree: ast.AST, package: str) -> list[str]:
 
 def forbidden_imports(source: str, package: str = "halfpi.core") -> list[str]:
     """The forbidden modules ``source`` (a module of ``package``) imports."""
-    return sorted({m for m in imported_modules(ast.parse(source), package) if _is_forbidden(m)})
+    return sorted({m for m in imported_modules(parse(source), package) if _is_forbidden(m)})
 
 
 def test_the_core_package_has_modules() -> None:

@@ -16,6 +16,7 @@ import pytest
 
 import halfpi.gateway
 from tests.core.test_purity import imported_modules
+from tests.support.source import parse
 
 GATEWAY_DIR = Path(halfpi.gateway.__file__).resolve().parent
 GATEWAY_MODULES = sorted(GATEWAY_DIR.rglob("*.py"))
@@ -50,7 +51,7 @@ FORBIDDEN_ATTRIBUTES = frozenset(
 
 def reaches(source: str, package: str = "halfpi.gateway") -> list[str]:
     """What ``source`` (a module of ``package``) reaches that a transport must not."""
-    tree = ast.parse(source)
+    tree = parse(source)
     found = sorted(
         {
             m

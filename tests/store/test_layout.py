@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import halfpi.store
+from tests.support.source import parse
 
 STORE_DIR = Path(halfpi.store.__file__).resolve().parent
 MODULES = sorted(STORE_DIR.glob("*.py"))
@@ -17,7 +18,7 @@ MODULES = sorted(STORE_DIR.glob("*.py"))
 
 def private_uses(source: str) -> list[str]:
     """``_names`` that ``source`` takes from other halfpi modules."""
-    tree = ast.parse(source)
+    tree = parse(source)
     found: list[str] = []
     modules: set[str] = set()  # local names bound to imported modules
     for node in ast.walk(tree):

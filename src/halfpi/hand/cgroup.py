@@ -26,6 +26,8 @@ from __future__ import annotations
 import os
 import time
 
+from halfpi.hand.mountns import write_file
+
 PREFIX = "halfpi-run-"
 CLONE_NEWCGROUP = 0x02000000
 
@@ -84,14 +86,6 @@ def run_path(base: str, supervisor: int, started: int) -> str:
     return os.path.join(base, f"{PREFIX}{supervisor}-{started}")
 
 
-def _write(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-
-
 def _read(path: str) -> str:
     with open(path) as handle:
         return handle.read()
@@ -108,7 +102,7 @@ def create(path: str) -> None:
 
 def join(path: str) -> None:
     """Move the calling process into the cgroup."""
-    _write(os.path.join(path, "cgroup.procs"), "0")
+    write_file(os.path.join(path, "cgroup.procs"), "0")
 
 
 def members(path: str) -> set[int]:
@@ -136,7 +130,7 @@ def freeze(path: str, settle_s: float = 0.5) -> None:
     the kernel says it is done, at most ``settle_s`` (a process in an
     uninterruptible sleep freezes only when it wakes)."""
     try:
-        _write(os.path.join(path, "cgroup.freeze"), "1")
+        write_file(os.path.join(path, "cgroup.freeze"), "1")
     except OSError:
         return
     deadline = time.monotonic() + settle_s
@@ -146,7 +140,7 @@ def freeze(path: str, settle_s: float = 0.5) -> None:
 
 def thaw(path: str) -> None:
     try:  # noqa: SIM105 (no contextlib: the supervisor must start fast)
-        _write(os.path.join(path, "cgroup.freeze"), "0")
+        write_file(os.path.join(path, "cgroup.freeze"), "0")
     except OSError:
         pass
 
@@ -154,7 +148,7 @@ def thaw(path: str) -> None:
 def kill(path: str) -> None:
     """SIGKILL every member at once, forks racing the kill included."""
     try:  # noqa: SIM105 (no contextlib: the supervisor must start fast)
-        _write(os.path.join(path, "cgroup.kill"), "1")
+        write_file(os.path.join(path, "cgroup.kill"), "1")
     except OSError:
         pass  # gone already
 

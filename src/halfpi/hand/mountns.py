@@ -106,7 +106,8 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int,
            f"mount {target}")
 
 
-def _write(path: str, text: str) -> None:
+def write_file(path: str, text: str) -> None:
+    """Write ``text`` to a kernel file (/proc, cgroupfs) in one write."""
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
         os.write(fd, text.encode())
@@ -116,9 +117,9 @@ def _write(path: str, text: str) -> None:
 
 def map_ids(uid: int, gid: int) -> None:
     """In a user namespace just made: this user and group mapped onto themselves."""
-    _write("/proc/self/setgroups", "deny")  # an unprivileged gid_map needs it first
-    _write("/proc/self/uid_map", f"{uid} {uid} 1\n")
-    _write("/proc/self/gid_map", f"{gid} {gid} 1\n")
+    write_file("/proc/self/setgroups", "deny")  # an unprivileged gid_map needs it first
+    write_file("/proc/self/uid_map", f"{uid} {uid} 1\n")
+    write_file("/proc/self/gid_map", f"{gid} {gid} 1\n")
 
 
 def userns_refusal(flags: int) -> str:

@@ -93,7 +93,7 @@ def build_mind(config: Config, agent: Agent | None = None) -> Mind:
     )
     if config.cluster:  # several nodes on one PostgreSQL and one Redis
         from halfpi.journal.redis import RedisJournal
-        from halfpi.mind.cluster import ClusterNode
+        from halfpi.mind.cluster_node import ClusterNode
 
         assert isinstance(journal, RedisJournal)
         mind.cluster = ClusterNode(mind, journal, api.dispatch)

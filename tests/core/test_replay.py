@@ -57,9 +57,9 @@ def test_I4_below_the_floor_of_a_settled_window_the_store_replays_up_to_the_floo
     actor) and re-opened at 4096: what came before is all in the Store, and
     every chat in it had ended, so the durable events replay exactly."""
     plan = plan_resume(Cursor("e1", 7), epoch="e1", floor=4096, head=4100, settled=4096)
-    assert plan == Exact(7, durable_until=4096)
+    assert plan == Exact(7, committed_until=4096)
     assert plan_resume(Cursor("e1", 0), epoch="e1", floor=4096, head=4096, settled=4096) == Exact(
-        0, durable_until=4096
+        0, committed_until=4096
     )
 
 
@@ -103,10 +103,10 @@ def test_I4_never_a_silent_gap(
         # Store holds every durable one up to the floor of a settled window.
         assert same_epoch
         assert plan.after_seq == seq <= head
-        if plan.durable_until is None:
+        if plan.committed_until is None:
             assert floor <= seq
         else:
-            assert seq < floor == plan.durable_until <= settled
+            assert seq < floor == plan.committed_until <= settled
     else:
         assert isinstance(plan, Reset)
         expected = (

@@ -40,7 +40,7 @@ FORBIDDEN_ATTRIBUTES = frozenset(
         "_actors",
         "actor",
         "subscribers",
-        "visible_runs",
+        "visible_chat_runs",
         "visible_approvals",
         "visible_tool_runs",
         "add_listener",

@@ -153,7 +153,7 @@ async def test_a_released_window_reopens_empty_at_its_head_with_the_same_epoch_s
     plan = plan_resume(
         parse_cursor(f"{epoch}.2"), epoch=w.epoch, floor=w.floor, head=w.head, settled=w.settled
     )
-    assert plan == Exact(2, durable_until=4096)
+    assert plan == Exact(2, committed_until=4096)
 
 
 async def test_a_released_window_leaves_nothing_behind() -> None:

@@ -261,8 +261,8 @@ async def test_a_caller_that_goes_away_follows_nothing_and_waits_for_nothing(
     api.disconnected(mind, caller)
     assert caller not in actor.subscribers
     assert not mind.registry.is_attached((str(caller.principal_id), "q1"), caller)
-    assert actor.run is not None
-    assert await actor.run.done == "succeeded"  # I1: the chat ran on without it
+    assert actor.chat_run is not None
+    assert await actor.chat_run.done == "succeeded"  # I1: the chat ran on without it
 
 
 async def test_mutations_are_refused_while_the_mind_drains(mind: Mind) -> None:

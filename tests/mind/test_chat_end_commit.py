@@ -10,7 +10,7 @@ from pathlib import Path
 
 from halfpi.agents.base import ChatInput, Delta
 from halfpi.core.states import CHAT_EVENT_FOR_STATUS
-from halfpi.store.base import FinishedRequest, RunRow, StoredEvent, WriteTx
+from halfpi.store.base import ChatRunRow, FinishedRequest, StoredEvent, WriteTx
 from tests.support.client import FaceClient, seq_of
 from tests.support.clock import ManualSleep
 from tests.support.frames import event, events_of
@@ -71,8 +71,8 @@ async def test_a_chat_whose_end_cannot_be_committed_settles_once_the_store_heals
         mind.store = store  # type: ignore[assignment]
         chat = await gated_chat(lmind, face, cid)
         actor = await mind.actor(cid)
-        assert actor.run is not None
-        run_id = actor.run.run_id
+        assert actor.chat_run is not None
+        run_id = actor.chat_run.run_id
 
         store.fail()  # the disk fills up before the chat ends
         agent.gate.set()
@@ -167,7 +167,7 @@ async def test_a_chat_converges_on_an_outcome_the_store_already_holds(tmp_path: 
         await face.subscribe(cid)
         chat = await gated_chat(lmind, face, cid)
         actor = await mind.actor(cid)
-        run = actor.run
+        run = actor.chat_run
         assert run is not None
         now = mind.wall()
         standing = {"request_id": chat, "status": "interrupted", "content": "",
@@ -177,7 +177,7 @@ async def test_a_chat_converges_on_an_outcome_the_store_already_holds(tmp_path: 
                 events=[StoredEvent(cid, 10**9, "chat.interrupted",
                                     json.dumps({"request_id": chat, "run_id": run.run_id}).encode(),
                                     now)],
-                runs=[RunRow(run.run_id, cid, chat, run.principal_id, "interrupted",
+                chat_runs=[ChatRunRow(run.run_id, cid, chat, run.principal_id, "interrupted",
                              run.started_at, now, "", None)],
                 finished=[FinishedRequest(run.principal_id, chat, "interrupted", standing, now)],
             )

@@ -133,8 +133,8 @@ async def test_I3_admission_events_hidden_until_commit(mind: Mind) -> None:
     assert actor.next_seq > actor.published + 1
     assert recorder.messages == [] and accepted == []
     # A delta produced meanwhile queues behind the uncommitted durable events.
-    assert actor.run is not None
-    actor.emit_delta(actor.run, "early")
+    assert actor.chat_run is not None
+    actor.emit_delta(actor.chat_run, "early")
     assert recorder.messages == []
     await gated.release()
     await admission
@@ -153,7 +153,7 @@ async def test_I3_terminal_event_and_result_wait_for_commit(mind: Mind) -> None:
     gated = GatedStore(mind.store)
     mind.store = gated  # type: ignore[assignment]
     await actor.admit_chat(record, "/sleep 0.01", lambda r: None)
-    run = actor.run
+    run = actor.chat_run
     assert run is not None
     gated.gate_open = False
     gated.arrived.clear()

@@ -15,7 +15,7 @@ import pytest
 
 from halfpi.config import Config
 from halfpi.journal.base import JournalEntry
-from halfpi.mind.cluster import ClusterNode
+from halfpi.mind.cluster_node import ClusterNode
 from halfpi.mind.replica import Replica
 from halfpi.mind.service import Mind
 from halfpi.process import running_mind
@@ -153,7 +153,7 @@ async def test_a_command_sent_to_a_node_that_does_not_own_the_conversation_runs_
 async def test_a_node_whose_lease_renewals_fall_behind_is_not_ready(
     two_nodes: tuple[tuple[Mind, str], tuple[Mind, str], str],
 ) -> None:
-    from halfpi.mind.cluster import ClusterNode
+    from halfpi.mind.cluster_node import ClusterNode
     from halfpi.mind.health import probe_of
 
     (mind_a, _), _, _ = two_nodes
@@ -170,7 +170,7 @@ async def test_a_node_restarted_at_once_waits_for_its_previous_runs_lease_then_s
     two_nodes: tuple[tuple[Mind, str], tuple[Mind, str], str],
 ) -> None:
     from halfpi.cluster.lease import Leases
-    from halfpi.mind.cluster import ClusterNode
+    from halfpi.mind.cluster_node import ClusterNode
 
     (mind_a, url_a), _, token = two_nodes
     face = await FaceClient.connect(url_a, token)
@@ -218,15 +218,15 @@ async def held_take_over(
     await give_up(mind_a, cid)  # as if it had died mid-chat
     await owner.close()
 
-    at_open_runs, asked = asyncio.Event(), asyncio.Event()
-    open_runs = mind_b.store.open_runs
+    at_open_chat_runs, asked = asyncio.Event(), asyncio.Event()
+    open_chat_runs = mind_b.store.open_chat_runs
 
-    async def held_open_runs() -> Any:
-        at_open_runs.set()
+    async def held_open_chat_runs() -> Any:
+        at_open_chat_runs.set()
         await asked.wait()
-        return await open_runs()
+        return await open_chat_runs()
 
-    monkeypatch.setattr(mind_b.store, "open_runs", held_open_runs)
+    monkeypatch.setattr(mind_b.store, "open_chat_runs", held_open_chat_runs)
     taking_over = asyncio.ensure_future(mind_b.actor(cid))
     actor = mind_b.actor
 
@@ -236,7 +236,7 @@ async def held_take_over(
         return await actor(conversation_id)
 
     monkeypatch.setattr(mind_b, "actor", noticed_actor)
-    await at_open_runs.wait()  # the take-over is under way
+    await at_open_chat_runs.wait()  # the take-over is under way
     return HeldTakeOver(cid, content, taking_over, asked, url_b, token)
 
 

@@ -30,7 +30,7 @@ class PushedAgent:
 
 
 async def saved(mind: Mind, cid: str, request_id: str) -> str | None:
-    row = await mind.store.run_for_request(cid, request_id)
+    row = await mind.store.chat_run_for_request(cid, request_id)
     assert row is not None
     return row.content
 
@@ -134,9 +134,9 @@ async def test_no_checkpoint_is_written_once_the_reply_ended(tmp_path: Path) -> 
 
         rig.mind.store = Watch()  # type: ignore[assignment]
         rig.advance(5.0)
-        assert not [tx for tx in writes if tx.runs], writes
+        assert not [tx for tx in writes if tx.chat_runs], writes
         rig.mind.store = inner
-        row = await rig.mind.store.run_for_request(cid, request_id)
+        row = await rig.mind.store.chat_run_for_request(cid, request_id)
         assert row is not None and (row.status, row.content) == ("succeeded", "the end")
 
 

@@ -164,7 +164,7 @@ async def test_nothing_of_a_running_chat_is_ever_unloaded(rig: Rig) -> None:
     request_id = await rig.command(face, "face.chat", conversation_id=cid, content="gated")
     await rig.reply(face, request_id, ("face.accepted",))
     actor = await mind.actor(cid)
-    await until(lambda: actor.run is not None and actor.run.visible_text == ["partial "])
+    await until(lambda: actor.chat_run is not None and actor.chat_run.visible_text == ["partial "])
     for _ in range(3):  # however long it runs
         assert await unload_after(rig, 10 * IDLE_S) == 0
     assert mind.is_loaded(cid) and journal(mind).holds(cid)
@@ -276,7 +276,7 @@ async def test_I4_the_replay_from_the_store_keeps_each_viewers_detail_mode(rig: 
     entries = journal(mind).read_after_now(cid, 0, 100)
     assert entries is not None
     live = [actor.message_of(e) for e in entries if e.type == "face.event"]
-    stored, read = await actor.durable_after(0, actor.published, 100)
+    stored, read = await actor.committed_after(0, actor.published, 100)
     assert read == actor.published
     assert [m.seq for m in stored] == [m.seq for m in live]
     for mode in ("transparent", "summary"):

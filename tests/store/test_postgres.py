@@ -19,7 +19,15 @@ import pytest
 from halfpi.core.requests import RequestRecord
 from halfpi.errors import FencedOut, StoreError, TerminalExists
 from halfpi.store import postgres_schema, postgres_sql
-from halfpi.store.base import Fence, RunRow, StoredEvent, TaskRow, TaskUpdate, TxOutcome, WriteTx
+from halfpi.store.base import (
+    ChatRunRow,
+    Fence,
+    StoredEvent,
+    TaskRow,
+    TaskUpdate,
+    TxOutcome,
+    WriteTx,
+)
 from halfpi.store.postgres import PostgresStore
 from halfpi.store.postgres_schema import FENCED_OUT, SCHEMA_VERSION
 from tests.store.postgres_schema_v1 import SCHEMA_V1
@@ -99,13 +107,13 @@ async def test_a_stale_owners_other_writes_are_refused_whole(
         await old.write(
             WriteTx(
                 admit=admission("r_stale"),
-                runs=[RunRow("run_stale", "c_1", "r_stale", "p_1", "running", 100.0)],
+                chat_runs=[ChatRunRow("run_stale", "c_1", "r_stale", "p_1", "running", 100.0)],
                 events=[event("c_1", 1)],
                 fence=Fence("c_1", 4),
             )
         )
     assert await new.get_request("p_1", "r_stale") is None
-    assert await new.run_for_request("c_1", "r_stale") is None
+    assert await new.chat_run_for_request("c_1", "r_stale") is None
 
 
 async def test_a_fence_is_per_conversation(nodes: tuple[PostgresStore, PostgresStore]) -> None:

@@ -19,7 +19,7 @@ import pytest
 from halfpi import cli
 from halfpi.errors import StoreError, TerminalExists
 from halfpi.store import sqlite_schema
-from halfpi.store.base import MessageRow, RunRow, StoredEvent, TaskRow, TaskUpdate, WriteTx
+from halfpi.store.base import ChatRunRow, MessageRow, StoredEvent, TaskRow, TaskUpdate, WriteTx
 from halfpi.store.sqlite import SQLiteStore
 from halfpi.store.sqlite_schema import SCHEMA_VERSION
 from tests.store.schema_v0 import SCHEMA_V0
@@ -96,7 +96,7 @@ async def test_a_database_of_the_unversioned_schema_is_upgraded_in_place(tmp_pat
             (row[1], row[2]) for row in OLD_LOG
         ]
         assert await store.head_seq("c_1") == 4096
-        assert [r.run_id for r in await store.open_runs()] == ["run_2"]
+        assert [r.run_id for r in await store.open_chat_runs()] == ["run_2"]
         assert [c.principal_id for c in await store.credentials()] == ["p_1"]
         # Outcomes recorded before the upgrade stand: a second one is refused.
         for type_, data in (
@@ -109,7 +109,7 @@ async def test_a_database_of_the_unversioned_schema_is_upgraded_in_place(tmp_pat
                 )
         with pytest.raises(TerminalExists):
             await store.write(
-                WriteTx(runs=[RunRow("run_1", "c_1", "r_1", "p_1", "failed", 1.0, 9.0)])
+                WriteTx(chat_runs=[ChatRunRow("run_1", "c_1", "r_1", "p_1", "failed", 1.0, 9.0)])
             )
         # The open run may still end, once.
         end = StoredEvent("c_1", 7, "chat.interrupted", b'{"run_id":"run_2"}', 7.0)

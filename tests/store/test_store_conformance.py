@@ -32,12 +32,12 @@ from halfpi.errors import HalfpiError, LabelInUse, StoreError, TerminalExists
 from halfpi.mind import auth
 from halfpi.store.base import (
     ApprovalRow,
+    ChatRunRow,
     ConversationRow,
     Credential,
     Fence,
     FinishedRequest,
     MessageRow,
-    RunRow,
     Store,
     StoredEvent,
     TaskRow,
@@ -173,7 +173,7 @@ def message_row(conv: str, seq: int, request_id: str | None = None) -> MessageRo
     return MessageRow(conv, seq, "user", f"m{seq}", request_id, None, 100.0 + seq)
 
 
-def run_row(
+def chat_run_row(
     run_id: str,
     request_id: str = "r_1",
     *,
@@ -181,8 +181,8 @@ def run_row(
     started: float = 100.0,
     status: str = "running",
     principal: str = "p_1",
-) -> RunRow:
-    return RunRow(run_id, conv, request_id, principal, status, started)
+) -> ChatRunRow:
+    return ChatRunRow(run_id, conv, request_id, principal, status, started)
 
 
 def finished(
@@ -213,7 +213,7 @@ async def test_I5_admit_inserts_once(store: Any) -> None:
             admit=rec,
             conversations=[conversation("c_1")],
             messages=[message_row("c_1", 1, request_id="r_1")],
-            runs=[run_row("run_1")],
+            chat_runs=[chat_run_row("run_1")],
             events=[stored("c_1", 1), stored("c_1", 2, "chat.started")],
         ),
     )
@@ -228,7 +228,7 @@ async def test_I5_second_admit_returns_the_existing_record_and_writes_nothing(st
         store,
         WriteTx(
             admit=rec,
-            runs=[run_row("run_1")],
+            chat_runs=[chat_run_row("run_1")],
             events=[stored("c_1", 1)],
             messages=[message_row("c_1", 1)],
         ),
@@ -239,7 +239,7 @@ async def test_I5_second_admit_returns_the_existing_record_and_writes_nothing(st
             admit=record(digest="d_second"),
             conversations=[conversation("c_9")],
             messages=[message_row("c_1", 2)],
-            runs=[run_row("run_2", started=200.0)],
+            chat_runs=[chat_run_row("run_2", started=200.0)],
             events=[stored("c_1", 2)],
             finished=[finished("r_1", 300.0)],
         ),
@@ -254,7 +254,7 @@ async def test_I5_second_admit_returns_the_existing_record_and_writes_nothing(st
         m.seq
         for m in (await store.messages("c_1", limit=10, before_seq=None, max_seq=None)).messages
     ] == [1]
-    assert (await store.run_for_request("c_1", "r_1")).run_id == "run_1"
+    assert (await store.chat_run_for_request("c_1", "r_1")).run_id == "run_1"
     assert await store.get_conversation("c_9") is None
     still = await store.get_request("p_1", "r_1")
     assert isinstance(still, RequestRecord)
@@ -317,7 +317,9 @@ async def test_concurrent_writes_are_grouped_and_all_committed(
     async with backend.hold_writer(store):
         futures = [store.write(WriteTx(events=[stored("c_1", seq)])) for seq in range(1, n + 1)]
         futures += [
-            store.write(WriteTx(admit=record(f"r_{i}"), runs=[run_row(f"run_{i}", f"r_{i}")]))
+            store.write(
+                WriteTx(admit=record(f"r_{i}"), chat_runs=[chat_run_row(f"run_{i}", f"r_{i}")])
+            )
             for i in range(n)
         ]
     outcomes = await asyncio.gather(*futures)
@@ -326,7 +328,7 @@ async def test_concurrent_writes_are_grouped_and_all_committed(
     assert store.batches - before <= 2  # the held batch, then everything else at once
     assert [e.seq for e in await store.events("c_1", 0, 1000)] == list(range(1, n + 1))
     assert len(await store.open_requests()) == n
-    assert len(await store.open_runs()) == n
+    assert len(await store.open_chat_runs()) == n
 
 
 async def test_gathered_writes_all_commit(store: Any) -> None:
@@ -346,7 +348,7 @@ async def test_a_failing_tx_fails_only_its_own_future(store: Any, backend: Backe
         bad = store.write(
             WriteTx(
                 admit=record("r_bad"),
-                runs=[run_row("run_bad", "r_bad")],
+                chat_runs=[chat_run_row("run_bad", "r_bad")],
                 events=[stored("c_1", 7)],
                 messages=[message_row("c_1", 1)],  # duplicate primary key
             )
@@ -359,7 +361,7 @@ async def test_a_failing_tx_fails_only_its_own_future(store: Any, backend: Backe
     assert all(isinstance(r, TxOutcome) and r.committed for i, r in enumerate(results) if i != 1)
     # The failing transaction left nothing behind; the others are all there.
     assert await store.get_request("p_1", "r_bad") is None
-    assert await store.run_for_request("c_1", "r_bad") is None
+    assert await store.chat_run_for_request("c_1", "r_bad") is None
     assert await store.head_seq("c_1") == 0
     assert isinstance(await store.get_request("p_1", "r_ok"), RequestRecord)
     assert await store.head_seq("c_3") == 1
@@ -514,37 +516,40 @@ async def test_messages_of_an_unknown_conversation(store: Any) -> None:
 # -- runs and requests ------------------------------------------------------------------
 
 
-async def test_run_round_trip_and_upsert(store: Any) -> None:
-    run = run_row("run_1")
-    await commit(store, WriteTx(runs=[run]))
-    assert await store.run_for_request("c_1", "r_1") == run
-    done = RunRow("run_1", "c_1", "r_1", "p_1", "succeeded", 100.0, 150.0, "hello", None)
-    await commit(store, WriteTx(runs=[done]))
-    assert await store.run_for_request("c_1", "r_1") == done
-    assert await store.open_runs() == []
+async def test_chat_run_round_trip_and_upsert(store: Any) -> None:
+    run = chat_run_row("run_1")
+    await commit(store, WriteTx(chat_runs=[run]))
+    assert await store.chat_run_for_request("c_1", "r_1") == run
+    done = ChatRunRow("run_1", "c_1", "r_1", "p_1", "succeeded", 100.0, 150.0, "hello", None)
+    await commit(store, WriteTx(chat_runs=[done]))
+    assert await store.chat_run_for_request("c_1", "r_1") == done
+    assert await store.open_chat_runs() == []
 
 
-async def test_run_for_request_is_the_newest_of_any_principal(store: Any) -> None:
-    await commit(store, WriteTx(runs=[run_row("run_a", started=100.0, principal="p_1")]))
-    await commit(store, WriteTx(runs=[run_row("run_c", started=50.0, principal="p_1")]))
-    await commit(store, WriteTx(runs=[run_row("run_b", started=200.0, principal="p_2")]))
-    await commit(store, WriteTx(runs=[run_row("run_x", "r_1", conv="c_other", started=900.0)]))
-    assert (await store.run_for_request("c_1", "r_1")).run_id == "run_b"
-    assert await store.run_for_request("c_1", "r_404") is None
+async def test_chat_run_for_request_is_the_newest_of_any_principal(store: Any) -> None:
+    await commit(store, WriteTx(chat_runs=[chat_run_row("run_a", started=100.0, principal="p_1")]))
+    await commit(store, WriteTx(chat_runs=[chat_run_row("run_c", started=50.0, principal="p_1")]))
+    await commit(store, WriteTx(chat_runs=[chat_run_row("run_b", started=200.0, principal="p_2")]))
+    other = chat_run_row("run_x", "r_1", conv="c_other", started=900.0)
+    await commit(store, WriteTx(chat_runs=[other]))
+    assert (await store.chat_run_for_request("c_1", "r_1")).run_id == "run_b"
+    assert await store.chat_run_for_request("c_1", "r_404") is None
 
 
-async def test_open_runs_are_the_unfinished_ones_oldest_first(store: Any) -> None:
+async def test_open_chat_runs_are_the_unfinished_ones_oldest_first(store: Any) -> None:
     await commit(
         store,
         WriteTx(
-            runs=[
-                run_row("run_3", "r_3", started=300.0),
-                run_row("run_1", "r_1", started=100.0),
-                RunRow("run_2", "c_1", "r_2", "p_1", "failed", 200.0, 250.0, None, "agent_failed"),
+            chat_runs=[
+                chat_run_row("run_3", "r_3", started=300.0),
+                chat_run_row("run_1", "r_1", started=100.0),
+                ChatRunRow(
+                    "run_2", "c_1", "r_2", "p_1", "failed", 200.0, 250.0, None, "agent_failed"
+                ),
             ]
         ),
     )
-    assert [r.run_id for r in await store.open_runs()] == ["run_1", "run_3"]
+    assert [r.run_id for r in await store.open_chat_runs()] == ["run_1", "run_3"]
 
 
 async def test_open_requests_are_the_accepted_ones(store: Any) -> None:
@@ -666,13 +671,13 @@ async def test_a_tool_run_may_change_state_until_it_ends(store: Any) -> None:
 async def test_I10_a_refused_end_of_chat_leaves_the_first_end_whole(store: Any) -> None:
     """The end of a chat is one transaction (run, request, message, event):
     when its event is refused, none of the rest is written either."""
-    await commit(store, WriteTx(admit=record(), runs=[run_row("run_1")]))
-    first = RunRow("run_1", "c_1", "r_1", "p_1", "succeeded", 100.0, 150.0, "hello", None)
+    await commit(store, WriteTx(admit=record(), chat_runs=[chat_run_row("run_1")]))
+    first = ChatRunRow("run_1", "c_1", "r_1", "p_1", "succeeded", 100.0, 150.0, "hello", None)
     await commit(
         store,
         WriteTx(
             events=[outcome("chat.completed", 5, run_id="run_1")],
-            runs=[first],
+            chat_runs=[first],
             finished=[finished("r_1", 150.0)],
             messages=[MessageRow("c_1", 5, "assistant", "hello", "r_1", "succeeded", 150.0)],
         ),
@@ -682,12 +687,12 @@ async def test_I10_a_refused_end_of_chat_leaves_the_first_end_whole(store: Any) 
             store,
             WriteTx(
                 events=[outcome("chat.interrupted", 6, run_id="run_1")],
-                runs=[RunRow("run_1", "c_1", "r_1", "p_1", "interrupted", 100.0, 160.0)],
+                chat_runs=[ChatRunRow("run_1", "c_1", "r_1", "p_1", "interrupted", 100.0, 160.0)],
                 finished=[finished("r_1", 160.0, status="interrupted")],
                 messages=[MessageRow("c_1", 6, "assistant", "", "r_1", "interrupted", 160.0)],
             ),
         )
-    assert await store.run_for_request("c_1", "r_1") == first
+    assert await store.chat_run_for_request("c_1", "r_1") == first
     rec = await store.get_request("p_1", "r_1")
     assert isinstance(rec, RequestRecord) and rec.status == "succeeded"
     page = await store.messages("c_1", limit=10, before_seq=None, max_seq=None)
@@ -711,9 +716,9 @@ def tool_run_row(status: str, finished_at: float | None) -> ToolRunRow:
 
 # Each kind of run row: open, ended, and ended otherwise.
 ROW_STATES = [
-    pytest.param("runs", run_row("run_1"),
-                 RunRow("run_1", "c_1", "r_1", "p_1", "succeeded", 100.0, 150.0),
-                 RunRow("run_1", "c_1", "r_1", "p_1", "interrupted", 100.0, 160.0), id="chat"),
+    pytest.param("chat_runs", chat_run_row("run_1"),
+                 ChatRunRow("run_1", "c_1", "r_1", "p_1", "succeeded", 100.0, 150.0),
+                 ChatRunRow("run_1", "c_1", "r_1", "p_1", "interrupted", 100.0, 160.0), id="chat"),
     pytest.param("tool_runs", tool_run_row("running", None), tool_run_row("succeeded", 150.0),
                  tool_run_row("lost", 160.0), id="tool_run"),
     pytest.param("tool_calls", tool_call_row("called", None), tool_call_row("succeeded", 150.0),

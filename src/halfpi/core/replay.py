@@ -3,10 +3,10 @@
 The journal covers the half-open window ``(floor, head]`` of one epoch. A
 cursor inside it resumes exactly. Below the floor of a window that was
 dropped while its conversation was idle and re-opened at ``settled`` (an
-unloaded conversation, loaded again), the Store holds every durable event
+unloaded conversation, loaded again), the Store holds every committed event
 and every chat among them had ended, its end event carrying the full
-content: the durable events up to the floor replay from the Store, exactly
-for durable events, then the journal. Anything else is told plainly why not.
+content: the committed events up to the floor replay from the Store, exactly
+for committed events, then the journal. Anything else is told plainly why not.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ class ResetReason(enum.StrEnum):
 @dataclass(frozen=True, slots=True)
 class Exact:
     """Replay every event with ``seq > after_seq``, then go live. With
-    ``durable_until``: the durable events up to it come from the Store (the
+    ``committed_until``: the committed events up to it come from the Store (the
     journal no longer holds them), then the journal's after it."""
 
     after_seq: int
-    durable_until: int | None = None
+    committed_until: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,5 +63,5 @@ def plan_resume(
     if cursor.seq >= floor:
         return Exact(cursor.seq)
     if floor <= settled:
-        return Exact(cursor.seq, durable_until=floor)
+        return Exact(cursor.seq, committed_until=floor)
     return Reset(ResetReason.CURSOR_EXPIRED)

@@ -138,10 +138,10 @@ class Window:
     ``(floor, head]``, of ``epoch``.
 
     ``settled``: the window was dropped (an idle conversation unloaded) at
-    this seq and re-opened there, so every event at or below it is durable
+    this seq and re-opened there, so every event at or below it is committed
     in the Store and every chat among them had ended — their end events
     carry the full content. So a cursor of this epoch below ``floor`` is
-    replayed from the Store up to ``floor``, exactly for durable events, as
+    replayed from the Store up to ``floor``, exactly for committed events, as
     long as ``floor <= settled`` (nothing was trimmed since the window
     re-opened). 0 when the journal promises nothing of the kind."""
 

@@ -40,9 +40,9 @@ down. Other nodes :meth:`follow` a conversation: they learn its epoch and
 head from Redis and get its entries from the fan-out channel, re-reading the
 stream when a seq is missing. A new owner *settles* the window when it opens
 the conversation (:attr:`RedisJournal.settle_on_open`): what the previous
-owner journaled but never made durable (its transient deltas) is dropped,
+owner journaled but never committed (its transient deltas) is dropped,
 and every cursor of the epoch resumes from the Store up to the head (exact
-for durable events) — the same rule as a window dropped while idle.
+for committed events) — the same rule as a window dropped while idle.
 """
 
 from __future__ import annotations
@@ -185,7 +185,7 @@ class RedisJournal:
         self.lost.discard(conversation_id)
         if epoch is not None and held.get(b"epoch") == epoch.encode() and self.settle_on_open:
             # A new owner: settle at the Store's head (past every seq the
-            # previous owner may have shown); durable events below it are
+            # previous owner may have shown); committed events below it are
             # replayed from the Store, exactly.
             pipe = self.client.pipeline(transaction=True)
             pipe.xtrim(stream_key(conversation_id), maxlen=0)

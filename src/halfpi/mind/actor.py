@@ -4,9 +4,9 @@ Everything that changes a conversation goes through its actor, on the event
 loop thread, so the actor's synchronous sections are its mailbox order. The
 actor assigns ``seq``, stages events in an outbox, and *publishes* them —
 to the journal, to its in-memory view and to subscribed connections — only
-once they and every durable event before them have committed (I3). The
+once they and every committed event before them have committed (I3). The
 publication step runs as the store future's done-callback, so an event is
-shown the moment it is durable, never before.
+shown the moment it is committed, never before.
 
 **One way to append.** Every other part of the Mind (tool calls, approvals,
 recovery, Hand presence) appends through :meth:`ConversationActor.stage`
@@ -28,7 +28,7 @@ Store keeps its epoch. Whoever still holds an unloaded actor cannot write
 through it (:meth:`stage` refuses, ``unavailable``): the next load is the
 one writer (I2). What it published it rebuilds for a replay, from journal
 entries (:meth:`message_of`) or, below the journal, from the Store
-(:meth:`durable_after`), byte for byte as it was sent live.
+(:meth:`committed_after`), byte for byte as it was sent live.
 """
 
 from __future__ import annotations
@@ -82,10 +82,10 @@ from halfpi.journal.base import Journal, JournalEntry, entry_of, message_of
 from halfpi.mind.counters import MindMetrics
 from halfpi.mind.records import message_entry, message_row, tool_record
 from halfpi.store.base import (
+    ChatRunRow,
     ConversationRow,
     Fence,
     FinishedRequest,
-    RunRow,
     Store,
     StoredEvent,
     TxOutcome,
@@ -266,7 +266,7 @@ class Staged:
 
 
 # An outbox entry: a message (None: a reservation barrier), the commit it
-# waits for (None: a transient message behind durable ones), and what was
+# waits for (None: a transient message behind committed ones), and what was
 # staged with it (its view update and hook).
 _Entry = tuple[Message | None, asyncio.Future[TxOutcome] | None, Staged | None]
 
@@ -291,7 +291,7 @@ def event_message(
 
 
 def stored_message(conversation_id: str, epoch: str, event: StoredEvent) -> Message:
-    """A durable event from the Store, rebuilt as it was sent live: the
+    """A committed event from the Store, rebuilt as it was sent live: the
     stored data is the event's JSON as encoded live (spliced in raw, the body
     is the same bytes); the summary variant is derived from the typed data
     the way :meth:`ConversationActor.stage` derived it (I9)."""
@@ -308,10 +308,10 @@ def stored_message(conversation_id: str, epoch: str, event: StoredEvent) -> Mess
     return message
 
 
-async def durable_after(
+async def committed_after(
     store: Store, conversation_id: str, epoch: str, after_seq: int, until: int, limit: int
 ) -> tuple[list[Message], int]:
-    """The durable events of a conversation in ``(after_seq, until]`` from the
+    """The committed events of a conversation in ``(after_seq, until]`` from the
     Store, at most ``limit``, rebuilt as they were sent live (with their
     summary variant, I9); and the seq read up to (``until`` once all are read)."""
     events = await store.events(conversation_id, after_seq, limit)
@@ -342,9 +342,9 @@ class ConversationActor:
         self.subscribers: dict[object, Listener] = {}
         self.reserved = head  # seqs up to here are durably reserved
         self._outbox: deque[_Entry] = deque()
-        self.run: ChatRun | None = None  # the admitted, not yet finished chat
+        self.chat_run: ChatRun | None = None  # the admitted, not yet finished chat
         # The in-memory view, as published (what a snapshot shows):
-        self.visible_runs: dict[str, ChatRun] = {}  # started and not yet ended
+        self.visible_chat_runs: dict[str, ChatRun] = {}  # started and not yet ended
         self.visible_approvals: dict[str, ApprovalRequested] = {}  # requested, not resolved
         self.visible_tool_runs: dict[str, RunChanged] = {}  # queued or running
         # A name is set or on its way: no automatic title may overwrite it.
@@ -379,8 +379,8 @@ class ConversationActor:
         journaling = self._journaling
         return (
             not self.subscribers
-            and self.run is None
-            and not self.visible_runs
+            and self.chat_run is None
+            and not self.visible_chat_runs
             and not self.visible_approvals
             and not self.visible_tool_runs
             and not self._outbox
@@ -401,13 +401,13 @@ class ConversationActor:
         """A journal entry of this conversation as it was sent live."""
         return message_of(self.id, self.epoch, entry)
 
-    async def durable_after(
+    async def committed_after(
         self, after_seq: int, until: int, limit: int
     ) -> tuple[list[Message], int]:
-        """The durable events in ``(after_seq, until]`` from the Store, at
+        """The committed events in ``(after_seq, until]`` from the Store, at
         most ``limit``, rebuilt as they were sent live (with their summary
         variant, I9); and the seq read up to (``until`` once all are read)."""
-        return await durable_after(self.env.store, self.id, self.epoch, after_seq, until, limit)
+        return await committed_after(self.env.store, self.id, self.epoch, after_seq, until, limit)
 
     # -- the append API (I3) -----------------------------------------------------
 
@@ -440,7 +440,7 @@ class ConversationActor:
     def commit(self, *staged: Staged, tx: WriteTx | None = None) -> asyncio.Future[TxOutcome]:
         """Commit ``staged`` events and the rows of ``tx`` in one transaction.
         Each event is shown — journal, view, subscribers, then its hook — once
-        it and every durable event before it committed (I3); one that never
+        it and every committed event before it committed (I3); one that never
         commits is never shown.
 
         Shielded: a cancelled caller (a cancelled chat) must not cancel the
@@ -548,7 +548,7 @@ class ConversationActor:
             self._journaling = appending
         kind = message.kind
         if kind == DELTA and message.request_id is not None:
-            run = self.visible_runs.get(message.request_id)
+            run = self.visible_chat_runs.get(message.request_id)
             if run is not None:
                 text = message.text or ""
                 run.visible_text.append(text)
@@ -561,7 +561,7 @@ class ConversationActor:
                     sub.session.send(shown)
 
     def _transient(self, message: Message) -> None:
-        """A display message: shown now, or behind the durable ones still
+        """A display message: shown now, or behind the committed ones still
         committing (never before an event it follows)."""
         if self._outbox:
             self._outbox.append((message, None, None))
@@ -582,21 +582,21 @@ class ConversationActor:
         record that stands: ours, or an existing one if the key raced in from
         elsewhere (I5). ``on_accepted`` runs once it is admitted, before the
         chat starts."""
-        if self.run is not None:
+        if self.chat_run is not None:
             raise Busy("a chat is already running in this conversation")
         now = self.wall()
         run = ChatRun(
             new_run_id(now), record.request_id, record.principal_id, content, now, detail_mode,
             began=self.env.monotonic(),
         )
-        self.run = run  # reserve the slot before awaiting: one active chat
+        self.chat_run = run  # reserve the slot before awaiting: one active chat
         try:
             said = self.stage(
                 ChatMessage(request_id=record.request_id, role="user", content=content), now
             )
 
             def started() -> None:
-                self.visible_runs[run.request_id] = run
+                self.visible_chat_runs[run.request_id] = run
 
             staged = [
                 said,
@@ -628,8 +628,8 @@ class ConversationActor:
             tx = WriteTx(
                 admit=record,
                 messages=[message_row(self.id, said.data.entry(said.seq, now))],
-                runs=[
-                    RunRow(
+                chat_runs=[
+                    ChatRunRow(
                         run.run_id, self.id, record.request_id, record.principal_id, "running", now
                     )
                 ],
@@ -638,11 +638,11 @@ class ConversationActor:
             self.named = self.named or bool(names)
             outcome = await self.commit(*staged, tx=tx)
         except BaseException:
-            self.run = None
+            self.chat_run = None
             self.named = self.row.name is not None
             raise
         if outcome.existing is not None:
-            self.run = None
+            self.chat_run = None
             self.named = self.row.name is not None
             return outcome.existing
         on_accepted(record)
@@ -719,11 +719,11 @@ class ConversationActor:
             return
         text = "".join(run.visible_text)
         run.saved_chars = visible
-        row = RunRow(
+        row = ChatRunRow(
             run.run_id, self.id, run.request_id, run.principal_id, "running", run.started_at
         )
         row = dataclasses.replace(row, content=text)
-        future = self.env.store.write(WriteTx(runs=[row], fence=self.fence))
+        future = self.env.store.write(WriteTx(chat_runs=[row], fence=self.fence))
         # A lost checkpoint costs only text a crash would lose: log, go on.
         future.add_done_callback(_log_checkpoint_failure)
 
@@ -921,8 +921,8 @@ class ConversationActor:
         done.on_shown = partial(self._ended, run, status, result)
         tx = WriteTx(
             messages=[message_row(self.id, data.reply(done.seq, now))],
-            runs=[
-                RunRow(
+            chat_runs=[
+                ChatRunRow(
                     run.run_id,
                     self.id,
                     run.request_id,
@@ -949,9 +949,9 @@ class ConversationActor:
             result.get("error_code"),
             data.get("usage") if isinstance(data, dict) else None,
         )
-        self.visible_runs.pop(run.request_id, None)
-        if self.run is run:
-            self.run = None
+        self.visible_chat_runs.pop(run.request_id, None)
+        if self.chat_run is run:
+            self.chat_run = None
         self.env.deliver(run.principal_id, run.request_id, result)
         if not run.done.done():
             run.done.set_result(status)
@@ -960,7 +960,7 @@ class ConversationActor:
         """The Store holds another outcome for this run (I10): it stands.
         Whoever waits on the chat learns that one, not ours."""
         store = self.env.store
-        row = await store.run_for_request(self.id, run.request_id, run.principal_id)
+        row = await store.chat_run_for_request(self.id, run.request_id, run.principal_id)
         record = await store.get_request(run.principal_id, run.request_id)
         status = row.status if row is not None and CHAT.is_terminal(row.status) else "failed"
         result = getattr(record, "result", None)
@@ -1028,7 +1028,7 @@ class ConversationActor:
 
     # -- recovery ----------------------------------------------------------------
 
-    async def interrupt_recovered(self, row: RunRow) -> None:
+    async def interrupt_recovered(self, row: ChatRunRow) -> None:
         """A run found open at start-up: its outcome is unknown, so it is
         ``interrupted`` (I11) — never resumed, never re-run."""
         # Began as long ago as its stored start says (its length, for /metrics).
@@ -1051,7 +1051,7 @@ class ConversationActor:
         that position*, so the snapshot is exactly the log up to ``cursor`` and
         a subscription from ``cursor`` continues it with no gap or overlap."""
         position = self.published
-        pending = [run.pending_view() for run in self.visible_runs.values()]
+        pending = [run.pending_view() for run in self.visible_chat_runs.values()]
         approvals = list(self.visible_approvals.values())
         tool_runs = list(self.visible_tool_runs.values())
         store = self.env.store
@@ -1080,7 +1080,7 @@ class ConversationActor:
         )
 
     def active_run_for(self, request_id: str) -> ChatRun | None:
-        run = self.run
+        run = self.chat_run
         return run if run is not None and run.request_id == request_id else None
 
     def meta(self) -> ConversationInfo:

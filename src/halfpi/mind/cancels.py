@@ -47,7 +47,7 @@ async def chat_cancel(mind: Mind, caller: Caller, p: wire.ChatCancel) -> None:
         target = {"target_request_id": p.target_request_id}
         principal = record.principal_id
         run = actor.active_run_for(p.target_request_id)
-        own = await mind.store.run_for_request(actor.id, p.target_request_id, principal)
+        own = await mind.store.chat_run_for_request(actor.id, p.target_request_id, principal)
         if run is not None and (run.principal_id == principal or own is None):
             why = f"cancelled by {caller.label}"
             return await _admit(
@@ -59,7 +59,7 @@ async def chat_cancel(mind: Mind, caller: Caller, p: wire.ChatCancel) -> None:
                 run.done,
                 lambda: actor.stop(run, "cancelled", why),
             )
-        row = own or await mind.store.run_for_request(actor.id, p.target_request_id)
+        row = own or await mind.store.chat_run_for_request(actor.id, p.target_request_id)
         if row is None:
             raise NotFound(
                 ErrorCode.RUN_NOT_FOUND,

@@ -33,7 +33,7 @@ from halfpi.core.events import Snapshot
 from halfpi.core.outbound import DELTA, RELIABLE, Message
 from halfpi.errors import Unavailable
 from halfpi.journal.base import JournalEntry, message_of
-from halfpi.mind.actor import Listener, durable_after
+from halfpi.mind.actor import Listener, committed_after
 
 if TYPE_CHECKING:
     from halfpi.journal.redis import RedisJournal
@@ -119,10 +119,10 @@ class Replica:
     def message_of(self, entry: JournalEntry) -> Message:
         return message_of(self.id, self.epoch, entry)
 
-    async def durable_after(
+    async def committed_after(
         self, after_seq: int, until: int, limit: int
     ) -> tuple[list[Message], int]:
-        return await durable_after(self.store, self.id, self.epoch, after_seq, until, limit)
+        return await committed_after(self.store, self.id, self.epoch, after_seq, until, limit)
 
     async def snapshot(self, messages_limit: int, detail_mode: str) -> Snapshot:
         snap = await self._snapshot_of(self.id, messages_limit, detail_mode)

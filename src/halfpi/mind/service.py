@@ -119,7 +119,7 @@ RECHECK_FRESH_S = 0.1
 
 
 class Ownership(Protocol):
-    """Cluster mode: this node's part in a cluster (``mind/cluster.py``) —
+    """Cluster mode: this node's part in a cluster (``mind/cluster_node.py``) —
     leases, replicas, forwarding and news between nodes."""
 
     replicas: dict[str, Any]
@@ -384,7 +384,7 @@ class Mind:
             return await self.actor(conversation_id)
 
         await recover_tools(self.store, actor_of, self.wall(), only=only)
-        for row in await self.store.open_runs():
+        for row in await self.store.open_chat_runs():
             if only is not None and row.conversation_id != only:
                 continue
             actor = await actor_of(row.conversation_id)
@@ -422,7 +422,7 @@ class Mind:
             session.close(CloseCode.RESTARTING, "mind restarting")
         stopping = []
         for actor in self._actors.values():
-            run = actor.run
+            run = actor.chat_run
             if run is not None:
                 # Running: interrupted. Ended but not yet committed: one last try.
                 actor.stop(run, "interrupted", "the Mind shut down")
@@ -575,7 +575,7 @@ class Mind:
             return
         actor.unloaded = True
         self._idle.discard(actor)
-        run = actor.run
+        run = actor.chat_run
         if run is not None:
             actor.stop(run, "interrupted", "another node took the conversation over")
         # Where each connection got, taken now: a commit still in flight may

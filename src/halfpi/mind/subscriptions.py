@@ -90,7 +90,7 @@ class ConversationView(Protocol):
 
     async def journaled(self) -> None: ...
 
-    async def durable_after(
+    async def committed_after(
         self, after_seq: int, until: int, limit: int
     ) -> tuple[list[Message], int]: ...
 
@@ -119,8 +119,8 @@ class Subscription:
     __slots__ = (
         "actor",
         "buffer",
+        "committed_until",
         "detail_mode",
-        "durable_until",
         "fetching",
         "live",
         "owner",
@@ -138,7 +138,7 @@ class Subscription:
         pos: int,
         transient_types: frozenset[str] | None,
         detail_mode: str,
-        durable_until: int = 0,
+        committed_until: int = 0,
         owner: Subscriptions | None = None,
     ) -> None:
         self.session = session  # anything with send(Message)
@@ -149,7 +149,7 @@ class Subscription:
         self.read = pos  # the seq read up to (into the buffer)
         # Up to here, the durable events come from the Store (the journal
         # no longer holds them: an unloaded conversation, loaded again).
-        self.durable_until = durable_until
+        self.committed_until = committed_until
         self.buffer: deque[JournalEntry | Message] = deque()
         self.fetching = False  # a read is under way
         self.live = False
@@ -274,8 +274,8 @@ class Subscriptions:
         )
         for message in followups:
             self.sink.send(message)
-        for actor, pos, durable_until in plans:
-            self.install(actor, pos, transient, detail_mode, durable_until)
+        for actor, pos, committed_until in plans:
+            self.install(actor, pos, transient, detail_mode, committed_until)
 
     async def _plan(
         self,
@@ -284,7 +284,7 @@ class Subscriptions:
         detail_mode: str,
         actor_of: ActorOf,
     ) -> tuple[list[tuple[ConversationView, int, int]], dict[str, str], list[Message]] | None:
-        """Each conversation's plan: ``(actor, pos, durable_until)``, its mode
+        """Each conversation's plan: ``(actor, pos, committed_until)``, its mode
         and the snapshots/resets to send first. None if a conversation was
         unloaded meanwhile (its actor no longer writes: plan again)."""
         limit = self.snapshot_messages
@@ -306,7 +306,7 @@ class Subscriptions:
                     settled=window.settled,
                 )
                 if isinstance(plan, Exact):
-                    plans.append((actor, plan.after_seq, plan.durable_until or 0))
+                    plans.append((actor, plan.after_seq, plan.committed_until or 0))
                     modes[cid] = "exact"
                     continue
                 snap = await actor.snapshot(limit, detail_mode)
@@ -334,10 +334,10 @@ class Subscriptions:
         pos: int,
         transient_types: frozenset[str] | None,
         detail_mode: str,
-        durable_until: int = 0,
+        committed_until: int = 0,
     ) -> None:
         """Subscribe from ``pos``: replay what is newer (the durable events up
-        to ``durable_until`` from the Store), then go live."""
+        to ``committed_until`` from the Store), then go live."""
         if self.sink.closed:  # the connection went while the subscribe was being read
             return
         self.drop(actor.id)
@@ -347,13 +347,13 @@ class Subscriptions:
             pos=pos,
             transient_types=transient_types,
             detail_mode=detail_mode,
-            durable_until=durable_until,
+            committed_until=committed_until,
             owner=self,
         )
         self.by_conversation[actor.id] = sub
         actor.add_listener(self.sink, sub)
         self._origins.setdefault(actor.id, actor.cursor(pos))
-        if pos >= actor.published and not durable_until:
+        if pos >= actor.published and not committed_until:
             sub.live = True  # nothing to catch up on: live from this very step
             return
         self.replaying.append(sub)
@@ -412,9 +412,9 @@ class Subscriptions:
                     if view.unloaded:
                         continue  # replaced while planning: look it up again
                     if cid not in self.by_conversation and not self.sink.closed:
-                        durable_until = plan.durable_until or 0
+                        committed_until = plan.committed_until or 0
                         self.install(
-                            view, plan.after_seq, transient_types, detail_mode, durable_until
+                            view, plan.after_seq, transient_types, detail_mode, committed_until
                         )
                     return
                 snap = await view.snapshot(self.snapshot_messages, detail_mode)
@@ -549,11 +549,12 @@ class Subscriptions:
 
     async def _next_batch(self, sub: Subscription) -> list[JournalEntry | Message] | None:
         """The next entries after ``sub.read`` (advancing it), from the Store
-        below ``durable_until``, then from the journal; None if the journal
+        below ``committed_until``, then from the journal; None if the journal
         no longer holds what follows ``sub.read``."""
         actor = sub.actor
-        if sub.read < sub.durable_until:
-            messages, sub.read = await actor.durable_after(sub.read, sub.durable_until, STORE_BATCH)
+        if sub.read < sub.committed_until:
+            until = sub.committed_until
+            messages, sub.read = await actor.committed_after(sub.read, until, STORE_BATCH)
             return list(messages)
         cid = sub.conversation_id
         journal = self.journal

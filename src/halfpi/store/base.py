@@ -127,7 +127,10 @@ class MessageRow:
 
 
 @dataclass(frozen=True, slots=True)
-class RunRow:
+class ChatRunRow:
+    """One chat run: the agent answering one chat request (DESIGN §5), in
+    the ``runs`` table. Not a :class:`ToolRunRow` (a command on a Hand)."""
+
     run_id: str
     conversation_id: str
     request_id: str
@@ -223,6 +226,9 @@ class ApprovalRow:
 
 @dataclass(frozen=True, slots=True)
 class ToolRunRow:
+    """One tool run: a command a Hand executes for a tool call, in the
+    ``tool_runs`` table. Not a :class:`ChatRunRow` (an agent's answer)."""
+
     run_id: str
     tool_call_id: str
     conversation_id: str
@@ -360,7 +366,7 @@ class WriteTx:
     conversations: Sequence[ConversationRow] = ()
     events: Sequence[StoredEvent] = ()
     messages: Sequence[MessageRow] = ()
-    runs: Sequence[RunRow] = ()
+    chat_runs: Sequence[ChatRunRow] = ()
     finished: Sequence[FinishedRequest] = ()
     tool_calls: Sequence[ToolCallRow] = ()
     approvals: Sequence[ApprovalRow] = ()
@@ -445,7 +451,7 @@ class Store(Protocol):
     async def list_conversations(self, limit: int, before: str | None) -> list[ConversationRow]: ...
 
     async def head_seq(self, conversation_id: str) -> int:
-        """Highest seq the conversation may have shown: its highest durable
+        """Highest seq the conversation may have shown: its highest committed
         event or its seq reservation, whichever is higher (0 if none)."""
         ...
 
@@ -459,10 +465,10 @@ class Store(Protocol):
         self, conversation_id: str, *, limit: int, before_seq: int | None, max_seq: int | None
     ) -> MessagePage: ...
 
-    async def run_for_request(
+    async def chat_run_for_request(
         self, conversation_id: str, request_id: str, principal_id: str | None = None
-    ) -> RunRow | None:
-        """The newest run of ``request_id`` in the conversation, of
+    ) -> ChatRunRow | None:
+        """The newest chat run of ``request_id`` in the conversation, of
         ``principal_id`` if given, else of any principal."""
         ...
 
@@ -509,8 +515,8 @@ class Store(Protocol):
         ``task_id``), at most ``limit``."""
         ...
 
-    async def open_runs(self) -> Sequence[RunRow]:
-        """Runs that were not terminal when the Mind stopped (for recovery)."""
+    async def open_chat_runs(self) -> Sequence[ChatRunRow]:
+        """Chat runs that were not terminal when the Mind stopped (for recovery)."""
         ...
 
     async def open_requests(self) -> Sequence[RequestRecord]:

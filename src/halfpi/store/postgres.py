@@ -34,11 +34,11 @@ from halfpi.store import postgres_sql as sql
 from halfpi.store.base import (
     COMMITTED,
     ApprovalRow,
+    ChatRunRow,
     ConversationRow,
     Credential,
     Fence,
     MessagePage,
-    RunRow,
     StoredEvent,
     TaskRow,
     ToolCallRow,
@@ -289,10 +289,10 @@ class PostgresStore:
         upper = min(bounds) if bounds else None
         return await self._read(sql.message_page, conversation_id, limit, upper)
 
-    async def run_for_request(
+    async def chat_run_for_request(
         self, conversation_id: str, request_id: str, principal_id: str | None = None
-    ) -> RunRow | None:
-        return await self._read(sql.run_for_request, conversation_id, request_id, principal_id)
+    ) -> ChatRunRow | None:
+        return await self._read(sql.chat_run_for_request, conversation_id, request_id, principal_id)
 
     async def tool_history(
         self, conversation_id: str, *, max_seq: int, limit: int
@@ -334,8 +334,8 @@ class PostgresStore:
     async def open_tool_runs(self) -> list[ToolRunRow]:
         return await self._read(sql.open_tool_runs)
 
-    async def open_runs(self) -> list[RunRow]:
-        return await self._read(sql.open_runs)
+    async def open_chat_runs(self) -> list[ChatRunRow]:
+        return await self._read(sql.open_chat_runs)
 
     async def open_requests(self) -> list[RequestRecord]:
         return await self._read(sql.open_requests)

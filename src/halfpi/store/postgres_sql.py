@@ -22,12 +22,12 @@ from halfpi.store.base import (
     COMMITTED,
     TERMINAL_EVENT_TYPES,
     ApprovalRow,
+    ChatRunRow,
     ConversationRow,
     Credential,
     Fence,
     MessagePage,
     MessageRow,
-    RunRow,
     StoredEvent,
     TaskRow,
     ToolCallRow,
@@ -41,6 +41,7 @@ __all__ = [
     "add_credential",
     "apply_tx",
     "approval",
+    "chat_run_for_request",
     "check_fences",
     "conversation",
     "conversations",
@@ -55,13 +56,12 @@ __all__ = [
     "lookup_request",
     "message_page",
     "open_approvals",
+    "open_chat_runs",
     "open_requests",
-    "open_runs",
     "open_tool_calls",
     "open_tool_runs",
     "prune_requests",
     "revoke_credential",
-    "run_for_request",
     "task",
     "task_for_delivery",
     "tool_history",
@@ -187,7 +187,7 @@ def _from_row(cls: Any, fields: tuple[str, ...], row: Sequence[Any]) -> Any:
     return cls(**values)
 
 
-_RUN_COLUMNS = (
+_CHAT_RUN_COLUMNS = (
     "run_id, conversation_id, request_id, principal_id, status, started_at,"
     " finished_at, content, error_code"
 )
@@ -333,9 +333,9 @@ async def apply_tx(conn: Conn, tx: WriteTx) -> TxOutcome:
             " WHERE conversation_id = $2",
             [(upto, conversation_id) for conversation_id, upto in tx.seq_reservations],
         )
-    if tx.runs:
+    if tx.chat_runs:
         await conn.executemany(
-            f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)"
+            f"INSERT INTO runs ({_CHAT_RUN_COLUMNS}) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)"
             " ON CONFLICT (run_id) DO UPDATE SET status = EXCLUDED.status,"
             " finished_at = EXCLUDED.finished_at, content = EXCLUDED.content,"
             " error_code = EXCLUDED.error_code",
@@ -351,7 +351,7 @@ async def apply_tx(conn: Conn, tx: WriteTx) -> TxOutcome:
                     r.content,
                     r.error_code,
                 )
-                for r in tx.runs
+                for r in tx.chat_runs
             ],
         )
     if tx.finished:
@@ -586,17 +586,17 @@ async def message_page(
     return MessagePage([_message_from_row(r) for r in reversed(rows[:limit])], more)
 
 
-async def run_for_request(
+async def chat_run_for_request(
     conn: Conn, conversation_id: str, request_id: str, principal_id: str | None
-) -> RunRow | None:
+) -> ChatRunRow | None:
     row = await conn.fetchrow(
-        f"SELECT {_RUN_COLUMNS} FROM runs WHERE conversation_id = $1 AND request_id = $2"
+        f"SELECT {_CHAT_RUN_COLUMNS} FROM runs WHERE conversation_id = $1 AND request_id = $2"
         " AND ($3::text IS NULL OR principal_id = $3) ORDER BY started_at DESC LIMIT 1",
         conversation_id,
         request_id,
         principal_id,
     )
-    return RunRow(*row) if row else None
+    return ChatRunRow(*row) if row else None
 
 
 async def tool_history(
@@ -647,11 +647,11 @@ async def open_tool_runs(conn: Conn) -> list[ToolRunRow]:
     return await _unfinished(conn, ToolRunRow, "tool_runs", _TOOL_RUN_FIELDS, "finished_at")
 
 
-async def open_runs(conn: Conn) -> list[RunRow]:
+async def open_chat_runs(conn: Conn) -> list[ChatRunRow]:
     rows = await conn.fetch(
-        f"SELECT {_RUN_COLUMNS} FROM runs WHERE finished_at IS NULL ORDER BY started_at"
+        f"SELECT {_CHAT_RUN_COLUMNS} FROM runs WHERE finished_at IS NULL ORDER BY started_at"
     )
-    return [RunRow(*r) for r in rows]
+    return [ChatRunRow(*r) for r in rows]
 
 
 async def open_requests(conn: Conn) -> list[RequestRecord]:

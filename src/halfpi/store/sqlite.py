@@ -33,10 +33,10 @@ from halfpi.store import sqlite_sql as sql
 from halfpi.store.base import (
     COMMITTED,
     ApprovalRow,
+    ChatRunRow,
     ConversationRow,
     Credential,
     MessagePage,
-    RunRow,
     StoredEvent,
     TaskRow,
     ToolCallRow,
@@ -251,12 +251,12 @@ class SQLiteStore:
             partial(sql.message_page, conversation_id=conversation_id, limit=limit, upper=upper)
         )
 
-    async def run_for_request(
+    async def chat_run_for_request(
         self, conversation_id: str, request_id: str, principal_id: str | None = None
-    ) -> RunRow | None:
+    ) -> ChatRunRow | None:
         return await self._read(
             partial(
-                sql.run_for_request,
+                sql.chat_run_for_request,
                 conversation_id=conversation_id,
                 request_id=request_id,
                 principal_id=principal_id,
@@ -316,8 +316,8 @@ class SQLiteStore:
     async def open_tool_runs(self) -> list[ToolRunRow]:
         return await self._read(sql.open_tool_runs)
 
-    async def open_runs(self) -> list[RunRow]:
-        return await self._read(sql.open_runs)
+    async def open_chat_runs(self) -> list[ChatRunRow]:
+        return await self._read(sql.open_chat_runs)
 
     async def open_requests(self) -> list[RequestRecord]:
         return await self._read(sql.open_requests)

@@ -24,11 +24,11 @@ from halfpi.store.base import (
     COMMITTED,
     TERMINAL_EVENT_TYPES,
     ApprovalRow,
+    ChatRunRow,
     ConversationRow,
     Credential,
     MessagePage,
     MessageRow,
-    RunRow,
     StoredEvent,
     TaskRow,
     ToolCallRow,
@@ -43,6 +43,7 @@ __all__ = [
     "add_credential",
     "apply_tx",
     "approval",
+    "chat_run_for_request",
     "conversation",
     "conversations",
     "credentials",
@@ -56,13 +57,12 @@ __all__ = [
     "lookup_request",
     "message_page",
     "open_approvals",
+    "open_chat_runs",
     "open_requests",
-    "open_runs",
     "open_tool_calls",
     "open_tool_runs",
     "prune_requests",
     "revoke_credential",
-    "run_for_request",
     "task",
     "task_for_delivery",
     "tool_history",
@@ -218,7 +218,7 @@ def _credential_from_row(row: Sequence[Any]) -> Credential:
     )
 
 
-_RUN_COLUMNS = (
+_CHAT_RUN_COLUMNS = (
     "run_id, conversation_id, request_id, principal_id, status, started_at,"
     " finished_at, content, error_code"
 )
@@ -291,9 +291,9 @@ def apply_tx(conn: sqlite3.Connection, tx: WriteTx) -> TxOutcome:
             " WHERE conversation_id = ?",
             [(upto, conversation_id) for conversation_id, upto in tx.seq_reservations],
         )
-    if tx.runs:
+    if tx.chat_runs:
         conn.executemany(
-            f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)"
+            f"INSERT INTO runs ({_CHAT_RUN_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)"
             " ON CONFLICT (run_id) DO UPDATE SET status = excluded.status,"
             " finished_at = excluded.finished_at, content = excluded.content,"
             " error_code = excluded.error_code",
@@ -309,7 +309,7 @@ def apply_tx(conn: sqlite3.Connection, tx: WriteTx) -> TxOutcome:
                     r.content,
                     r.error_code,
                 )
-                for r in tx.runs
+                for r in tx.chat_runs
             ],
         )
     if tx.finished:
@@ -590,15 +590,15 @@ def _message_from_row(row: tuple[Any, ...]) -> MessageRow:
     )
 
 
-def run_for_request(
+def chat_run_for_request(
     conn: sqlite3.Connection, conversation_id: str, request_id: str, principal_id: str | None
-) -> RunRow | None:
+) -> ChatRunRow | None:
     row = conn.execute(
-        f"SELECT {_RUN_COLUMNS} FROM runs WHERE conversation_id = ? AND request_id = ?"
+        f"SELECT {_CHAT_RUN_COLUMNS} FROM runs WHERE conversation_id = ? AND request_id = ?"
         " AND (? IS NULL OR principal_id = ?) ORDER BY started_at DESC LIMIT 1",
         (conversation_id, request_id, principal_id, principal_id),
     ).fetchone()
-    return RunRow(*row) if row else None
+    return ChatRunRow(*row) if row else None
 
 
 def tool_history(
@@ -647,11 +647,11 @@ def open_tool_runs(conn: sqlite3.Connection) -> list[ToolRunRow]:
     return _unfinished(conn, ToolRunRow, "tool_runs", _TOOL_RUN_FIELDS, "finished_at")
 
 
-def open_runs(conn: sqlite3.Connection) -> list[RunRow]:
+def open_chat_runs(conn: sqlite3.Connection) -> list[ChatRunRow]:
     rows = conn.execute(
-        f"SELECT {_RUN_COLUMNS} FROM runs WHERE finished_at IS NULL ORDER BY started_at"
+        f"SELECT {_CHAT_RUN_COLUMNS} FROM runs WHERE finished_at IS NULL ORDER BY started_at"
     ).fetchall()
-    return [RunRow(*r) for r in rows]
+    return [ChatRunRow(*r) for r in rows]
 
 
 def open_requests(conn: sqlite3.Connection) -> list[RequestRecord]:

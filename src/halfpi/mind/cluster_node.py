@@ -199,6 +199,9 @@ class RemoteCaller:
     def wake(self) -> None:
         """Nothing is pulled: a forwarded command never subscribes."""
 
+    def close(self, code: int, reason: str) -> None:
+        """Nothing to close: a forwarded command follows no conversation."""
+
 
 class ClusterNode:
     def __init__(self, mind: Mind, journal: RedisJournal, dispatch: Dispatch) -> None:
@@ -440,7 +443,7 @@ class ClusterNode:
             owner.move(conversation_id, self.mind.view, pos)
 
     async def _sweep(self) -> None:
-        for row in await self.mind.store.open_runs():
+        for row in await self.mind.store.open_chat_runs():
             cid = row.conversation_id
             if cid in self.held or await self.owner_of(cid) is not None:
                 continue

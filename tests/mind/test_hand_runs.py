@@ -152,8 +152,8 @@ async def test_I10_mind_side_cancel_while_hand_away_wins_over_resent_result() ->
     assert run.done.result()["status"] == "cancelled"
     back = FakeLink(hands)
     welcome = hands.connect(back, hello(runs=((run.run_id, 1),)), "p_hand")
-    assert welcome["adopted"] == [] and welcome["abandon"] == [run.run_id]
-    hands.on_result(back, result(run.run_id, welcome["generation"], "succeeded"))
+    assert welcome.adopted == [] and welcome.abandon == [run.run_id]
+    hands.on_result(back, result(run.run_id, welcome.generation, "succeeded"))
     assert watched.terminal == ["cancelled"]
     assert back.of("hand.run") == []
 
@@ -165,8 +165,8 @@ async def test_stale_generation_refused_and_adopted_run_accepts_resend() -> None
     hands.disconnect(link)
     back = FakeLink(hands)
     welcome = hands.connect(back, hello(runs=((run.run_id, 1),)), "p_hand")
-    assert welcome["generation"] == 2
-    assert welcome["adopted"] == [run.run_id] and welcome["abandon"] == []
+    assert welcome.generation == 2
+    assert welcome.adopted == [run.run_id] and welcome.abandon == []
     assert run.generation == 2
 
     # Stamped with the old generation: refused and not acknowledged.
@@ -240,7 +240,7 @@ async def test_superseding_connection_keeps_runs_and_closes_the_old_one() -> Non
     newer = FakeLink(hands)
     welcome = hands.connect(newer, hello(runs=((watched.run.run_id, 1),)), "p_hand")
     assert link.closed and link.closed[0][0] == 1001
-    assert welcome["adopted"] == [watched.run.run_id]
+    assert welcome.adopted == [watched.run.run_id]
     state = hands.hands["dev"]
     assert state.link is newer and state.grace is None
     assert hands.connected("dev")
@@ -256,12 +256,12 @@ async def test_I11_new_instance_loses_runs_of_the_old_one() -> None:
     hands.disconnect(link)
     fresh = FakeLink(hands)
     welcome = hands.connect(fresh, hello(instance="inst-2"), "p_hand")
-    assert welcome["adopted"] == [] and welcome["abandon"] == []
+    assert welcome.adopted == [] and welcome.abandon == []
     assert watched.terminal == ["lost"]
     outcome = watched.run.done.result()
     assert outcome["error_category"] == "lost" and "restarted" in outcome["error"]
     # The old process's result, should it ever arrive, changes nothing.
-    hands.on_result(fresh, result(watched.run.run_id, welcome["generation"]))
+    hands.on_result(fresh, result(watched.run.run_id, welcome.generation))
     assert watched.terminal == ["lost"]
     assert fresh.of("hand.run") == []
 
@@ -289,7 +289,7 @@ async def test_I11_hand_away_beyond_grace_loses_its_runs() -> None:
     assert "stayed away too long" in outcome["error"]
     back = FakeLink(hands)
     welcome = hands.connect(back, hello(runs=((watched.run.run_id, 1),)), "p_hand")
-    assert welcome["abandon"] == [watched.run.run_id], "the Hand is told to kill it"
+    assert welcome.abandon == [watched.run.run_id], "the Hand is told to kill it"
     assert back.of("hand.run") == []
     assert watched.terminal == ["lost"]
 
@@ -301,10 +301,10 @@ async def test_I11_hand_back_within_grace_keeps_its_runs() -> None:
     advance(hands, 9.999)
     back = FakeLink(hands)
     welcome = hands.connect(back, hello(runs=((watched.run.run_id, 1),)), "p_hand")
-    assert welcome["adopted"] == [watched.run.run_id]
+    assert welcome.adopted == [watched.run.run_id]
     advance(hands, 30.0)  # past the grace, which was called off: the run is still the Hand's
     assert watched.terminal == [] and not watched.run.done.done()
-    hands.on_result(back, result(watched.run.run_id, welcome["generation"]))
+    hands.on_result(back, result(watched.run.run_id, welcome.generation))
     assert watched.terminal == ["succeeded"]
 
 

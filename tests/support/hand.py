@@ -16,7 +16,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from halfpi.core.hand_wire import HAND_PROTOCOL, output_digest
+import msgspec
+
+from halfpi.core.hand_wire import HAND_PROTOCOL, MindMessage, encode_to_hand, output_digest
 from halfpi.mind.hands import HandRegistry
 
 
@@ -36,8 +38,9 @@ class FakeLink:
     def alive(self) -> bool:
         return self.live and not self.closed
 
-    def send(self, type_: str, payload: dict[str, Any]) -> None:
-        self.sent.append((type_, dict(payload)))
+    def send(self, message: MindMessage) -> None:
+        frame = msgspec.json.decode(encode_to_hand(message))  # as it would travel
+        self.sent.append((frame["type"], frame["payload"]))
 
     def close(self, code: int, reason: str) -> None:
         self.closed.append((code, reason))

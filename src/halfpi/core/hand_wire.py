@@ -5,8 +5,12 @@ Hand → Mind: ``hand.hello``, ``hand.checked``, ``hand.started``,
 ``hand.progress``, ``hand.result``, ``hand.ping`` and the background
 tasks' ``hand.task.receipt``, ``.refused``, ``.update``, ``.log_page``.
 Mind → Hand: ``hand.welcome``, ``hand.check``, ``hand.run``,
-``hand.cancel``, ``hand.pong`` and ``hand.task.deliver``, ``.cancel``,
-``.log``. Every run message carries the connection ``generation`` the Mind
+``hand.cancel``, ``hand.ack``, ``hand.pong`` and ``hand.task.deliver``,
+``.cancel``, ``.log``. Both directions are structs (DESIGN §9: typed both
+ways, like h11's events shared by client and server): the Mind decodes
+with :func:`decode_hand_message` and encodes with :func:`encode_to_hand`,
+the Hand decodes with :func:`decode_from_mind` and encodes with
+:func:`encode_to_mind`. Every run message carries the connection ``generation`` the Mind
 gave when it started (or adopted) the run; a message stamped with an older
 generation is refused (DESIGN §8).
 
@@ -42,6 +46,8 @@ REASON_CHARS = 1024
 Short = Annotated[str, msgspec.Meta(max_length=200)]
 PathText = Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
 RuleName = Literal["always", "outside_roots", "never"]
+VerdictName = Literal["allow", "ask", "deny"]
+Stream = Literal["stdout", "stderr"]
 
 
 class HandTool(Strict, frozen=True):
@@ -81,11 +87,12 @@ class HandHello(Strict, frozen=True):
     policy: HandPolicyInfo | None = None
 
 
-class HandChecked(Strict, frozen=True):
-    """The Hand's verdict on a tool call, before the Mind asks anyone."""
+class HandChecked(Strict, frozen=True, omit_defaults=True):
+    """The Hand's verdict on a tool call, before the Mind asks anyone
+    (``category`` only with a category: left out, not null)."""
 
     check_id: Id
-    verdict: Literal["allow", "ask", "deny"]
+    verdict: VerdictName
     reason: Annotated[str, msgspec.Meta(max_length=REASON_CHARS)]
     category: Short | None = None
 
@@ -98,7 +105,7 @@ class HandStarted(Strict, frozen=True):
 class HandProgress(Strict, frozen=True):
     run_id: Id
     generation: int
-    kind: Literal["stdout", "stderr"]
+    kind: Stream
     data: str  # bounded by the frame size; its limit is checked by the Mind
     gap: bool = False
 
@@ -142,9 +149,10 @@ class HandTaskReceipt(Strict, frozen=True):
     received_at: float
 
 
-class HandTaskRefused(Strict, frozen=True):
+class HandTaskRefused(Strict, frozen=True, omit_defaults=True):
     """A delivery (``delivery_conflict``, ``unavailable``) or a task order
-    (``task_not_found``) the Hand refused."""
+    (``task_not_found``) the Hand refused; it names the one it refused (the
+    other id is left out, not null)."""
 
     code: Short
     message: Annotated[str, msgspec.Meta(max_length=REASON_CHARS)]
@@ -193,29 +201,155 @@ HAND_MESSAGES: dict[str, type[Strict]] = {
     "hand.task.log_page": HandTaskLogPage,
 }
 
+HandMessage = (
+    HandHello | HandChecked | HandStarted | HandProgress | HandResult | HandPing
+    | HandTaskReceipt | HandTaskRefused | HandTaskUpdate | HandTaskLogPage
+)
+
+
+# -- Mind → Hand (docs/hands.md, "The Hand protocol") ----------------------------------
+
+ToolArgs = dict[str, Any]  # a tool's arguments: a JSON object, its keys the tool's own
+
+
+class HandWelcome(Strict, frozen=True):
+    """The answer to ``hand.hello``: the connection's generation, the runs
+    adopted into it and those to abandon, the paths the Hand protects like
+    its own (the Mind's home, DESIGN §8) and what else the Mind speaks of
+    (``tasks``)."""
+
+    hand_id: Id
+    generation: int
+    adopted: list[Id] = []
+    abandon: list[Id] = []
+    protect: list[PathText] = []
+    features: list[Short] = []
+
+
+class HandCheck(Strict, frozen=True):
+    """Asks the Hand's verdict on a tool call, before a human is asked."""
+
+    check_id: Id
+    tool: Short
+    args: ToolArgs = {}
+
+
+class HandRun(Strict, frozen=True):
+    """Starts a run; ``approved``: a human allowed it (the Hand judges again)."""
+
+    run_id: Id
+    generation: int
+    tool: Short
+    args: ToolArgs = {}
+    timeout_s: float | None = None
+    approved: bool = False
+
+
+class HandCancel(Strict, frozen=True):
+    run_id: Id
+
+
+class HandAck(Strict, frozen=True):
+    """The Mind has these results durably: the Hand may forget them."""
+
+    run_ids: list[Id]
+
+
+class HandPong(Strict, frozen=True):
+    pass
+
+
+class HandTaskDeliver(Strict, frozen=True):
+    """A background task's delivery (``timeout_s`` left out when it has none)."""
+
+    delivery_id: Short
+    tool: Short
+    args: ToolArgs = {}
+    approved: bool = False
+    timeout_s: float | msgspec.UnsetType | None = msgspec.UNSET
+
+    @property
+    def timeout(self) -> float | None:
+        return None if isinstance(self.timeout_s, msgspec.UnsetType) else self.timeout_s
+
+
+class HandTaskCancel(Strict, frozen=True):
+    task_id: Short
+
+
+class HandTaskLog(Strict, frozen=True):
+    """Asks a page of a task's log (``limit``: the Hand's page size when absent)."""
+
+    task_id: Short
+    offset: int = 0
+    limit: int | None = None
+
+
+MIND_MESSAGES: dict[str, type[Strict]] = {
+    "hand.welcome": HandWelcome,
+    "hand.check": HandCheck,
+    "hand.run": HandRun,
+    "hand.cancel": HandCancel,
+    "hand.ack": HandAck,
+    "hand.pong": HandPong,
+    "hand.task.deliver": HandTaskDeliver,
+    "hand.task.cancel": HandTaskCancel,
+    "hand.task.log": HandTaskLog,
+}
+
+MindMessage = (
+    HandWelcome | HandCheck | HandRun | HandCancel | HandAck | HandPong
+    | HandTaskDeliver | HandTaskCancel | HandTaskLog
+)
+
 
 class _Envelope(msgspec.Struct, forbid_unknown_fields=True):
     type: str
     payload: msgspec.Raw
 
 
+class _Frame(msgspec.Struct):
+    type: str
+    payload: Strict
+
+
 _envelope = msgspec.json.Decoder(_Envelope)
 _decoders = {name: msgspec.json.Decoder(cls) for name, cls in HAND_MESSAGES.items()}
+_mind_decoders = {name: msgspec.json.Decoder(cls) for name, cls in MIND_MESSAGES.items()}
+_names = {cls: name for table in (HAND_MESSAGES, MIND_MESSAGES) for name, cls in table.items()}
+_encoder = msgspec.json.Encoder()
 
 
-def decode_hand_message(data: bytes | str) -> tuple[str, Any]:
+def _decode(data: bytes | str, decoders: dict[str, msgspec.json.Decoder[Any]], bad: str) -> Any:
     try:
         envelope = _envelope.decode(data)
-        decoder = _decoders.get(envelope.type)
+        decoder = decoders.get(envelope.type)
         if decoder is None:
             raise InvalidRequest(f"unknown type {envelope.type[:64]!r}", field="type")
         return envelope.type, decoder.decode(envelope.payload)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeError) as exc:
-        raise InvalidRequest(f"bad hand message: {exc}") from None
+        raise InvalidRequest(f"{bad}: {exc}") from None
 
 
-def encode_hand_message(type_: str, payload: dict[str, Any]) -> bytes:
-    return msgspec.json.encode({"type": type_, "payload": payload})
+def decode_hand_message(data: bytes | str) -> tuple[str, Any]:
+    """What a Hand said (the Mind's side); :class:`InvalidRequest` if malformed."""
+    return _decode(data, _decoders, "bad hand message")  # type: ignore[no-any-return]
+
+
+def decode_from_mind(data: bytes | str) -> MindMessage:
+    """What the Mind said (the Hand's side); :class:`InvalidRequest` if malformed."""
+    _, message = _decode(data, _mind_decoders, "bad message from the Mind")
+    return message  # type: ignore[no-any-return]
+
+
+def encode_to_hand(message: MindMessage) -> bytes:
+    """A frame the Mind sends: ``{"type", "payload"}``, the type the struct's own."""
+    return _encoder.encode(_Frame(_names[type(message)], message))
+
+
+def encode_to_mind(message: HandMessage) -> bytes:
+    """A frame a Hand sends."""
+    return _encoder.encode(_Frame(_names[type(message)], message))
 
 
 # -- output digest ----------------------------------------------------------------

@@ -18,24 +18,18 @@ the first has failed its liveness check, and the next try takes its place.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from halfpi.core.hand_wire import (
     HAND_PROTOCOL,
-    HandChecked,
     HandHello,
-    HandProgress,
-    HandResult,
-    HandStarted,
-    HandTaskLogPage,
-    HandTaskReceipt,
-    HandTaskRefused,
-    HandTaskUpdate,
+    MindMessage,
     decode_hand_message,
-    encode_hand_message,
+    encode_to_hand,
 )
 from halfpi.core.states import CONNECTION
 from halfpi.errors import CloseCode, InvalidRequest, RateLimited
+from halfpi.mind import hand_api
 from halfpi.mind.hands import HandInUse
 
 if TYPE_CHECKING:
@@ -77,7 +71,7 @@ class HandSession:
         self.last_inbound = self.mind.now()
         self.asked_at = None
         try:
-            type_, message = decode_hand_message(data)
+            _, message = decode_hand_message(data)
         except InvalidRequest as exc:
             self.invalid += 1
             log.warning("invalid frame from Hand %s: %s", self.hand_id, exc.message)
@@ -85,31 +79,14 @@ class HandSession:
                 self.close(CloseCode.PROTOCOL_VIOLATION, "too many invalid frames")
             return
         self.invalid = 0
-        hands = self.mind.hands
         if self.hand_id is None:
             if not isinstance(message, HandHello):
                 self.close(CloseCode.UNAUTHORIZED, "hand.hello required")
                 return
             self.hand_id = ""  # hello received; authentication in progress
             self.mind.spawn(self._hello(message), name="hand hello")
-        elif isinstance(message, HandResult):
-            hands.on_result(self, message)
-        elif isinstance(message, HandProgress):
-            hands.on_progress(self, message)
-        elif isinstance(message, HandStarted):
-            hands.on_started(self, message)
-        elif isinstance(message, HandChecked):
-            hands.on_checked(self, message)
-        elif isinstance(message, HandTaskUpdate):
-            self.mind.tasks.on_update(self.hand_id or "", message)
-        elif isinstance(message, HandTaskReceipt):
-            self.mind.tasks.on_receipt(self.hand_id or "", message)
-        elif isinstance(message, HandTaskRefused):
-            self.mind.tasks.on_refused(self.hand_id or "", message)
-        elif isinstance(message, HandTaskLogPage):
-            self.mind.tasks.on_log_page(self.hand_id or "", message)
-        elif type_ == "hand.ping":
-            self.send("hand.pong", {})
+        else:
+            hand_api.handle(self.mind, self, message)
 
     async def _hello(self, hello: HandHello) -> None:
         if hello.protocol != HAND_PROTOCOL:
@@ -136,16 +113,13 @@ class HandSession:
         self.hand_id = hello.hand_id
         self.state = CONNECTION.check(self.state, "open")
         try:
-            welcome = self.mind.hands.connect(self, hello, credential.principal_id)
+            welcome = hand_api.welcome(self.mind, self, hello, credential.principal_id)
         except HandInUse as exc:  # audited by the registry
             self.hand_id = None  # never bound: its close must not unbind the first
             self.close(CloseCode.RATE_LIMITED, exc.message)
             return
-        welcome["protect"] = [str(p.resolve()) for p in self.mind.config.private_paths]
-        # Background tasks (docs/hands.md): the Hand re-announces its tasks.
-        welcome["features"] = ["tasks"]
-        self.send("hand.welcome", welcome)
-        log.info("Hand %s connected (generation %s)", hello.hand_id, welcome["generation"])
+        self.send(welcome)
+        log.info("Hand %s connected (generation %s)", hello.hand_id, welcome.generation)
 
     def on_binary(self) -> None:
         self.on_frame(b"\x00")
@@ -190,9 +164,9 @@ class HandSession:
         self.transport.ping()
         return True
 
-    def send(self, type_: str, payload: dict[str, Any]) -> None:
+    def send(self, message: MindMessage) -> None:
         if not self.closed:
-            self.transport.write_frames([encode_hand_message(type_, payload)])
+            self.transport.write_frames([encode_to_hand(message)])
 
     def close(self, code: int, reason: str) -> None:
         if self.closed:

@@ -28,11 +28,17 @@ from typing import Any, Protocol
 
 from halfpi.core.events import EventData, HandLinkRefused
 from halfpi.core.hand_wire import (
+    HandAck,
+    HandCancel,
+    HandCheck,
     HandChecked,
     HandHello,
     HandProgress,
     HandResult,
+    HandRun,
     HandStarted,
+    HandWelcome,
+    MindMessage,
     ProgressBudget,
     result_violation,
 )
@@ -78,7 +84,7 @@ class HandLink(Protocol):
         """Where it connects from (for the audit of a refused second link)."""
         ...
 
-    def send(self, type_: str, payload: dict[str, Any]) -> None: ...
+    def send(self, message: MindMessage) -> None: ...
 
     def close(self, code: int, reason: str) -> None: ...
 
@@ -193,8 +199,9 @@ class HandRegistry:
 
     # -- connections -------------------------------------------------------------
 
-    def connect(self, link: HandLink, hello: HandHello, principal_id: str) -> dict[str, Any]:
-        """A Hand said hello: (re)bind it, adopt or abandon its runs.
+    def connect(self, link: HandLink, hello: HandHello, principal_id: str) -> HandWelcome:
+        """A Hand said hello: (re)bind it, adopt or abandon its runs; the
+        welcome's part about runs (``mind/hand_api.py`` adds the rest).
         :class:`HandInUse` while another link of the Hand is connected and
         alive; one that failed its liveness check is closed and replaced."""
         hand = self.hands.get(hello.hand_id)
@@ -253,12 +260,8 @@ class HandRegistry:
         self._presence(hand.hand_id, True)
         if self.on_link is not None:
             self.on_link(hand.hand_id, True)
-        return {
-            "hand_id": hand.hand_id,
-            "generation": generation,
-            "adopted": adopted,
-            "abandon": sorted(reported - set(adopted)),
-        }
+        return HandWelcome(hand_id=hand.hand_id, generation=generation, adopted=adopted,
+                           abandon=sorted(reported - set(adopted)))
 
     def _refuse(self, hand: HandState, link: HandLink) -> None:
         """The audit of a refused second link: a log line naming both
@@ -343,7 +346,7 @@ class HandRegistry:
             HandUnavailable(f"Hand {hand_id!r} did not answer the policy check in time"),
         )
         self.checks[check_id] = check
-        hand.link.send("hand.check", {"check_id": check_id, "tool": tool, "args": args})
+        hand.link.send(HandCheck(check_id=check_id, tool=tool, args=args))
         return done
 
     def on_checked(self, link: HandLink, msg: HandChecked) -> None:
@@ -385,17 +388,8 @@ class HandRegistry:
         run.deadline = self.scheduler.call_later(
             run.timeout_s + DEADLINE_SLACK_S, self._expire, run
         )
-        hand.link.send(
-            "hand.run",
-            {
-                "run_id": run.run_id,
-                "generation": run.generation,
-                "tool": run.tool,
-                "args": run.args,
-                "timeout_s": run.timeout_s,
-                "approved": run.approved,
-            },
-        )
+        hand.link.send(HandRun(run_id=run.run_id, generation=run.generation, tool=run.tool,
+                               args=run.args, timeout_s=run.timeout_s, approved=run.approved))
 
     def _expire(self, run: ToolRun) -> None:
         if not RUN.is_terminal(run.state):
@@ -412,7 +406,7 @@ class HandRegistry:
             return
         hand = self.hands.get(run.hand_id)
         if hand is not None and hand.link is not None:
-            hand.link.send("hand.cancel", {"run_id": run.run_id})
+            hand.link.send(HandCancel(run_id=run.run_id))
         else:
             # Unreachable: it is cancelled from here; if the Hand comes back
             # still running it, it is told to abandon it.
@@ -488,7 +482,7 @@ class HandRegistry:
                 )
             }
             self.finish(run, msg.status, result)
-        link.send("hand.ack", {"run_ids": [msg.run_id]})
+        link.send(HandAck(run_ids=[msg.run_id]))
 
     def finish(self, run: ToolRun, status: str, result: dict[str, Any]) -> bool:
         """First terminal state wins (I10); True if this one applied."""

@@ -49,10 +49,14 @@ from halfpi.core.events import (
     TaskView,
 )
 from halfpi.core.hand_wire import (
+    HandTaskCancel,
+    HandTaskDeliver,
+    HandTaskLog,
     HandTaskLogPage,
     HandTaskReceipt,
     HandTaskRefused,
     HandTaskUpdate,
+    MindMessage,
 )
 from halfpi.core.ids import new_id
 from halfpi.core.projection import project_args
@@ -284,11 +288,10 @@ class TaskDispatcher:
             due = now + answer_wait(attempts, self.draw())
             await self._write(row, TaskUpdate(row.task_id, now, attempts=attempts,
                                               next_attempt_at=due))
-            body: dict[str, Any] = {"delivery_id": row.delivery_id, "tool": row.tool,
-                                    "args": row.args, "approved": row.approved}
-            if row.timeout_s is not None:
-                body["timeout_s"] = row.timeout_s
-            link.send("hand.task.deliver", body)
+            link.send(HandTaskDeliver(
+                delivery_id=row.delivery_id, tool=row.tool, args=row.args,
+                approved=row.approved,
+                timeout_s=msgspec.UNSET if row.timeout_s is None else row.timeout_s))
             self.deliveries += 1
             self.wake(due)
         except NotOwner:
@@ -368,7 +371,7 @@ class TaskDispatcher:
         if row.terminal:
             if row.state == "cancelled" and not TASK.is_terminal(msg.state):
                 # Cancelled here before its Hand had it: the Hand stops it too.
-                self._send(hand_label, "hand.task.cancel", {"task_id": msg.task_id})
+                self._send(hand_label, HandTaskCancel(task_id=msg.task_id))
             if row.delivered_at is None and row.state != "dead":
                 await self._write(row, update)  # the outcome stays; the Hand's id is kept
             self._ended(row.task_id, row.state)
@@ -434,11 +437,11 @@ class TaskDispatcher:
             if not future.done():
                 future.set_result(state)
 
-    def _send(self, hand_label: str, type_: str, payload: dict[str, Any]) -> bool:
+    def _send(self, hand_label: str, message: MindMessage) -> bool:
         hand = self.hands.hands.get(hand_label)
         if hand is None or hand.link is None:
             return False
-        hand.link.send(type_, payload)
+        hand.link.send(message)
         return True
 
     # -- presence ------------------------------------------------------------------------
@@ -471,7 +474,7 @@ class TaskDispatcher:
                     await self._attempt(row, self.clock())
             if connected:
                 for hand_task_id in sorted(self._cancel_later.pop(hand_label, set())):
-                    self._send(hand_label, "hand.task.cancel", {"task_id": hand_task_id})
+                    self._send(hand_label, HandTaskCancel(task_id=hand_task_id))
         except NotOwner:
             pass
         except Exception:
@@ -524,7 +527,7 @@ class TaskDispatcher:
             if row.hand_task_id is None:
                 await self._settle(row, "cancelled", error="cancelled before its Hand had it")
                 return
-            if not self._send(row.hand_label, "hand.task.cancel", {"task_id": row.hand_task_id}):
+            if not self._send(row.hand_label, HandTaskCancel(task_id=row.hand_task_id)):
                 self._cancel_later.setdefault(row.hand_label, set()).add(row.hand_task_id)
 
     async def read_log(self, row: TaskRow, offset: int, limit: int, body: bool) -> TaskLogPage:
@@ -543,8 +546,7 @@ class TaskDispatcher:
         key = (row.hand_label, hand_task_id, start)
         future: asyncio.Future[HandTaskLogPage] = asyncio.get_running_loop().create_future()
         self._logs.setdefault(key, []).append(future)
-        hand.link.send("hand.task.log", {"task_id": hand_task_id, "offset": start,
-                                         "limit": LOG_PAGE_BYTES})
+        hand.link.send(HandTaskLog(task_id=hand_task_id, offset=start, limit=LOG_PAGE_BYTES))
         timer = self.scheduler.call_later(LOG_WAIT_S, _give_up, future)
         try:
             page = await future

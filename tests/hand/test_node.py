@@ -149,6 +149,33 @@ async def test_the_minds_home_named_at_welcome_is_protected(tmp_path: Path) -> N
             assert (await w.mind.expect("hand.checked", check_id=check_id))["verdict"] == verdict
 
 
+@pytest.mark.parametrize(
+    ("type_", "payload"),
+    [
+        ("hand.run", {"run_id": "x_1", "tool": "read_file"}),  # no generation
+        ("hand.check", {"check_id": "k0", "tool": "read_file", "args": "/etc/hosts"}),
+        ("hand.task.log", {"task_id": "t_1", "offset": 0, "page": 2}),  # unknown field
+        ("hand.explode", {}),
+    ],
+    ids=["missing-field", "wrong-type", "unknown-field", "unknown-type"],
+)
+async def test_a_malformed_message_of_the_mind_is_refused_and_the_hand_serves_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, type_: str, payload: Frame
+) -> None:
+    """Said once in the log with its stable code; nothing of it runs, and
+    the next message is answered on the same link."""
+    async with hand(tmp_path) as w:
+        w.mind.tell(type_, **payload)
+        w.mind.tell("hand.check", check_id="k1", tool="read_file",
+                    args={"path": str(w.root / "a.txt")})
+        assert (await w.mind.expect("hand.checked", check_id="k1"))["verdict"] == "allow"
+        assert w.node.connected.is_set() and w.node.runs == {}
+        assert [f["type"] for f in w.mind.from_hand] == ["hand.hello", "hand.checked"]
+    refused = [r.getMessage() for r in caplog.records
+               if r.getMessage().startswith("refused a message from the Mind")]
+    assert len(refused) == 1 and "(invalid_request)" in refused[0], refused
+
+
 async def test_exec_command_is_given_the_protected_paths_to_confine_it(
     tmp_path: Path,
 ) -> None:

@@ -29,6 +29,7 @@ from halfpi.core.hand_wire import (
     CHUNK_BYTES,
     ERROR_CHARS,
     BoundedProgress,
+    HandResult,
     Progress,
     combine_digests,
 )
@@ -80,6 +81,10 @@ class Outcome:
             "error": None if self.error is None else self.error[:ERROR_CHARS],
             **self.extra,
         }
+
+    def result(self, run_id: str, generation: int) -> HandResult:
+        """The ``hand.result`` of a run that ended so."""
+        return HandResult(run_id=run_id, generation=generation, **self.to_wire())
 
 
 def _text(data: bytes, limit: int = DISPLAY_BYTES) -> tuple[str, bool]:

@@ -33,7 +33,6 @@ import asyncio
 import base64
 import contextlib
 import inspect
-import json
 import logging
 import os
 import platform
@@ -43,7 +42,9 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+import msgspec
 
 from halfpi import __version__
 from halfpi.client.reconnect import Link, Reconnect
@@ -55,10 +56,41 @@ from halfpi.client.transport import (
     tls_connector,
     websocket_connector,
 )
-from halfpi.core.hand_wire import HAND_PROTOCOL, REASON_CHARS
-from halfpi.core.policy import Rule
+from halfpi.core.hand_wire import (
+    HAND_PROTOCOL,
+    REASON_CHARS,
+    HandAck,
+    HandCancel,
+    HandCheck,
+    HandChecked,
+    HandHello,
+    HandInfo,
+    HandMessage,
+    HandPing,
+    HandProgress,
+    HandResult,
+    HandRun,
+    HandRunRef,
+    HandStarted,
+    HandTaskCancel,
+    HandTaskDeliver,
+    HandTaskLog,
+    HandTaskLogPage,
+    HandTaskReceipt,
+    HandTaskRefused,
+    HandTaskUpdate,
+    HandTool,
+    HandWelcome,
+    MindMessage,
+    Stream,
+    TaskState,
+    ToolArgs,
+    decode_from_mind,
+    encode_to_mind,
+)
+from halfpi.core.policy import Decision, Rule, Verdict
 from halfpi.core.redact import Redactor
-from halfpi.errors import HalfpiError
+from halfpi.errors import HalfpiError, InvalidRequest
 from halfpi.hand.conceal import conceal
 from halfpi.hand.executor import KILL_GRACE_S, TOOLS, Outcome, ToolError, announce_confinement
 from halfpi.hand.leftovers import Leftovers
@@ -92,13 +124,15 @@ ToolFn = Callable[..., Awaitable[Outcome]]
 
 
 @dataclass
-class HandRun:
+class Run:
+    """A run on this Hand, from its ``hand.run`` to the Mind's ``hand.ack``."""
+
     run_id: str
     tool: str
     generation: int
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
-    result: dict[str, Any] | None = None  # kept until delivered
+    result: HandResult | None = None  # kept until delivered
     progress_gap: bool = False
     sends: list[asyncio.Future[bool]] = field(default_factory=list)
 
@@ -131,7 +165,7 @@ class HandNode:
         # None: the shared plan's (full jitter, 30 s cap; 2 s for a local Mind).
         self.delays = delays
         self.policy = policy or HandPolicy()
-        self.runs: dict[str, HandRun] = {}
+        self.runs: dict[str, Run] = {}
         self._checks: set[asyncio.Task[None]] = set()
         self.leftovers = Leftovers(state_dir / f"{hand_id}.runs.json" if state_dir else None)
         # Background tasks need somewhere durable: no state folder, no tasks.
@@ -152,7 +186,7 @@ class HandNode:
         self.connected = asyncio.Event()
         self._transport: Transport | None = None
         self._stopping = False
-        self._reconnect: Reconnect[dict[str, Any]] | None = None
+        self._reconnect: Reconnect[HandWelcome] | None = None
         self._narrator = Narrator()
 
     # -- connection loop -------------------------------------------------------
@@ -244,32 +278,30 @@ class HandNode:
         if line is not None:
             log.warning("%s", line)
 
-    async def _handshake(self, transport: Transport) -> dict[str, Any]:
-        """Say ``hand.hello``; the ``hand.welcome`` payload, or ConnectionLost."""
-        await transport.send(json.dumps({"type": "hand.hello", "payload": self._hello()}))
+    async def _handshake(self, transport: Transport) -> HandWelcome:
+        """Say ``hand.hello``; the ``hand.welcome``, or ConnectionLost."""
+        await transport.send(encode_to_mind(self._hello()).decode())
         try:
-            welcome = json.loads(await asyncio.wait_for(transport.recv(), HELLO_TIMEOUT_S))
+            welcome = decode_from_mind(await asyncio.wait_for(transport.recv(), HELLO_TIMEOUT_S))
         except TimeoutError:
             raise ConnectionLost(None, "no hand.welcome in time") from None
-        except ValueError:
-            raise ConnectionLost(None, "the Mind's answer to hand.hello is not JSON") from None
-        kind = welcome.get("type") if isinstance(welcome, dict) else None
-        payload = welcome.get("payload") if isinstance(welcome, dict) else None
-        if kind != "hand.welcome" or not isinstance(payload, dict):
-            raise ConnectionLost(None, f"expected hand.welcome, got {kind}")
-        return payload
+        except InvalidRequest as exc:
+            raise ConnectionLost(None, f"the Mind's answer to hand.hello: {exc.message}") from None
+        if not isinstance(welcome, HandWelcome):
+            raise ConnectionLost(None, f"expected hand.welcome, got {type(welcome).__name__}")
+        return welcome
 
-    async def _session(self, link: Link[dict[str, Any]]) -> None:
-        transport, payload = link.transport, link.welcome
-        self.generation = int(payload["generation"])
-        self.policy.protect(str(p) for p in payload.get("protect", []))  # the Mind's home
-        for run_id in payload.get("abandon", []):
+    async def _session(self, link: Link[HandWelcome]) -> None:
+        transport, welcome = link.transport, link.welcome
+        self.generation = welcome.generation
+        self.policy.protect(welcome.protect)  # the Mind's home
+        for run_id in welcome.abandon:
             run = self.runs.pop(run_id, None)
             if run is not None:
                 log.warning("abandoning run %s (the Mind declared it lost)", run_id,
                             extra={"run_id": run_id})
                 run.cancelled.set()
-        for run_id in payload.get("adopted", []):
+        for run_id in welcome.adopted:
             run = self.runs.get(run_id)
             if run is not None:
                 run.generation = self.generation
@@ -283,94 +315,105 @@ class HandNode:
         for run in list(self.runs.values()):
             if run.result is not None:
                 await self._deliver(run)
-        self.speaks_tasks = "tasks" in payload.get("features", [])
+        self.speaks_tasks = "tasks" in welcome.features
         if self.speaks_tasks and self.book is not None:
             # What the Mind knows may be stale: every task as it stands now.
             for record in self.book.tasks()[-TASKS_AFTER_CONNECT:]:
-                await self._send("hand.task.update", task_wire(record))
+                await self._send(task_wire(record))
         while True:
             try:
                 text = await asyncio.wait_for(transport.recv(), 15.0)
             except TimeoutError:
-                await self._send("hand.ping", {})
+                await self._send(HandPing())
                 continue
-            message = json.loads(text)
-            kind, body = message.get("type"), message.get("payload") or {}
-            if kind == "hand.check":
-                check = asyncio.create_task(self._check(body), name="a policy check")
+            try:
+                message = decode_from_mind(text)
+            except InvalidRequest as exc:
+                # Dropped, the link kept: an order that never ran ends by the
+                # Mind's own deadline, as for a Hand that did not answer.
+                log.warning("refused a message from the Mind (%s): %s",
+                            exc.code.value, exc.message[:300])
+                continue
+            await self._on_message(message)
+
+    async def _on_message(self, message: MindMessage) -> None:
+        match message:
+            case HandCheck():
+                check = asyncio.create_task(self._check(message), name="a policy check")
                 self._checks.add(check)
                 check.add_done_callback(self._checks.discard)
-            elif kind == "hand.run":
-                self._start(body)
-            elif kind == "hand.cancel":
-                run = self.runs.get(body.get("run_id", ""))
+            case HandRun():
+                self._start(message)
+            case HandCancel(run_id=run_id):
+                run = self.runs.get(run_id)
                 if run is not None:
                     run.cancelled.set()
-            elif kind == "hand.task.deliver":
-                await self._task_deliver(body)
-            elif kind == "hand.task.cancel":
-                await self._task_cancel(str(body.get("task_id", "")))
-            elif kind == "hand.task.log":
-                await self._task_log(body)
-            elif kind == "hand.ack":
+            case HandTaskDeliver():
+                await self._task_deliver(message)
+            case HandTaskCancel(task_id=task_id):
+                await self._task_cancel(task_id)
+            case HandTaskLog():
+                await self._task_log(message)
+            case HandAck(run_ids=run_ids):
                 # The Mind has the result durably: only now may it be forgotten.
-                for run_id in body.get("run_ids", []):
+                for run_id in run_ids:
                     done = self.runs.get(run_id)
                     if done is not None and done.result is not None:
                         self.runs.pop(run_id, None)
+            case _:
+                pass  # hand.pong, a second welcome: nothing to do
 
-    def _hello(self) -> dict[str, Any]:
-        return {
-            "token": self.token,
-            "hand_id": self.hand_id,
-            "instance_id": self.instance_id,
-            "info": {
-                "hostname": socket.gethostname()[:200],
-                "os": platform.system()[:200],
-                "arch": platform.machine()[:200],
-                "version": __version__,
-            },
-            "tools": [{"name": name} for name in sorted(self.tools)],
-            "policy": self.policy.advertised(),
-            "protocol": HAND_PROTOCOL,
-            "runs": [{"run_id": r.run_id, "generation": r.generation} for r in self.runs.values()],
-        }
+    def _hello(self) -> HandHello:
+        return HandHello(
+            token=self.token,
+            hand_id=self.hand_id,
+            instance_id=self.instance_id,
+            info=HandInfo(
+                hostname=socket.gethostname()[:200],
+                os=platform.system()[:200],
+                arch=platform.machine()[:200],
+                version=__version__,
+            ),
+            tools=[HandTool(name=name) for name in sorted(self.tools)],
+            policy=self.policy.advertised(),
+            protocol=HAND_PROTOCOL,
+            runs=[HandRunRef(run_id=r.run_id, generation=r.generation)
+                  for r in self.runs.values()],
+        )
 
-    async def _send(self, type_: str, payload: dict[str, Any]) -> bool:
+    async def _send(self, message: HandMessage) -> bool:
         transport = self._transport
         if transport is None:
             return False
         try:
-            await transport.send(json.dumps({"type": type_, "payload": payload}))
+            await transport.send(encode_to_mind(message).decode())
         except ConnectionLost:
             return False
         return True
 
     # -- policy ----------------------------------------------------------------------
 
-    async def _check(self, body: dict[str, Any]) -> None:
+    async def _check(self, order: HandCheck) -> None:
         """Answer ``hand.check``: the verdict on the paths as they resolve now."""
-        tool, args = str(body.get("tool")), dict(body.get("args") or {})
+        tool = order.tool
         if tool in self.tools:
             try:
-                decision = (await asyncio.to_thread(self.policy.check, tool, args)).to_wire()
+                decision = await asyncio.to_thread(self.policy.check, tool, dict(order.args))
             except Exception as exc:  # a check always gets an answer, never a silence
                 # The kind of failure only: its message may name the arguments.
                 log.error("the policy check of %s failed: %s", tool[:100], type(exc).__name__)
-                decision = {"verdict": "deny", "reason": f"the policy check failed: {exc}",
-                            "category": "policy_error"}
+                decision = Decision(Verdict.DENY, f"the policy check failed: {exc}",
+                                    "policy_error")
         else:
-            decision = {
-                "verdict": "deny",
-                "reason": f"this Hand has no tool {tool[:100]!r}",
-                "category": "unknown_tool",
-            }
-        decision["reason"] = decision["reason"][:REASON_CHARS]
-        await self._send("hand.checked", {"check_id": body.get("check_id"), **decision})
+            decision = Decision(Verdict.DENY, f"this Hand has no tool {tool[:100]!r}",
+                                "unknown_tool")
+        await self._send(HandChecked(
+            check_id=order.check_id, verdict=decision.verdict.value,
+            reason=decision.reason[:REASON_CHARS], category=decision.category))
 
     def _policy_keywords(
-        self, tool: ToolFn, name: str, args: dict[str, Any], approved: bool
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        self, tool: ToolFn, name: str, args: ToolArgs, approved: bool
+    ) -> tuple[ToolArgs, dict[str, Any]]:
         """The arguments and keywords a tool runs with under the policy."""
         accepts = _parameters(tool)
         keywords: dict[str, Any] = {}
@@ -386,30 +429,25 @@ class HandNode:
 
     # -- runs ------------------------------------------------------------------------
 
-    def _start(self, body: dict[str, Any]) -> None:
-        run_id = str(body["run_id"])
+    def _start(self, order: HandRun) -> None:
+        run_id = order.run_id
         if run_id in self.runs:
             return  # a duplicate order for a run already here: never run twice
-        run = HandRun(run_id, str(body["tool"]), int(body["generation"]))
+        run = Run(run_id, order.tool, order.generation)
         self.runs[run_id] = run
         bound = bind(run_id=run_id)  # the run's task logs with its id (--log-format json)
         try:
             run.task = asyncio.create_task(
-                self._execute(
-                    run,
-                    dict(body.get("args") or {}),
-                    body.get("timeout_s"),
-                    body.get("approved") is True,
-                ),
+                self._execute(run, dict(order.args), order.timeout_s, order.approved),
                 name=f"run {run_id}",
             )
         finally:
             unbind(bound)
 
     async def _execute(
-        self, run: HandRun, args: dict[str, Any], timeout_s: Any, approved: bool = False
+        self, run: Run, args: ToolArgs, timeout_s: float | None, approved: bool = False
     ) -> None:
-        await self._send("hand.started", {"run_id": run.run_id, "generation": run.generation})
+        await self._send(HandStarted(run_id=run.run_id, generation=run.generation))
         tool = self.tools.get(run.tool)
         if timeout_s is not None and "timeout_s" not in args:
             args["timeout_s"] = timeout_s
@@ -420,20 +458,9 @@ class HandNode:
                 return
             gap, run.progress_gap = gap or run.progress_gap, False
             run.sends = [f for f in run.sends if not f.done()]
-            run.sends.append(
-                asyncio.ensure_future(
-                    self._send(
-                        "hand.progress",
-                        {
-                            "run_id": run.run_id,
-                            "generation": run.generation,
-                            "kind": kind,
-                            "data": text,
-                            "gap": gap,
-                        },
-                    )
-                )
-            )
+            run.sends.append(asyncio.ensure_future(self._send(HandProgress(
+                run_id=run.run_id, generation=run.generation,
+                kind=cast(Stream, kind), data=text, gap=gap))))
 
         redactor = self._redactor()
         redacted = ProgressRedaction(progress, redactor)  # no credential leaves in its output
@@ -451,56 +478,51 @@ class HandNode:
                 **keywords,
             )
             redacted.close()
-            result = outcome.to_wire()
         except ToolError as exc:
-            result = Outcome("failed", error_category=exc.category, error=str(exc)).to_wire()
+            outcome = Outcome("failed", error_category=exc.category, error=str(exc))
         except Exception as exc:  # a tool bug must still end the run
             log.exception("tool %s crashed", run.tool)
-            result = Outcome("failed", error_category="tool_crashed", error=str(exc)).to_wire()
+            outcome = Outcome("failed", error_category="tool_crashed", error=str(exc))
         counts = redacted.counts
-        run.result = result = redact_result(result, counts, redactor)
+        result = redact_result(outcome.result(run.run_id, run.generation), counts, redactor)
+        run.result = result
         say_redacted(f"run {run.run_id} ({run.tool})", counts)
         # The tool's name and how it ended: never its arguments or output.
-        log.debug("run %s: %s ended %s", run.run_id, run.tool, result.get("status"))
+        log.debug("run %s: %s ended %s", run.run_id, run.tool, result.status)
         self.leftovers.ended(run.run_id)
         await asyncio.gather(*run.sends, return_exceptions=True)  # progress before result
         if run.run_id in self.runs:
             await self._deliver(run)
 
-    async def _deliver(self, run: HandRun) -> None:
+    async def _deliver(self, run: Run) -> None:
         assert run.result is not None
-        body = {"run_id": run.run_id, "generation": run.generation, **run.result}
-        body = {k: v for k, v in body.items() if v is not None or k == "exit_code"}
-        await self._send("hand.result", body)  # kept until hand.ack, re-sent after a drop
+        # Kept until hand.ack, re-sent after a drop: stamped with the
+        # generation that adopted it.
+        await self._send(msgspec.structs.replace(run.result, generation=run.generation))
 
 
     # -- background tasks ------------------------------------------------------------
 
-    async def _task_deliver(self, body: dict[str, Any]) -> None:
-        delivery_id = str(body.get("delivery_id", ""))[:128]
+    async def _task_deliver(self, order: HandTaskDeliver) -> None:
+        delivery_id = order.delivery_id[:128]
+        tool, args, timeout_s = order.tool, dict(order.args), order.timeout
         book = self.book
         try:
             if book is None:
                 raise ToolError("unavailable", "this Hand keeps no state: it takes no tasks")
-            tool = str(body.get("tool", ""))
-            args = dict(body.get("args") or {})
-            timeout_s = body.get("timeout_s")
             receipt = book.deliver(delivery_id, tool, args, timeout_s, self.clock())
         except HalfpiError as exc:
-            await self._send("hand.task.refused", {"delivery_id": delivery_id,
-                                                   "code": exc.code.value,
-                                                   "message": exc.message[:REASON_CHARS]})
+            await self._send(HandTaskRefused(delivery_id=delivery_id, code=exc.code.value,
+                                             message=exc.message[:REASON_CHARS]))
             return
         except ToolError as exc:
-            await self._send("hand.task.refused", {"delivery_id": delivery_id,
-                                                   "code": exc.category,
-                                                   "message": str(exc)[:REASON_CHARS]})
+            await self._send(HandTaskRefused(delivery_id=delivery_id, code=exc.category,
+                                             message=str(exc)[:REASON_CHARS]))
             return
-        await self._send("hand.task.receipt", {
-            "delivery_id": receipt.delivery_id, "task_id": receipt.task_id,
-            "state": receipt.state, "deduplicated": receipt.deduplicated,
-            "received_at": receipt.received_at,
-        })
+        await self._send(HandTaskReceipt(
+            delivery_id=receipt.delivery_id, task_id=receipt.task_id,
+            state=cast(TaskState, receipt.state), deduplicated=receipt.deduplicated,
+            received_at=receipt.received_at))
         if not receipt.deduplicated:
             # Its cancel exists from now on: a stop or a cancel before the
             # work's first step still reaches it.
@@ -508,13 +530,13 @@ class HandNode:
             if self._stopping:
                 cancelled.set()
             work = asyncio.create_task(self._task_execute(
-                receipt.task_id, tool, args, timeout_s, body.get("approved") is True, cancelled),
+                receipt.task_id, tool, args, timeout_s, order.approved, cancelled),
                 name=f"task {receipt.task_id}")
             self._task_work.add(work)
             work.add_done_callback(self._task_work.discard)
 
     async def _task_execute(
-        self, task_id: str, name: str, args: dict[str, Any], timeout_s: Any, approved: bool,
+        self, task_id: str, name: str, args: ToolArgs, timeout_s: float | None, approved: bool,
         cancelled: asyncio.Event,
     ) -> None:
         book = self.book
@@ -585,9 +607,8 @@ class HandNode:
         book = self.book
         record = None if book is None else book.get(task_id)
         if book is None or record is None:
-            await self._send("hand.task.refused", {"task_id": task_id[:128],
-                                                   "code": "task_not_found",
-                                                   "message": "no such task"})
+            await self._send(HandTaskRefused(task_id=task_id[:128], code="task_not_found",
+                                             message="no such task"))
             return
         running = self.task_runs.get(task_id)
         if running is not None:
@@ -598,38 +619,37 @@ class HandNode:
         else:
             await self._task_update(task_id)  # already ended: say how
 
-    async def _task_log(self, body: dict[str, Any]) -> None:
-        task_id = str(body.get("task_id", ""))[:128]
+    async def _task_log(self, order: HandTaskLog) -> None:
+        task_id = order.task_id[:128]
         book = self.book
         record = None if book is None else book.get(task_id)
         if book is None or record is None:
-            await self._send("hand.task.refused", {"task_id": task_id, "code": "task_not_found",
-                                                   "message": "no such task"})
+            await self._send(HandTaskRefused(task_id=task_id, code="task_not_found",
+                                             message="no such task"))
             return
-        offset = max(0, int(body.get("offset") or 0))
-        limit = min(TASK_LOG_PAGE, max(1, int(body.get("limit") or TASK_LOG_PAGE)))
+        offset = max(0, order.offset)
+        limit = min(TASK_LOG_PAGE, max(1, order.limit or TASK_LOG_PAGE))
         page = book.read_log(task_id, offset, limit)
-        await self._send("hand.task.log_page", {
-            "task_id": task_id, "offset": offset, "next_offset": page.next_offset,
-            "data_b64": base64.b64encode(page.data).decode(), "truncated": page.truncated,
-            "state": record.state,
-        })
+        await self._send(HandTaskLogPage(
+            task_id=task_id, offset=offset, next_offset=page.next_offset,
+            data_b64=base64.b64encode(page.data).decode(), truncated=page.truncated,
+            state=cast(TaskState, record.state)))
 
     async def _task_update(self, task_id: str) -> None:
         record = None if self.book is None else self.book.get(task_id)
         if record is not None and self.speaks_tasks:
-            await self._send("hand.task.update", task_wire(record))
+            await self._send(task_wire(record))
 
 
-def task_wire(record: TaskRecord) -> dict[str, Any]:
+def task_wire(record: TaskRecord) -> HandTaskUpdate:
     """A task as the Hand tells the Mind of it (``hand.task.update``)."""
-    return {
-        "task_id": record.task_id, "delivery_id": record.delivery_id, "tool": record.tool,
-        "state": record.state, "created_at": record.created_at,
-        "started_at": record.started_at, "ended_at": record.ended_at,
-        "exit_code": record.exit_code, "error": record.error,
-        "log_bytes": record.log_bytes, "log_truncated": record.log_truncated,
-    }
+    return HandTaskUpdate(
+        task_id=record.task_id, delivery_id=record.delivery_id, tool=record.tool,
+        state=cast(TaskState, record.state), created_at=record.created_at,
+        started_at=record.started_at, ended_at=record.ended_at,
+        exit_code=record.exit_code, error=record.error,
+        log_bytes=record.log_bytes, log_truncated=record.log_truncated,
+    )
 
 
 def _parameters(tool: ToolFn) -> set[str]:

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from halfpi.core.hand_wire import HandPolicyInfo
 from halfpi.core.policy import (
     APPROVAL_REQUIRED,
     FORBIDDEN_PATH,
@@ -136,8 +137,9 @@ class HandPolicy:
             self.core.roots, self.rules, [*self.core.protected, *more], self.pid
         )
 
-    def advertised(self) -> dict[str, Any]:
-        return self.core.advertised()
+    def advertised(self) -> HandPolicyInfo:
+        """What ``hand.hello`` tells the Mind of this policy."""
+        return HandPolicyInfo(**self.core.advertised())
 
     def deny_paths(self) -> tuple[str, ...]:
         """What a kernel-level confinement of ``exec_command`` must refuse."""

@@ -28,9 +28,10 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
-from halfpi.core.hand_wire import CHUNK_BYTES, BoundedProgress, Progress
+import msgspec
+
+from halfpi.core.hand_wire import CHUNK_BYTES, BoundedProgress, HandResult, Progress
 from halfpi.core.redact import Redactor, StreamRedactor
 
 log = logging.getLogger("halfpi.hand")
@@ -72,20 +73,21 @@ class ProgressRedaction(BoundedProgress):
 
 
 def redact_result(
-    result: dict[str, Any], counts: Counter[str], redactor: Redactor = SHAPES
-) -> dict[str, Any]:
+    result: HandResult, counts: Counter[str], redactor: Redactor = SHAPES
+) -> HandResult:
     """A result as the Mind may have it; what was redacted is added to ``counts``."""
-    redacted = dict(result)
     found: Counter[str] = Counter()
-    for key in ("stdout", "stderr", "error"):
-        value = result.get(key)
-        if isinstance(value, str) and value:
-            redacted[key], seen = redactor.redact(value)
+    shown: dict[str, str] = {}
+    for key, value in (("stdout", result.stdout), ("stderr", result.stderr),
+                       ("error", result.error)):
+        if value:
+            shown[key], seen = redactor.redact(value)
             found += seen
-    if found:
-        redacted["truncated"] = True  # not all the tool wrote is shown
     counts += found
-    return redacted
+    if not found:
+        return result
+    # Not all the tool wrote is shown: truncated.
+    return msgspec.structs.replace(result, truncated=True, **shown)
 
 
 def redact_text(

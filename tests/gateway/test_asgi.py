@@ -145,7 +145,7 @@ async def test_a_peer_that_takes_nothing_is_released_after_the_close_timeout(
     session.evict()
     assert peer.task is not None
     await asyncio.wait_for(peer.task, 5)  # the ASGI call ended: the server may drop the socket
-    assert session.closed and session not in mind.mind.sessions
+    assert session.closed and session.conn not in mind.mind.connections
     assert connection not in gateway.connections
     assert "websocket.close" not in peer.types()  # it could not even be written
 
@@ -187,7 +187,7 @@ async def test_a_foreign_origin_is_refused_before_the_handshake_is_accepted(
     await asyncio.wait_for(peer.task, 5)
     assert peer.types() == ["websocket.close"]  # before accept: servers answer it 403
     assert not gateway.connections
-    assert not [s for s in mind.mind.sessions if isinstance(s, FaceSession)]
+    assert not [c for c in mind.mind.connections if c.kind == "websocket"]
 
 
 async def test_the_own_origin_is_the_port_the_host_server_listens_on(mind: LocalMind) -> None:
@@ -226,10 +226,10 @@ async def test_a_ping_request_counts_as_life_because_the_server_owns_liveness(
     gateway = AsgiGateway(mind.mind)
     _, connection = await open_face(gateway, mind.token)
     session = session_of(connection)
-    session.last_inbound = 0.0
+    session.conn.last_inbound = 0.0
     connection.ping()  # what the session asks for after a heartbeat of silence
-    assert session.last_inbound == pytest.approx(mind.mind.now(), abs=5)
-    session.tick(session.last_inbound + mind.config.dead_after_s - 1)
+    assert session.conn.last_inbound == pytest.approx(mind.mind.now(), abs=5)
+    session.tick(session.conn.last_inbound + mind.config.dead_after_s - 1)
     assert not session.closed
 
 

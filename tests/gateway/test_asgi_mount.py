@@ -156,7 +156,7 @@ async def test_a_mind_app_served_on_its_own_runs_its_own_lifespan(tmp_path: Path
         cid = await face.create_conversation()
         result = await face.chat_to_end(cid, "on its own")
         assert result["payload"]["content"] == "on its own"
-        assert app.mind.sessions
+        assert app.mind.connections
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 30)

@@ -74,7 +74,7 @@ async def test_only_the_latest_ping_is_answered_once_writes_flow_again(tmp_path:
         face = await RawFace.connect(lmind.url, rcvbuf=4096)
         await face.hello(lmind.token)
         (protocol,) = uvicorn_connections(lmind) - known
-        (session,) = [s for s in lmind.mind.sessions if not s.closed]
+        (session,) = [c for c in lmind.mind.connections if not c.closed]
         protocol.pause_writing()  # as the transport does when its buffer is full
         await face.send_pings(50, numbered=True)
         await face.send("face.ping", {"request_id": "while-paused"})

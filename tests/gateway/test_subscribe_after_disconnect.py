@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-from halfpi.gateway.session import FaceSession
 from tests.support.client import FaceClient
 from tests.support.mind import LocalMind
 from tests.support.store import HeldReads
@@ -18,9 +17,10 @@ async def test_subscribe_finishing_after_disconnect_leaves_no_subscriber(
     owner = await FaceClient.connect(lmind.url, lmind.token)
     cid = await owner.create_conversation()
     actor = await mind.actor(cid)
-    before = set(mind.sessions)
+    before = set(mind.connections)
     leaving = await FaceClient.connect(lmind.url, lmind.token)
-    (session,) = [s for s in mind.sessions - before if isinstance(s, FaceSession)]
+    (conn,) = [c for c in set(mind.connections) - before if c.kind == "websocket"]
+    session = conn.framing.transport.session  # type: ignore[attr-defined]
     held = HeldReads(mind.store)
     mind.store = held  # type: ignore[assignment]
     await leaving.command("face.subscribe", conversation_ids=[cid], snapshot=True)

@@ -78,15 +78,15 @@ async def test_idle_sessions_are_not_visited_between_their_deadlines(
     m, clock = mind
     opened = [await open_session(m) for _ in range(300)]
     heartbeat = m.config.heartbeat_s
-    assert m.tick_sessions(clock.now) == 300  # a new session is asked for its deadline once
+    assert m.tick_connections(clock.now) == 300  # a new session is asked for its deadline once
     visits = 0
     while clock.now < T0 + heartbeat - 0.25:  # 4 rounds a second until the first ping
         clock.now += 0.25
-        visits += m.tick_sessions(clock.now)
+        visits += m.tick_connections(clock.now)
     assert visits == 0
     assert all(not wire.of_type("face.ping") for _, wire in opened)
     clock.now = T0 + heartbeat
-    assert m.tick_sessions(clock.now) == 300
+    assert m.tick_connections(clock.now) == 300
     assert all(len(wire.of_type("face.ping")) == 1 for _, wire in opened)
     assert all(wire.closed_with is None for _, wire in opened)
 
@@ -102,17 +102,17 @@ async def test_heartbeats_continue_and_a_silent_face_is_closed_after_dead_after(
     end = T0 + config.dead_after_s
     while clock.now < end - step:
         clock.now += step
-        if clock.now - talker.last_inbound >= 10.0:
+        if clock.now - talker.conn.last_inbound >= 10.0:
             talker.on_traffic()  # a pong, say: proof of life
-        m.tick_sessions(clock.now)
+        m.tick_connections(clock.now)
     assert len(wire.of_type("face.ping")) == int(config.dead_after_s // config.heartbeat_s) - 1
     assert wire.closed_with is None
     clock.now = end
-    m.tick_sessions(clock.now)
+    m.tick_connections(clock.now)
     assert wire.closed_with == CloseCode.GOING_AWAY
-    assert session not in m.sessions and session not in m.session_deadlines
+    assert session.conn not in m.connections and session.conn not in m.connections.deadlines
     assert talker_wire.closed_with is None  # traffic moved its deadline on
-    assert talker in m.session_deadlines
+    assert talker.conn in m.connections.deadlines
 
 
 async def test_a_face_without_hello_is_closed_4010_at_the_hello_timeout_not_before(
@@ -121,12 +121,12 @@ async def test_a_face_without_hello_is_closed_4010_at_the_hello_timeout_not_befo
     m, clock = mind
     wire = Wire()
     FaceSession(m, wire)
-    m.tick_sessions(clock.now)
+    m.tick_connections(clock.now)
     clock.now = T0 + m.config.hello_timeout_s - 0.01
-    m.tick_sessions(clock.now)
+    m.tick_connections(clock.now)
     assert wire.closed_with is None
     clock.now = T0 + m.config.hello_timeout_s
-    m.tick_sessions(clock.now)
+    m.tick_connections(clock.now)
     assert wire.closed_with == CloseCode.HELLO_TIMEOUT
 
 
@@ -136,12 +136,12 @@ async def test_a_hand_without_hello_is_closed_4010_and_leaves_the_schedule(
     m, clock = mind
     wire = Wire()
     hand = HandSession(m, wire)
-    m.tick_sessions(clock.now)
-    assert hand in m.session_deadlines
+    m.tick_connections(clock.now)
+    assert hand.conn in m.connections.deadlines
     clock.now = T0 + m.config.hello_timeout_s
-    m.tick_sessions(clock.now)
+    m.tick_connections(clock.now)
     assert wire.closed_with == CloseCode.HELLO_TIMEOUT
-    assert hand not in m.session_deadlines and hand not in m.sessions
+    assert hand.conn not in m.connections.deadlines and hand.conn not in m.connections
 
 
 async def test_a_session_closed_by_its_peer_leaves_the_schedule(
@@ -149,12 +149,12 @@ async def test_a_session_closed_by_its_peer_leaves_the_schedule(
 ) -> None:
     m, clock = mind
     session, _ = await open_session(m)
-    m.tick_sessions(clock.now)
-    assert session in m.session_deadlines
+    m.tick_connections(clock.now)
+    assert session.conn in m.connections.deadlines
     session.on_closed()
-    assert session not in m.session_deadlines
+    assert session.conn not in m.connections.deadlines
     clock.now += m.config.heartbeat_s
-    assert m.tick_sessions(clock.now) == 0
+    assert m.tick_connections(clock.now) == 0
 
 
 async def test_an_idle_face_gets_a_websocket_ping_each_heartbeat_from_the_schedule(
@@ -162,14 +162,14 @@ async def test_an_idle_face_gets_a_websocket_ping_each_heartbeat_from_the_schedu
 ) -> None:
     m, clock = mind
     _, wire = await open_session(m)
-    m.tick_sessions(clock.now)
+    m.tick_connections(clock.now)
     heartbeat = m.config.heartbeat_s
     clock.now = T0 + heartbeat - 0.01
-    m.tick_sessions(clock.now)
+    m.tick_connections(clock.now)
     assert wire.pings == 0
     for beat in (1, 2):
         clock.now = T0 + beat * heartbeat
-        m.tick_sessions(clock.now)
+        m.tick_connections(clock.now)
         assert wire.pings == beat
 
 
@@ -178,19 +178,19 @@ async def test_writes_blocked_for_dead_after_evict_at_that_moment_not_later(
 ) -> None:
     m, clock = mind
     session, wire = await open_session(m)
-    m.tick_sessions(clock.now)
+    m.tick_connections(clock.now)
     clock.now = T0 + 1.0
     session.pause_writing()  # the peer stopped reading after the deadline was computed
     blocked_until = T0 + 1.0 + m.config.dead_after_s
     talk_every = m.config.heartbeat_s / 2
     while clock.now < blocked_until - 0.25:
         clock.now += 0.25
-        if clock.now - session.last_inbound >= talk_every:
+        if clock.now - session.conn.last_inbound >= talk_every:
             session.on_traffic()  # pings from the peer keep it "alive" but do not unblock
-        m.tick_sessions(clock.now)
+        m.tick_connections(clock.now)
     assert wire.closed_with is None
     clock.now = blocked_until
-    m.tick_sessions(clock.now)
+    m.tick_connections(clock.now)
     assert wire.closed_with == CloseCode.SLOW_CONSUMER
     assert wire.of_type("face.evicted")
 

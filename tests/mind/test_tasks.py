@@ -249,7 +249,7 @@ async def test_the_log_is_read_from_the_hand_with_its_body_only_for_transparent_
         page = (await rig.reply(face, asked))["payload"]["data"]
         assert (page["data"], page["next_offset"]) == ("built\n", 6)
         observer = await rig.face()
-        observer.session.detail_mode = "summary"  # type: ignore[union-attr]
+        observer.session.conn.detail_mode = "summary"  # type: ignore[union-attr]
         asked = await rig.command(observer, "face.task.log", task_id=task_id, offset=0)
         await rig.take(hand, lambda f: f["type"] == "hand.task.log")
         hand.send("hand.task.log_page", {"task_id": "h1", "offset": 0, "next_offset": 6,

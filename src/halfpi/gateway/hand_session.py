@@ -27,13 +27,12 @@ from halfpi.core.hand_wire import (
     decode_hand_message,
     encode_to_hand,
 )
-from halfpi.core.states import CONNECTION
 from halfpi.errors import CloseCode, InvalidRequest, RateLimited
+from halfpi.gateway.session import Transport, WebSocketFraming
 from halfpi.mind import hand_api
 from halfpi.mind.hands import HandInUse
 
 if TYPE_CHECKING:
-    from halfpi.gateway.session import Transport
     from halfpi.mind.service import Mind
 
 log = logging.getLogger("halfpi.gateway.hand")
@@ -47,28 +46,37 @@ class HandSession:
     def __init__(self, mind: Mind, transport: Transport) -> None:
         self.mind = mind
         self.transport = transport
-        now = mind.now()
-        self.connected_at = now
-        self.last_inbound = now
-        self.last_wire_ping = now
         # When a claim by another link pinged this one; None once anything came back.
         self.asked_at: float | None = None
-        self.paused = False
-        self.paused_at = now
-        self.principal_id: str | None = None
         self.hand_id: str | None = None
-        self.state = CONNECTION.initial
-        self.closed = False
-        self.bound = False  # counted against the principal's connection cap
         self.invalid = 0
-        mind.add_session(self)
+        self._released = False
+        # Its life (liveness, the cap, revocation, closing once) is the
+        # connection's; Hand messages are few and small: written at once.
+        self.conn = mind.connect(None, HandFraming(transport, self), mind.liveness("hand"))
+
+    @property
+    def closed(self) -> bool:
+        return self.conn.closed
+
+    @property
+    def principal_id(self) -> str | None:
+        return self.conn.principal_id
+
+    @property
+    def state(self) -> str:
+        return self.conn.state
+
+    @property
+    def bound(self) -> bool:
+        return self.conn.bound
 
     # transport callbacks -------------------------------------------------------
 
     def on_frame(self, data: bytes) -> None:
         if self.closed:
             return
-        self.last_inbound = self.mind.now()
+        self.conn.heard(self.mind.now())
         self.asked_at = None
         try:
             _, message = decode_hand_message(data)
@@ -84,6 +92,7 @@ class HandSession:
                 self.close(CloseCode.UNAUTHORIZED, "hand.hello required")
                 return
             self.hand_id = ""  # hello received; authentication in progress
+            self.conn.checking(self.mind.now())
             self.mind.spawn(self._hello(message), name="hand hello")
         else:
             hand_api.handle(self.mind, self, message)
@@ -105,13 +114,10 @@ class HandSession:
             self.hand_id = None
             self.close(CloseCode.UNAUTHORIZED, "unauthorized")
             return
-        if not self.mind.bind(credential.principal_id):
+        if not self.conn.welcome(credential):
             self.close(CloseCode.RATE_LIMITED, "too many connections for this credential")
             return
-        self.bound = True
-        self.principal_id = credential.principal_id
         self.hand_id = hello.hand_id
-        self.state = CONNECTION.check(self.state, "open")
         try:
             welcome = hand_api.welcome(self.mind, self, hello, credential.principal_id)
         except HandInUse as exc:  # audited by the registry
@@ -125,25 +131,20 @@ class HandSession:
         self.on_frame(b"\x00")
 
     def on_traffic(self) -> None:
-        self.last_inbound = self.mind.now()
+        self.conn.heard(self.mind.now())
         self.asked_at = None
 
     def pause_writing(self) -> None:
         """Hand traffic is a few small orders; the transport buffer suffices,
         but a Hand that stops reading for ``dead_after_s`` is closed (tick)."""
-        if not self.paused:
-            self.paused = True
-            self.paused_at = self.mind.now()
+        self.conn.pause(self.mind.now())
 
     def resume_writing(self) -> None:
-        self.paused = False
+        self.conn.resume()
 
     def on_closed(self) -> None:
-        if not self.closed:
-            self.closed = True
-        if self.state != "closed":
-            self.state = CONNECTION.check(self.state, "closed")
-        self._cleanup()
+        self.conn.gone()
+        self.released()
 
     # session API ------------------------------------------------------------------
 
@@ -160,7 +161,7 @@ class HandSession:
         now = self.mind.now()
         if self.asked_at is not None:  # its ping is out: any traffic since would have cleared it
             return now - self.asked_at < PONG_WAIT_S
-        self.asked_at = self.last_wire_ping = now
+        self.asked_at = self.conn.last_wire_ping = now
         self.transport.ping()
         return True
 
@@ -169,43 +170,29 @@ class HandSession:
             self.transport.write_frames([encode_to_hand(message)])
 
     def close(self, code: int, reason: str) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self.state = CONNECTION.check(self.state, "closing")
-        self.transport.close(code, reason)
-        self._cleanup()
+        self.conn.close(code, reason)
 
-    def _cleanup(self) -> None:
-        self.mind.remove_session(self)
-        if self.bound and self.principal_id is not None:
-            self.bound = False
-            self.mind.unbind(self.principal_id)
-        if self.hand_id:
-            self.mind.hands.disconnect(self)
+    def released(self) -> None:
+        """The link is closed: its Hand is disconnected (once)."""
+        if not self._released:
+            self._released = True
+            if self.hand_id:
+                self.mind.hands.disconnect(self)
 
     def tick(self, now: float) -> float | None:
-        """The Faces' liveness rule (``FaceSession.tick``); time is passed in.
-        Returns the next deadline, None once closed."""
-        if self.closed:
-            return None
-        config = self.mind.config
-        blocked_at = self.paused_at + config.dead_after_s if self.paused else float("inf")
-        hello_by = self.connected_at + config.hello_timeout_s
-        dead_at = self.last_inbound + config.dead_after_s
-        if now >= blocked_at:
-            self.close(CloseCode.SLOW_CONSUMER, "slow consumer: it does not read")
-            return None
-        if self.hand_id is None and now >= hello_by:
-            self.close(CloseCode.HELLO_TIMEOUT, "no hello in time")
-            return None
-        if now >= dead_at:
-            self.close(CloseCode.GOING_AWAY, "no traffic: connection presumed dead")
-            return None
-        ping_at = max(self.last_inbound, self.last_wire_ping) + config.heartbeat_s
-        if now >= ping_at:
-            self.last_wire_ping = now
-            self.transport.ping()
-            ping_at = now + config.heartbeat_s
-        nxt = min(dead_at, ping_at, blocked_at)
-        return min(nxt, hello_by) if self.hand_id is None else nxt
+        """The connection's liveness rule (``Liveness`` of ``hand``)."""
+        return self.conn.tick(now)
+
+
+class HandFraming(WebSocketFraming):
+    """A Hand link's frames; closing it disconnects the Hand."""
+
+    __slots__ = ("session",)
+
+    def __init__(self, transport: Transport, session: HandSession) -> None:
+        super().__init__(transport, "hand")
+        self.session = session
+
+    def close(self, code: int, reason: str) -> None:
+        super().close(code, reason)
+        self.session.released()

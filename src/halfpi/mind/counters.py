@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from halfpi.core.metrics import CHAT_BUCKETS, Histogram
+
+if TYPE_CHECKING:
+    from halfpi.mind.connection import Connection
 
 
 @dataclass(slots=True)
@@ -32,14 +35,13 @@ class MindMetrics:
     closed_coalesced: int = 0
     closed_shed: int = 0
 
-    def session_closed(self, session: object) -> None:
-        queue = getattr(session, "queue", None)
-        if queue is not None:
-            self.closed_delivered += queue.event_seq
-            self.closed_coalesced += queue.coalesced
-            self.closed_shed += queue.shed
-            if queue.evicted:
-                self.evictions[transport_of(session)] += 1
+    def connection_closed(self, conn: Connection, transport: str) -> None:
+        queue = conn.queue
+        self.closed_delivered += queue.event_seq
+        self.closed_coalesced += queue.coalesced
+        self.closed_shed += queue.shed
+        if queue.evicted:
+            self.evictions[transport] += 1
 
     def chat_ended(
         self, status: str, seconds: float, error_code: str | None, usage: dict[str, Any] | None
@@ -63,28 +65,3 @@ class ClusterCounts:
     takeovers: int
     step_downs: int
     malformed: int  # messages on the cluster's channels that were not a node's
-
-
-# Each kind of connection by its class: what carries it.
-TRANSPORTS = {
-    "FaceSession": "websocket",
-    "HandSession": "websocket",
-    "SseStream": "sse",
-    "DurableSseStream": "durable_sse",
-    "DurableRead": "durable",
-}
-
-
-def transport_of(session: object) -> str:
-    name = TRANSPORTS.get(type(session).__name__, "other")
-    if name == "sse" and getattr(session, "framing", None) is not None:
-        return "agui"
-    return name
-
-
-def profile_of(session: object) -> str:
-    if type(session).__name__ == "HandSession":
-        return "hand"
-    return getattr(session, "profile", "") or "none"
-
-

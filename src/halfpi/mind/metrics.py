@@ -29,7 +29,8 @@ from prometheus_client.registry import Collector
 
 from halfpi import __version__
 from halfpi.core.metrics import Histogram
-from halfpi.mind.counters import ClusterCounts, profile_of, transport_of
+from halfpi.mind.connections import profile_of, transport_of
+from halfpi.mind.counters import ClusterCounts
 
 if TYPE_CHECKING:
     from halfpi.mind.service import Mind
@@ -92,20 +93,17 @@ class MindCollector(Collector):
         subscriptions = delivered = coalesced = shed = 0
         depth: Counter[str] = Counter()
         depth_bytes: Counter[str] = Counter()
-        for session in list(mind.sessions):
-            connections[(transport_of(session), profile_of(session))] += 1
-            subs = getattr(session, "subscriptions", None)
-            if subs is not None:
-                subscriptions += len(subs.by_conversation)
-            queue = getattr(session, "queue", None)
-            if queue is not None:
-                delivered += queue.event_seq
-                coalesced += queue.coalesced
-                shed += queue.shed
-                depth["reliable"] += queue.reliable_count
-                depth["transient"] += queue.transient_count
-                depth_bytes["reliable"] += queue.reliable_bytes
-                depth_bytes["transient"] += queue.transient_bytes
+        for conn in mind.connections:
+            connections[(transport_of(conn), profile_of(conn))] += 1
+            subscriptions += len(conn.subscriptions.by_conversation)
+            queue = conn.queue
+            delivered += queue.event_seq
+            coalesced += queue.coalesced
+            shed += queue.shed
+            depth["reliable"] += queue.reliable_count
+            depth["transient"] += queue.transient_count
+            depth_bytes["reliable"] += queue.reliable_bytes
+            depth_bytes["transient"] += queue.transient_bytes
         family = GaugeMetricFamily("halfpi_connections", "Open connections",
                                    labels=["transport", "profile"])
         for (transport, profile), count in sorted(connections.items()):

@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from halfpi.agents.base import Agent
 from halfpi.config import Config
@@ -45,6 +45,7 @@ from halfpi.errors import (
     NotFound,
     NotOwner,
     RateLimited,
+    Unauthorized,
     Unavailable,
 )
 from halfpi.journal.base import Journal
@@ -52,6 +53,8 @@ from halfpi.mind.actor import ActorEnv, ConversationActor
 from halfpi.mind.approvals import Approvals
 from halfpi.mind.auth import CredentialCache, SharedReread, make_credential, write_token_file
 from halfpi.mind.chat import ChatDriver
+from halfpi.mind.connection import Connection, Framing, Liveness
+from halfpi.mind.connections import NO_NEWS, Connections
 from halfpi.mind.counters import ClusterCounts
 from halfpi.mind.hands import HandRegistry
 from halfpi.mind.records import approval_pending
@@ -73,25 +76,6 @@ from halfpi.store.base import (
 )
 
 log = logging.getLogger("halfpi.mind")
-
-
-class Session(Protocol):
-    """What the Mind's maintenance needs from any connection (Face or Hand)."""
-
-    principal_id: str | None
-
-    def close(self, code: int, reason: str) -> None: ...
-
-    def tick(self, now: float) -> float | None: ...
-
-
-@runtime_checkable
-class FaceLink(Session, Protocol):
-    """A Face connection: it also takes session-level news (``announce``)."""
-
-    def send(self, message: Message) -> None: ...
-
-    def wake(self) -> None: ...
 
 
 class LocalHand(Protocol):
@@ -207,8 +191,6 @@ class Mind:
         )
         self._credentials_read_at = float("-inf")  # when the last read that finished began
         self._refreshing = asyncio.Lock()
-        self._live_connections: dict[str, int] = {}  # principal_id -> bound sessions
-        self._cap_refusals: dict[str, int] = {}  # principal_id -> refused beyond the cap
         self.hands = HandRegistry(
             self.scheduler, config.hand_grace_s, local_label=config.local_hand_label, wall=clock
         )
@@ -248,10 +230,8 @@ class Mind:
         self._local_hand_factory = local_hand
         self.local_hand: LocalHand | None = None
         self._local_hand_task: asyncio.Task[bool] | None = None
-        self.sessions: set[Session] = set()
-        # When each session next needs a maintenance visit (hello timeout,
-        # heartbeat, presumed dead): an idle connection costs nothing per round.
-        self.session_deadlines: Deadlines[Session] = Deadlines()
+        # Every live connection, whatever its door (mind/connections.py).
+        self.connections = Connections(self)
         self._actors: dict[str, ConversationActor] = {}
         self._loading: dict[str, asyncio.Future[ConversationActor]] = {}
         # When each loaded actor is next looked at for unloading (a heap: a
@@ -418,8 +398,7 @@ class Mind:
     async def drain(self) -> None:
         """Graceful shutdown: tell Faces (1012), interrupt chats, commit, close."""
         self.draining = True
-        for session in list(self.sessions):
-            session.close(CloseCode.RESTARTING, "mind restarting")
+        self.connections.close_all(CloseCode.RESTARTING, "mind restarting")
         stopping = []
         for actor in self._actors.values():
             run = actor.chat_run
@@ -694,13 +673,14 @@ class Mind:
     def announce_message(self, message: Message) -> None:
         """Send a session-level message to every welcomed Face of this node
         that may read conversations."""
-        for session in list(self.sessions):
-            principal_id = session.principal_id
-            if principal_id is None or not isinstance(session, FaceLink):
-                continue  # not welcomed yet (it reads the lists after its hello), or a Hand
-            credential = self.credential(principal_id)
+        for conn in self.connections:
+            # Not welcomed yet (it reads the lists after its hello), a Hand,
+            # or a one-shot request: not told.
+            if conn.principal_id is None or conn.kind in NO_NEWS:
+                continue
+            credential = self.credential(conn.principal_id)
             if credential is not None and SESSIONS_READ in credential.scopes:
-                session.send(message)
+                conn.send(message)
 
     async def waiting_approvals(self) -> list[ApprovalPending]:
         """:meth:`pending_approvals`; in cluster mode every node's, read from
@@ -744,10 +724,8 @@ class Mind:
                 return
             revoked = self.auth.load(await self.store.credentials(), version)
             self._credentials_read_at = began
-        if revoked:
-            for session in list(self.sessions):
-                if session.principal_id in revoked:
-                    session.close(CloseCode.REVOKED, "credential revoked")
+        if revoked:  # every door's connections alike (I8)
+            self.connections.revoke(revoked)
 
     async def authenticate(
         self, token: str, kind: str, address: str, *, label: str | None = None
@@ -808,60 +786,55 @@ class Mind:
                 return None
         return credential
 
-    def bind(self, principal_id: str) -> bool:
-        """Count one more live connection of ``principal_id``; False (and
-        nothing counted) when it already has the most allowed (DESIGN §11)."""
-        cap = self.config.max_connections_per_principal
-        live = self._live_connections.get(principal_id, 0)
-        if cap and live >= cap:
-            refused = self._cap_refusals[principal_id] = self._cap_refusals.get(principal_id, 0) + 1
-            if worth_logging(refused):
-                log.warning(
-                    "refused a connection of %s: %d live already (%d refused)",
-                    principal_id,
-                    live,
-                    refused,
-                )
-            return False
-        self._live_connections[principal_id] = live + 1
-        return True
-
-    def unbind(self, principal_id: str) -> None:
-        live = self._live_connections.get(principal_id, 0) - 1
-        if live > 0:
-            self._live_connections[principal_id] = live
-        else:
-            self._live_connections.pop(principal_id, None)
-
     def credential(self, principal_id: str) -> Credential | None:
         return self.auth.get(principal_id)
 
     # -- maintenance -------------------------------------------------------------
 
-    def add_session(self, session: Session) -> None:
-        """A new connection: the next maintenance round asks it for its deadline."""
-        self.sessions.add(session)
-        self.session_deadlines.set(session, float("-inf"))
+    def connect(
+        self, credential: Credential | None, framing: Framing, liveness: Liveness,
+        *, capped: bool = True, collect: Callable[[Message], None] | None = None,
+    ) -> Connection:
+        r"""A new connection through ``framing``, kept alive by ``liveness``.
+        With a ``credential`` (a door that authenticates per request) it is
+        welcomed at once, counted against the principal's cap unless not
+        ``capped`` (a one-shot request): :class:`RateLimited` when the cap
+        is full, :class:`Unauthorized` for a credential revoked meanwhile.
+        Without one it awaits its hello (``Connection.welcome``). A one-shot
+        caller ``collect``\ s its replies whole instead of having them framed."""
+        conn = self.connections.open(framing, liveness, collect)
+        if credential is None:
+            return conn
+        if self.credential(credential.principal_id) is None:
+            conn.gone()
+            raise Unauthorized("unknown or revoked token")
+        if not conn.welcome(credential, capped=capped):
+            conn.gone()
+            raise RateLimited(f"this credential already has "
+                              f"{self.config.max_connections_per_principal} live connections")
+        return conn
 
-    def remove_session(self, session: Session) -> None:
-        if session in self.sessions:
-            self.env.metrics.session_closed(session)
-        self.sessions.discard(session)
-        self.session_deadlines.discard(session)
+    def liveness(self, door: str) -> Liveness:
+        """The liveness rule of a ``door`` (docs/protocol.md §11), from the
+        configuration: ``face`` and ``hand`` (WebSockets: hello, pings, dead
+        after silence), ``stream`` (SSE: a comment every heartbeat; never
+        inbound), ``once`` (a request: none)."""
+        config = self.config
+        if door == "face":
+            return Liveness(hello_s=config.hello_timeout_s, ping_s=config.heartbeat_s,
+                            dead_after_s=config.dead_after_s, blocked_s=config.dead_after_s,
+                            news_ping_s=config.heartbeat_s)
+        if door == "hand":
+            return Liveness(hello_s=config.hello_timeout_s, ping_s=config.heartbeat_s,
+                            dead_after_s=config.dead_after_s, blocked_s=config.dead_after_s,
+                            evicts=False)
+        if door == "stream":
+            return Liveness(ping_s=config.heartbeat_s, blocked_s=config.dead_after_s)
+        return Liveness()
 
-    def tick_sessions(self, now: float) -> int:
-        """Visit the sessions whose deadline came (time passed in); each does
-        what is due and names its next deadline. Returns how many were visited."""
-        due = self.session_deadlines.pop_due(now)
-        for session in due:
-            try:
-                at = session.tick(now)
-            except Exception:  # one broken session must not stop the others
-                log.exception("session maintenance failed")
-                at = now + 1.0
-            if at is not None and session in self.sessions:
-                self.session_deadlines.set(session, at)
-        return len(due)
+    def tick_connections(self, now: float) -> int:
+        """Visit the connections whose deadline came (time passed in)."""
+        return self.connections.tick(now)
 
     def _maintenance_round(self) -> None:
         """A scheduler timer, every ``credential_poll_s`` of the Mind's
@@ -874,7 +847,7 @@ class Mind:
         now = self.now()
         try:
             await self.refresh_credentials()
-            self.tick_sessions(now)
+            self.connections.tick(now)
             await self.unload_idle(now)
             if self.cluster is not None:
                 await self.cluster.maintain()

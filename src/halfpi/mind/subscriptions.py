@@ -114,6 +114,9 @@ class Sink(Protocol):
         """Replayed messages wait: flush (and so :meth:`Subscriptions.pull`)
         when the transport takes writes."""
 
+    def close(self, code: int, reason: str) -> None:
+        """End the connection (its Face resumes from its cursors)."""
+
 
 class Subscription:
     __slots__ = (
@@ -432,9 +435,7 @@ class Subscriptions:
                 await self.sleep(0.1 * 2**attempt)  # a backoff between attempts
         # Never a silent gap: a connection that cannot be brought back on the
         # log is closed, and its Face resumes from its cursors.
-        close = getattr(self.sink, "close", None)
-        if close is not None:
-            close(CloseCode.RESTARTING, "the conversation moved; resume")
+        self.sink.close(CloseCode.RESTARTING, "the conversation moved; resume")
 
     def drop(self, conversation_id: str) -> None:
         sub = self.by_conversation.pop(conversation_id, None)

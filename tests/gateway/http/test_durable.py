@@ -136,10 +136,10 @@ async def test_a_long_poll_times_out_with_204_on_the_minds_clock(rig: Rig) -> No
     cid = await rig.conversation(face)
     await chat(rig, face, cid, "before")
     peer = start(rig, cid, offset="now", live="long-poll")
-    await peer.until(lambda p: len(rig.mind.sessions) == 2)  # the face and the read
-    rig.mind.tick_sessions(rig.clock.now + LONG_POLL_S - 1)
+    await peer.until(lambda p: len(rig.mind.connections) == 2)  # the face and the read
+    rig.mind.tick_connections(rig.clock.now + LONG_POLL_S - 1)
     assert peer.status is None
-    rig.mind.tick_sessions(rig.clock.now + LONG_POLL_S)
+    rig.mind.tick_connections(rig.clock.now + LONG_POLL_S)
     await peer.until(lambda p: p.ended)
     assert peer.status == 204
     assert peer.headers["stream-up-to-date"] == "true"
@@ -155,7 +155,7 @@ async def test_I8_a_credential_revoked_during_a_long_poll_is_401(rig: Rig) -> No
     await rig.mind.store.add_credential(credential)
     await rig.mind.refresh_credentials()
     peer = start(rig, cid, headers=bearer(other), offset="now", live="long-poll")
-    await peer.until(lambda p: len(rig.mind.sessions) == 2)
+    await peer.until(lambda p: len(rig.mind.connections) == 2)
     await rig.mind.store.revoke_credential("face", "tablet", rig.mind.now())
     await rig.mind.refresh_credentials()
     await peer.until(lambda p: p.ended)
@@ -326,9 +326,9 @@ async def test_a_long_poll_whose_reader_went_away_frees_its_connection(rig: Rig)
     face = await rig.face()
     cid = await rig.conversation(face)
     peer = start(rig, cid, offset="now", live="long-poll")
-    await peer.until(lambda p: len(rig.mind.sessions) == 2)
+    await peer.until(lambda p: len(rig.mind.connections) == 2)
     peer.disconnect()
-    await peer.until(lambda p: len(rig.mind.sessions) == 1)
+    await peer.until(lambda p: len(rig.mind.connections) == 1)
     assert peer.task is not None
     await peer.task
 

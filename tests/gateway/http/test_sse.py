@@ -181,14 +181,14 @@ async def test_a_ping_comment_every_heartbeat_on_the_minds_clock(rig: Rig) -> No
     peer = await stream(rig, [a])
     await peer.until(accepted)
     heartbeat = rig.mind.config.heartbeat_s
-    rig.mind.tick_sessions(rig.clock.now + heartbeat - 1)
+    rig.mind.tick_connections(rig.clock.now + heartbeat - 1)
     await asyncio.sleep(0)
     assert not any("ping" in e.comments for e in peer.events())
     rig.clock.now += heartbeat
-    rig.mind.tick_sessions(rig.clock.now)
+    rig.mind.tick_connections(rig.clock.now)
     await peer.until(lambda p: any("ping" in e.comments for e in p.events()))
     rig.clock.now += heartbeat
-    rig.mind.tick_sessions(rig.clock.now)
+    rig.mind.tick_connections(rig.clock.now)
     await peer.until(lambda p: sum("ping" in e.comments for e in p.events()) == 2)
 
 
@@ -200,7 +200,7 @@ async def test_heartbeat_event_makes_every_ping_an_event_a_page_can_see(rig: Rig
     await plain.until(accepted)
     await seen.until(accepted)
     rig.clock.now += rig.mind.config.heartbeat_s
-    rig.mind.tick_sessions(rig.clock.now)
+    rig.mind.tick_connections(rig.clock.now)
     beats = lambda p: [e for e in p.events() if e.event == "face.heartbeat"]  # noqa: E731
     await seen.until(lambda p: len(beats(p)) == 1)
     assert beats(seen)[0].frame == {"type": "face.heartbeat", "payload": {
@@ -296,7 +296,7 @@ async def test_streams_end_when_the_mind_drains(rig: Rig) -> None:
     peer = await stream(rig, [a])
     await peer.until(accepted)
     rig.mind.draining = True
-    for session in list(rig.mind.sessions):
+    for session in list(rig.mind.connections):
         session.close(1012, "mind restarting")
     await peer.until(lambda p: p.ended)
     rig.mind.draining = False

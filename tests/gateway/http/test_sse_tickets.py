@@ -181,7 +181,7 @@ async def grant_renewed_by_pings(rig: Rig) -> None:
     await quiet.until(lambda p: p.task is not None and p.task.done())
     # The open stream's pings renew its grant in an id: of their own.
     rig.clock.now += ttl * 0.75
-    rig.mind.tick_sessions(rig.clock.now)
+    rig.mind.tick_connections(rig.clock.now)
     await lively.until(lambda p: any(e.id and "ping" in e.comments for e in p.events()))
     renewed = [e.id for e in lively.events() if e.id and "ping" in e.comments][-1]
     rig.clock.now += ttl * 0.5

@@ -43,10 +43,9 @@ from halfpi.errors import (
     InternalError,
     InvalidRequest,
     NotFound,
-    RateLimited,
 )
 from halfpi.gateway.http import spec
-from halfpi.gateway.http.commands import HttpCaller, decode, read_body
+from halfpi.gateway.http.commands import decode, one_shot, read_body
 from halfpi.gateway.http.door import Door, cors_headers, error_response, preflight
 from halfpi.gateway.http.sse_stream import SseStream
 from halfpi.mind import api
@@ -77,7 +76,8 @@ class AguiRun:
         self.sealer = sealer
         self.conversation_id = conversation_id
         self.scope = sealer.conversations[1]
-        stream.framing = self.encode
+        stream.encode = self.encode  # type: ignore[method-assign]  # AG-UI events instead
+        stream.kind = "agui"
 
     def token(self, mark: Mark) -> str:
         cursors = {self.scope: mark.slot()}
@@ -107,7 +107,7 @@ class AguiRun:
             pairs.extend(self.translator.frame(type_, payload, cursor))
         if self.translator.finished and not self.stream.closed:
             # The run ended (or waits on an interrupt): the response ends.
-            self.stream.loop.call_soon(self.stream.close, 1000, "run ended")
+            self.stream.loop.call_soon(self.stream.conn.close, 1000, "run ended")
         return self.events(pairs)
 
 
@@ -118,13 +118,9 @@ async def one(mind: Mind, credential: Credential, type_: str, raw: dict[str, Any
     """Run one command for a one-shot caller: its final reply or its
     ``face.accepted``; its error raised as the HalfpiError it names."""
     api.authorize(credential.scopes, type_)
-    caller = HttpCaller(mind, credential)
-    try:
-        await api.handle(mind, caller, type_, decode(type_, raw))
+    with one_shot(mind, credential) as caller:
+        await api.handle(mind, caller.conn, type_, decode(type_, raw))
         reply = caller.final() or caller.accepted()
-    finally:
-        caller.closed = True
-        api.disconnected(mind, caller)
     if reply is None:
         raise InternalError(f"{type_} sent no reply")
     if reply.type == "face.error":
@@ -307,9 +303,7 @@ async def _open(door: Door, request: Request, credential: Credential, cid: str,
     stream = SseStream(mind, credential, (cid,), {}, None)
     run = AguiRun(stream, translator, Sealer(mind.tickets.key, credential.principal_id, scope),
                   cid)
-    if not stream.open():
-        limit = mind.config.max_connections_per_principal
-        raise RateLimited(f"this credential already has {limit} live connections")
+    conn = stream.open()
     since = translator.mark.cursor
     subscribe = wire.Subscribe(
         request_id=SUBSCRIBE_REQUEST_ID,
@@ -320,9 +314,9 @@ async def _open(door: Door, request: Request, credential: Credential, cid: str,
     )
     try:
         run.opening()
-        await api.handle(mind, stream, "face.subscribe", subscribe)
+        await api.handle(mind, conn, "face.subscribe", subscribe)
     except BaseException:
-        stream.on_closed()
+        conn.gone()
         raise
     stream.response.add_headers(cors_headers(request))
     return stream

@@ -61,7 +61,6 @@ if TYPE_CHECKING:
     from halfpi.mind.auth import Credential
     from halfpi.mind.scheduler import Scheduler
     from halfpi.mind.service import Mind
-    from halfpi.mind.subscriptions import Subscriptions
 
 log = logging.getLogger("halfpi.gateway.http")
 
@@ -81,28 +80,34 @@ NO_STORE = {"Cache-Control": "no-store"}
 
 
 class HttpCaller:
-    """A one-shot :class:`~halfpi.mind.caller.Caller`: the principal of one
-    HTTP request, whose sink keeps the replies to its one command (a few
+    """A one-shot caller: the connection (kind ``http``) of one HTTP
+    request, whose replies to its one command are kept whole (a few
     messages: it follows no conversation, so nothing else is sent to it)."""
 
+    kind = "http"
+    budget = 0
+
     def __init__(self, mind: Mind, credential: Credential) -> None:
-        self.principal_id: str | None = credential.principal_id
-        self.label = credential.label
-        self.profile = credential.profile
-        self.scopes = credential.scopes
-        self.detail_mode: str | None = None
-        self.subscriptions: Subscriptions = mind.subscriptions_for(self)
-        self.closed = False
         self.replies: list[Message] = []
         self.arrived = asyncio.Event()
+        self.conn = mind.connect(credential, self, mind.liveness("once"), capped=False,
+                                 collect=self._take)
 
-    def send(self, message: Message) -> None:
-        if not self.closed:
-            self.replies.append(message)
-            self.arrived.set()
+    def _take(self, message: Message) -> None:
+        self.replies.append(message)
+        self.arrived.set()
 
-    def wake(self) -> None:
-        """Nothing is replayed to a one-shot caller."""
+    # -- the Framing: nothing is framed for a one-shot caller ----------------------------
+
+    def write(self, frames: list[bytes]) -> None:
+        """Never called: replies are collected whole."""
+
+    def ping(self) -> None:
+        """A request is answered within its wait: nothing to keep alive."""
+
+    def close(self, code: int, reason: str) -> None:
+        """Revoked or drained meanwhile: the replies so far are the answer."""
+        self.arrived.set()
 
     def final(self) -> Message | None:
         """The reply that ends the command (a result, a snapshot, a pong, an error)."""
@@ -276,8 +281,7 @@ def one_shot(mind: Mind, credential: Credential) -> Iterator[HttpCaller]:
     try:
         yield caller
     finally:
-        caller.closed = True
-        api.disconnected(mind, caller)
+        caller.conn.gone()
 
 
 class Commands:
@@ -304,7 +308,7 @@ class Commands:
         key = key_of(request, type_)
         payload = payload_of(type_, await read_body(request, mind.config.max_frame_bytes), key)
         with one_shot(mind, credential) as caller:
-            await api.handle(mind, caller, type_, payload)
+            await api.handle(mind, caller.conn, type_, payload)
             final = caller.final()
             if final is None and wait > 0:
                 gone = asyncio.ensure_future(disconnect(request))

@@ -43,14 +43,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from halfpi.core import durable, wire
-from halfpi.core.outbound import Message, OutboundQueue
 from halfpi.core.sse import POSITIONED, position_of, type_of
 from halfpi.errors import (
     CloseCode,
     ErrorCode,
     HalfpiError,
     InvalidRequest,
-    RateLimited,
     Unauthorized,
     Unavailable,
 )
@@ -58,6 +56,7 @@ from halfpi.gateway.http import spec
 from halfpi.gateway.http.door import Door, cors_headers, error_response, preflight
 from halfpi.gateway.http.sse_stream import SseStream
 from halfpi.mind import api
+from halfpi.mind.connection import TIME_UP, Connection, Liveness
 
 if TYPE_CHECKING:
     from halfpi.mind.auth import Credential
@@ -145,81 +144,88 @@ def describe() -> list[spec.Operation]:
 
 
 class DurableRead:
-    """A catch-up or long-poll read: a Caller of the Mind API (its one
-    ``face.subscribe``), a Sink with the bounded queue (I7) and a Session
-    of the Mind's maintenance (I8, the long-poll's timeout)."""
+    """A catch-up or long-poll read: the framing of a connection that
+    gathers the log's frames into one answer (its one ``face.subscribe``
+    fills it; its bounded queue, revocation (I8) and the long-poll's end
+    are the connection's)."""
+
+    kind = "durable"
 
     def __init__(self, mind: Mind, credential: Credential, conversation_id: str,
                  wait_s: float | None) -> None:
         self.mind = mind
-        self.loop = asyncio.get_running_loop()
-        self.principal_id: str | None = credential.principal_id
-        self.label = credential.label
-        self.profile = credential.profile
-        self.scopes = credential.scopes
-        self.detail_mode: str | None = None
+        self.credential = credential
         self.conversation_id = conversation_id
-        self.queue = OutboundQueue(mind.config.queue)
-        self.subscriptions = mind.subscriptions_for(self)
+        self.wait_s = wait_s
         self.frames: list[bytes] = []
         self.size = 0
         self.last: str | None = None  # the offset after the last frame gathered
         self.head: str | None = None  # the log's head when the read began
         self.reset: str | None = None  # a reset's reason: 410
         self.refusal: HalfpiError | None = None
-        self.deadline = None if wait_s is None else mind.now() + wait_s
         self.up_to_date = False
         self.gone = False  # the reader went away before the answer
-        self.closed = False
-        self.bound = False
         self.done = asyncio.Event()
-        self._flush_scheduled = False
+        self._conn: Connection | None = None
+        self._settling = False
 
-    def open(self) -> bool:
-        assert self.principal_id is not None
-        if not self.mind.bind(self.principal_id):
-            return False
-        self.bound = True
-        self.mind.add_session(self)
-        return True
+    def open(self) -> Connection:
+        """The read's connection (:class:`RateLimited` when the cap is full)."""
+        self._conn = self.mind.connect(
+            self.credential, self, Liveness(lifetime_s=self.wait_s, evicts=False)
+        )
+        return self._conn
 
-    # -- Sink ----------------------------------------------------------------------
+    # -- the Framing ---------------------------------------------------------------
 
-    def send(self, m: Message) -> None:
-        if self.closed:
-            return
-        if not self.queue.push(m, pressured=False):
-            # Over the bounds (I7): answer with what was gathered; the reader
-            # asks again from its Stream-Next-Offset.
-            self.finish()
-            return
-        self.wake()
+    @property
+    def budget(self) -> int:
+        return max(CHUNK_BYTES - self.size, 1)
 
-    def wake(self) -> None:
-        if not self._flush_scheduled and not self.closed:
-            self._flush_scheduled = True
-            self.loop.call_soon(self.flush)
-
-    def flush(self) -> None:
-        self._flush_scheduled = False
-        if self.closed:
-            return
-        queue, replay = self.queue, self.subscriptions
-        frames = queue.take(CHUNK_BYTES) if len(queue) else []
-        if not len(queue) and replay.replaying:
-            frames.extend(replay.pull_frames(queue, CHUNK_BYTES - self.size))
+    def write(self, frames: list[bytes]) -> None:
         for frame in frames:
             self._gather(frame)
-        caught_up = not len(queue) and not replay.replaying
+        if not self._settling:
+            # Decided once what was sent this turn is in (a subscribe's
+            # face.accepted comes before its replay is installed).
+            self._settling = True
+            asyncio.get_running_loop().call_soon(self._settle)
+
+    def _settle(self) -> None:
+        self._settling = False
+        conn = self._conn
+        if conn is None or conn.closed:
+            return
+        caught_up = conn.caught_up
         if self.reset is not None:
-            self.finish()
+            conn.close(CloseCode.NORMAL, "reset")
         elif (self.frames and (caught_up or self.size >= CHUNK_BYTES)) or (
-            caught_up and self.deadline is None
+            caught_up and self.wait_s is None
         ):
             self.up_to_date = caught_up
-            self.finish()
-        elif len(queue) or replay.ready:
-            self.wake()
+            conn.close(CloseCode.NORMAL, "answered")
+
+    def ping(self) -> None:
+        """A read is answered within its lifetime: nothing to keep alive."""
+
+    def close(self, code: int, reason: str) -> None:
+        """The read ends: answered, its long-poll's time up (it is at the
+        head), over its bounds (answered with what it gathered; the reader
+        asks again from its Stream-Next-Offset), revoked (401) or drained
+        (503, without its frames)."""
+        if code == CloseCode.REVOKED:
+            self.refusal = Unauthorized("unknown or revoked token")
+        elif code == CloseCode.RESTARTING:
+            self.refusal = Unavailable("the Mind is restarting; retry shortly")
+        elif code == CloseCode.NORMAL and reason == TIME_UP:
+            self.up_to_date = True  # nothing came: the reader is at the head
+        self.done.set()
+
+    def finish(self) -> None:
+        """The reader's answer is made (or it went away): the read ends."""
+        if self._conn is not None:
+            self._conn.gone()
+        self.done.set()
 
     def _gather(self, frame: bytes) -> None:
         type_ = type_of(frame)
@@ -237,41 +243,6 @@ class DurableRead:
         self.last = durable.offset_of_text(position[1])
         self.frames.append(frame)
         self.size += len(frame)
-
-    # -- Session -------------------------------------------------------------------
-
-    def tick(self, now: float) -> float | None:
-        if self.closed:
-            return None
-        if self.mind.credential(self.principal_id or "") is None:
-            self.close(CloseCode.REVOKED, "credential revoked")
-            return None
-        if self.deadline is not None and now >= self.deadline:
-            self.up_to_date = True  # nothing came: the reader is at the head
-            self.finish()
-            return None
-        return self.deadline
-
-    def close(self, code: int, reason: str) -> None:
-        """Revocation (401) or drain (503): the read ends without its frames."""
-        if self.closed:
-            return
-        if code == CloseCode.REVOKED:
-            self.refusal = Unauthorized("unknown or revoked token")
-        else:
-            self.refusal = Unavailable("the Mind is restarting; retry shortly")
-        self.finish()
-
-    def finish(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        api.disconnected(self.mind, self)
-        self.mind.remove_session(self)
-        if self.bound and self.principal_id is not None:
-            self.bound = False
-            self.mind.unbind(self.principal_id)
-        self.done.set()
 
     def next_offset(self, asked: str | None) -> str:
         """Where the reader goes on from: after the last frame; at the head
@@ -291,6 +262,7 @@ class DurableSseStream(SseStream):
     def __init__(self, mind: Mind, credential: Credential, conversation_id: str,
                  offset: str | None, client_cursor: str | None) -> None:
         super().__init__(mind, credential, (conversation_id,), {}, None)
+        self.kind = "durable_sse"
         self.conversation_id = conversation_id
         self.offset = offset
         self.client_cursor = client_cursor
@@ -311,7 +283,7 @@ class DurableSseStream(SseStream):
                 # Expired history: the stream ends; the reader comes back
                 # from its offset and is answered 410 (at open: 410 at once).
                 self.reset_reason = _decode_reset(frame).payload.reason
-                self.loop.call_soon(self.close, CloseCode.NORMAL, "offset expired")
+                self.loop.call_soon(self.conn.close, CloseCode.NORMAL, "offset expired")
                 break
             position = position_of(frame, type_) if type_ in LOGGED else None
             if position is None:
@@ -324,7 +296,7 @@ class DurableSseStream(SseStream):
 
     def control(self) -> bytes:
         assert self.offset is not None
-        caught_up = not len(self.queue) and not self.subscriptions.replaying
+        caught_up = self._conn is None or self._conn.caught_up
         cursor = durable.stream_cursor(time.time(), self.client_cursor, _jitter())
         return durable.control_event(self.offset, cursor, caught_up)
 
@@ -389,11 +361,9 @@ async def _read(door: Door, request: Request) -> Response:
     if live == "sse":
         return await _sse(mind, credential, cid, asked, query.get("cursor"), subscribe)
     read = DurableRead(mind, credential, cid, LONG_POLL_S if live else None)
-    if not read.open():
-        raise RateLimited(f"this credential already has "
-                          f"{mind.config.max_connections_per_principal} live connections")
+    conn = read.open()
     try:
-        await api.handle(mind, read, "face.subscribe", subscribe)
+        await api.handle(mind, conn, "face.subscribe", subscribe)
         await _until_done_or_gone(read, request)
     finally:
         read.finish()
@@ -446,18 +416,16 @@ async def _disconnected(request: Request) -> None:
 async def _sse(mind: Mind, credential: Credential, cid: str, asked: str | None,
                client_cursor: str | None, subscribe: wire.Subscribe) -> Response:
     stream = DurableSseStream(mind, credential, cid, asked, client_cursor)
-    if not stream.open():
-        raise RateLimited(f"this credential already has "
-                          f"{mind.config.max_connections_per_principal} live connections")
+    conn = stream.open()
     try:
-        await api.handle(mind, stream, "face.subscribe", subscribe)
+        await api.handle(mind, conn, "face.subscribe", subscribe)
     except BaseException:
-        stream.on_closed()
+        conn.gone()
         raise
     if stream.reset_reason is not None:
-        stream.close(CloseCode.NORMAL, "offset expired")
+        conn.close(CloseCode.NORMAL, "offset expired")
         return _gone(cid, stream.reset_reason)
-    if not stream.subscriptions.replaying and not len(stream.queue):
+    if conn.caught_up:
         assert stream.offset is not None  # the subscribe's face.accepted named the head
         stream.response.write(stream.control())  # caught up at once: say so
     stream.response.add_headers({"Cache-Control": "no-store"})

@@ -171,7 +171,7 @@ class ReadRoute:
             raise InvalidRequest(exc.message, field=self.field_name(exc.field)) from None
         with one_shot(mind, credential) as caller:
             try:
-                await api.handle(mind, caller, type_, payload)
+                await api.handle(mind, caller.conn, type_, payload)
             except HalfpiError as exc:
                 exc.field = self.field_name(exc.field)
                 raise

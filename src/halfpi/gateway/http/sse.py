@@ -39,7 +39,7 @@ from starlette.routing import BaseRoute, Route
 from halfpi.core import wire
 from halfpi.core.replay import UNPLACED_EPOCH
 from halfpi.core.sse import Grant, Opened, open_token
-from halfpi.errors import ErrorCode, HalfpiError, InvalidRequest, RateLimited, Unauthorized
+from halfpi.errors import ErrorCode, HalfpiError, InvalidRequest, Unauthorized
 from halfpi.gateway.guard import settle
 from halfpi.gateway.http import spec
 from halfpi.gateway.http.door import Door, cors_headers, error_response, preflight
@@ -204,9 +204,7 @@ async def _open(door: Door, request: Request) -> Response:
         since = {cid: f"{UNPLACED_EPOCH}.0" for cid in conversations}
     stream = SseStream(mind, credential, conversations, cursors, grant,
                        heartbeat_event=heartbeat == "event")
-    if not stream.open():
-        limit = mind.config.max_connections_per_principal
-        raise RateLimited(f"this credential already has {limit} live connections")
+    conn = stream.open()
     subscribe = wire.Subscribe(
         request_id=SUBSCRIBE_REQUEST_ID,
         conversation_ids=list(conversations),
@@ -215,9 +213,9 @@ async def _open(door: Door, request: Request) -> Response:
         snapshot=True,
     )
     try:
-        await api.handle(mind, stream, "face.subscribe", subscribe)
+        await api.handle(mind, conn, "face.subscribe", subscribe)
     except BaseException:
-        stream.on_closed()
+        conn.gone()
         raise
     stream.response.add_headers(cors_headers(request))
     return stream.response

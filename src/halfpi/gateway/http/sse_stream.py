@@ -1,16 +1,12 @@
-"""One SSE stream (DESIGN §9, I7, I8; docs/protocol.md §17): a caller of the
-Mind API with a bounded queue, and the ASGI response that carries it.
+"""One SSE stream (DESIGN §9, I7, I8; docs/protocol.md §17): its framing,
+and the ASGI response that carries it.
 
-:class:`SseStream` is to an SSE response what ``FaceSession`` is to a
-WebSocket, minus the inbound half: a :class:`~halfpi.mind.caller.Caller`
-with the principal bound when the stream was authorised, the same
-:class:`~halfpi.core.outbound.OutboundQueue` (deltas coalesce, progress is
-dropped, overflow evicts), the same subscriptions (its one
-``face.subscribe`` goes through the Mind API: exact replay, reset and the
-switch to live are the Mind's), and a session of the Mind's maintenance
-(``tick``: the ``: ping`` every heartbeat, the credential re-checked, a
-reader whose writes stay blocked evicted; ``close``: revocation and
-drain). What it adds is the encoding: every frame becomes an event whose
+:class:`SseStream` is the :class:`~halfpi.mind.connection.Framing` of an
+SSE stream's :class:`~halfpi.mind.connection.Connection`: the connection is
+the Mind's (the principal bound when the stream was authorised, the
+bounded queue where deltas coalesce and overflow evicts, the
+subscriptions its one ``face.subscribe`` made, liveness, revocation and
+drain); the stream adds the encoding: every frame becomes an event whose
 ``id:`` is the resume token of the whole stream as far as that event
 (``core/sse.py``), so the reader resumes exactly wherever it stopped.
 
@@ -27,14 +23,12 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from halfpi.core.events import Evicted, to_message
-from halfpi.core.outbound import Message, OutboundQueue
 from halfpi.core.sse import (
     POSITIONED,
     Grant,
@@ -45,8 +39,7 @@ from halfpi.core.sse import (
     retry_bytes,
     type_of,
 )
-from halfpi.errors import CloseCode
-from halfpi.mind import api
+from halfpi.mind.connection import FLUSH_BUDGET, Connection
 
 if TYPE_CHECKING:
     from halfpi.mind.auth import Credential
@@ -54,7 +47,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("halfpi.gateway.sse")
 
-FLUSH_BUDGET = 256 * 1024  # bytes of frames taken from the queue per flush round
 RETRY_MS = 2000  # EventSource's wait before it reconnects (the stream's first block)
 # The pressure marks and the close timeout of the WebSocket transports
 # (gateway/native.py: the native server imports the door, so not from there).
@@ -64,7 +56,14 @@ CLOSE_TIMEOUT_S = 10.0
 
 
 class SseStream:
-    """The Mind's view of one SSE stream (a Caller, a Sink and a Session)."""
+    """One SSE stream's framing: frames become events whose ``id:`` is the
+    resume token of the stream as far as that event; its keep-alive is a
+    ``: ping`` comment (renewing a grant); its end a ``: closed`` comment.
+    The stream's life — queue, replay, liveness, revocation, the cap — is
+    its connection's (:attr:`conn`, made by :meth:`open`)."""
+
+    kind = "sse"
+    budget = FLUSH_BUDGET
 
     def __init__(
         self,
@@ -76,45 +75,33 @@ class SseStream:
         heartbeat_event: bool = False,
     ) -> None:
         self.mind = mind
+        self.credential = credential
         self.heartbeat_event = heartbeat_event  # ?heartbeat=event
         self.loop = asyncio.get_running_loop()
-        self.principal_id: str | None = credential.principal_id
-        self.label = credential.label
-        self.profile = credential.profile
-        self.scopes = credential.scopes
-        self.detail_mode: str | None = None  # set by its face.subscribe (DESIGN §6)
         self.conversations = conversations
         # Where the reader stands in each conversation, as far as what was
         # written to it: the id: of the next event.
         self.cursors = dict(cursors)
         self.grant = grant
         self._token: str | None = None
-        assert self.principal_id is not None
-        self._sealer = Sealer(mind.tickets.key, self.principal_id, conversations)
-        self.queue = OutboundQueue(mind.config.queue)
-        self.subscriptions = mind.subscriptions_for(self)
+        self._sealer = Sealer(mind.tickets.key, credential.principal_id, conversations)
         self.response = SseResponse(self)
-        now = mind.now()
-        self.last_ping = now
-        self.paused_at = now
-        self.paused = False
-        self.closed = False
-        self.bound = False
-        self._flush_scheduled = False
-        # Another protocol carried over the same stream may frame it its own
-        # way without a subclass (``agui.py``: AG-UI events with their own
-        # ids); None: :meth:`encode`.
-        self.framing: Callable[[list[bytes]], bytes] | None = None
+        self._conn: Connection | None = None
 
-    def open(self) -> bool:
-        """Count the stream against its principal's cap and let the Mind's
-        maintenance visit it; False when the cap is reached."""
-        assert self.principal_id is not None
-        if not self.mind.bind(self.principal_id):
-            return False
-        self.bound = True
-        self.mind.add_session(self)
-        return True
+    def open(self) -> Connection:
+        """The stream's connection, welcomed and counted against its
+        principal's cap (:class:`RateLimited` when it is full)."""
+        self._conn = self.mind.connect(self.credential, self, self.mind.liveness("stream"))
+        return self._conn
+
+    @property
+    def conn(self) -> Connection:
+        assert self._conn is not None, "open() first"
+        return self._conn
+
+    @property
+    def closed(self) -> bool:
+        return self._conn is None or self._conn.closed
 
     # -- the resume token ----------------------------------------------------------
 
@@ -127,11 +114,8 @@ class SseStream:
 
     def encode(self, frames: list[bytes]) -> bytes:
         """``frames`` as events, each with the token of the stream after it.
-        Every write of frames goes through here: the hook another framing of
-        the same stream overrides (``durable.py``: Durable Streams events),
-        or replaces through ``framing`` (``agui.py``)."""
-        if self.framing is not None:
-            return self.framing(frames)
+        A door that carries another protocol over the same stream frames it
+        its own way (``durable.py``: Durable Streams events; ``agui.py``)."""
         cursors = self.cursors
         out = []
         for frame in frames:
@@ -144,91 +128,28 @@ class SseStream:
                         if cursors.get(cid) != cursor:
                             cursors[cid] = cursor
                             self._token = None
+            elif type_ == "face.evicted":
+                # Its id: is the token of exactly the cursors it names.
+                cursors.update(_decode_evicted(frame).payload.cursors)
+                self._token = None
             out.append(event_bytes(frame, type_, self.token))
         return b"".join(out)
 
-    # -- outbound (I7), as FaceSession ----------------------------------------------
+    # -- the Framing -----------------------------------------------------------------
 
-    def send(self, m: Message) -> None:
-        if self.closed:
-            return
-        if not (
-            self.paused or self._flush_scheduled or self.subscriptions.replaying or len(self.queue)
-        ):
-            self.response.write(self.encode([self.queue.emit_now(m)]))
-            return
-        if not self.queue.push(m, pressured=self.paused):
-            self.evict()
-            return
-        self.wake()
+    def write(self, frames: list[bytes]) -> None:
+        self.response.write(self.encode(frames))
 
-    def wake(self) -> None:
-        if not self._flush_scheduled and not self.paused and not self.closed:
-            self._flush_scheduled = True
-            self.loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        if self.closed or self.paused:
-            return
-        queue = self.queue
-        frames = queue.take(FLUSH_BUDGET) if len(queue) else []
-        replay = self.subscriptions
-        if not len(queue) and replay.replaying:
-            frames.extend(replay.pull_frames(queue, FLUSH_BUDGET))
-        if frames:
-            self.response.write(self.encode(frames))
-        if (len(queue) or replay.ready) and not self.paused and not self.closed:
-            self._flush_scheduled = True
-            self.loop.call_soon(self._flush)
-
-    def pause_writing(self) -> None:
-        if not self.paused:
-            self.paused = True
-            self.paused_at = self.mind.now()
-
-    def resume_writing(self) -> None:
-        self.paused = False
-        self.wake()
-
-    def evict(self) -> None:
-        """Slow reader (I7): the queue is dropped; a last ``face.evicted``
-        event names the cursors to resume from, and its ``id:`` is the token
-        of exactly those; then the stream ends (EventSource reconnects with
-        that id)."""
-        if self.closed:
-            return
-        self.queue.evict()
-        cursors = self.subscriptions.resume_cursors(self.cursors)
-        self.cursors.update(cursors)
-        self._token = None
-        frame = self.queue.emit_now(to_message(Evicted(cursors=cursors)))
-        self.response.write(self.encode([frame]))
-        self.close(CloseCode.SLOW_CONSUMER, "slow consumer: resume from your cursors")
-
-    # -- maintenance (the Mind's clock) -------------------------------------------------
-
-    def tick(self, now: float) -> float | None:
+    def ping(self) -> None:
         """A ``: ping`` every heartbeat (renewing a grant in its ``id:`` when
-        half its time has gone); the credential re-checked (I8); a reader
-        whose writes stayed blocked ``dead_after_s`` evicted (I7)."""
-        if self.closed:
-            return None
-        config = self.mind.config
-        if self.mind.credential(self.principal_id or "") is None:
-            self.close(CloseCode.REVOKED, "credential revoked")
-            return None
-        if self.paused and now - self.paused_at >= config.dead_after_s:
-            self.evict()
-            return None
-        if now >= self.last_ping + config.heartbeat_s:
-            self.last_ping = now
-            interval = config.heartbeat_s if self.heartbeat_event else None
-            self.response.write(ping_bytes(self._renewed(), interval))
-        deadline = self.last_ping + config.heartbeat_s
-        if self.paused:
-            deadline = min(deadline, self.paused_at + config.dead_after_s)
-        return deadline
+        half its time has gone)."""
+        interval = self.mind.config.heartbeat_s if self.heartbeat_event else None
+        self.response.write(ping_bytes(self._renewed(), interval))
+
+    def close(self, code: int, reason: str) -> None:
+        """End the response after what was written (revocation, drain, eviction)."""
+        self.response.write(b": closed %d %b\n\n" % (code, reason.encode()))
+        self.response.finish()
 
     def _renewed(self) -> str | None:
         """A fresh token when the grant is half spent (None: nothing to renew)."""
@@ -243,30 +164,31 @@ class SseStream:
         self._token = None
         return self.token
 
-    def close(self, code: int, reason: str) -> None:
-        """End the stream after what is queued (revocation, drain, eviction)."""
-        if self.closed:
-            return
-        frames = self.queue.take(self.mind.config.queue.reliable_bytes) if len(self.queue) else []
-        if frames:
-            self.response.write(self.encode(frames))
-        self.closed = True
-        self.response.write(b": closed %d %b\n\n" % (code, reason.encode()))
-        self.response.finish()
-        self._cleanup()
+    # -- the response's side ---------------------------------------------------------
+
+    def pause_writing(self) -> None:
+        if self._conn is not None:
+            self._conn.pause(self.mind.now())
+
+    def resume_writing(self) -> None:
+        if self._conn is not None:
+            self._conn.resume()
 
     def on_closed(self) -> None:
         """The reader is gone (or the response ended)."""
-        if not self.closed:
-            self.closed = True
-            self._cleanup()
+        if self._conn is not None:
+            self._conn.gone()
 
-    def _cleanup(self) -> None:
-        api.disconnected(self.mind, self)
-        self.mind.remove_session(self)
-        if self.bound and self.principal_id is not None:
-            self.bound = False
-            self.mind.unbind(self.principal_id)
+
+class _Cursors(msgspec.Struct):
+    cursors: dict[str, str] = {}
+
+
+class _Evicted(msgspec.Struct):
+    payload: _Cursors
+
+
+_decode_evicted = msgspec.json.Decoder(_Evicted).decode
 
 
 class SseResponse(Response):

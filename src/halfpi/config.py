@@ -17,23 +17,11 @@ from urllib.parse import unquote, urlsplit
 
 import msgspec
 
+from halfpi.core.limits import KiB, MiB, QueueLimits, RequestRetention
 from halfpi.core.throttle import ThrottleLimits
 
 DEFAULT_PORT = 15707
 PROTOCOL_VERSION = 3
-
-KiB = 1024
-MiB = 1024 * KiB
-
-
-@dataclass(frozen=True, slots=True)
-class QueueLimits:
-    """Per-connection outbound queue bounds (DESIGN §11, I7)."""
-
-    reliable_messages: int = 256
-    reliable_bytes: int = 8 * MiB
-    transient_messages: int = 128
-    transient_bytes: int = 512 * KiB
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,15 +32,6 @@ class JournalLimits:
     seconds: float = 300.0
     bytes_per_conversation: int = 64 * MiB
     bytes_total: int = 512 * MiB
-
-
-@dataclass(frozen=True, slots=True)
-class RequestRetention:
-    """Request registry retention (DESIGN §5)."""
-
-    min_seconds: float = 600.0
-    max_per_principal: int = 256
-    tombstone_seconds: float = 86_400.0
 
 
 DEFAULT_SYSTEM_PROMPT = (

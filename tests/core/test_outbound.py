@@ -10,7 +10,7 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from halfpi.config import QueueLimits
+from halfpi.core.limits import QueueLimits
 from halfpi.core.outbound import (
     DELTA,
     PROGRESS,

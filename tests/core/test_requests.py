@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from halfpi.config import RequestRetention
+from halfpi.core.limits import RequestRetention
 from halfpi.core.requests import (
     Decision,
     Finished,

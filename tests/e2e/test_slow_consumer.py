@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import websockets
 
-from halfpi.config import QueueLimits
+from halfpi.core.limits import QueueLimits
 from tests.support.client import FaceClient, seq_of
 from tests.support.cluster_mind import ClusterMind
 from tests.support.mind import MindProcess, local_mind

@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 
 from halfpi.agents.scripted import ScriptedAgent
-from halfpi.config import Config, JournalLimits, QueueLimits
+from halfpi.config import Config, JournalLimits
 from halfpi.core import wire
 from halfpi.core.events import ToolCalled
+from halfpi.core.limits import QueueLimits
 from halfpi.core.outbound import Message, OutboundQueue
 from halfpi.errors import Forbidden, InvalidRequest, RequestConflict, Unavailable
 from halfpi.journal.base import JournalEntry

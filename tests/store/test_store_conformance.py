@@ -25,7 +25,8 @@ from typing import Any
 
 import pytest
 
-from halfpi.config import Config, RequestRetention
+from halfpi.config import Config
+from halfpi.core.limits import RequestRetention
 from halfpi.core.requests import RequestRecord, Tombstone, replay_frames
 from halfpi.core.tasks import task_digest
 from halfpi.errors import HalfpiError, LabelInUse, StoreError, TerminalExists
@@ -458,14 +459,10 @@ async def test_messages_round_trip(messages_store: Any) -> None:
     page = await messages_store.messages("c_2", limit=10, before_seq=None, max_seq=None)
     assert page.messages == [message_row("c_2", 3)]
     assert not page.has_more_older
-    assert page.messages[0].to_wire() == {
-        "seq": 3,
-        "role": "user",
-        "content": "m3",
-        "request_id": None,
-        "status": None,
-        "ts": 103.0,
-    }
+    row = page.messages[0]
+    assert (row.seq, row.role, row.content, row.request_id, row.status, row.ts) == (
+        3, "user", "m3", None, None, 103.0
+    )
 
 
 async def test_a_reply_keeps_its_error_code_and_reason(store: Any) -> None:
@@ -475,8 +472,8 @@ async def test_a_reply_keeps_its_error_code_and_reason(store: Any) -> None:
     await commit(store, WriteTx(messages=[failed]))
     page = await store.messages("c_1", limit=10, before_seq=None, max_seq=None)
     assert page.messages == [failed]
-    assert page.messages[0].to_wire()["error_code"] == "agent_failed"
-    assert page.messages[0].to_wire()["reason"] == "it broke"
+    assert page.messages[0].error_code == "agent_failed"
+    assert page.messages[0].reason == "it broke"
 
 
 async def test_messages_latest_page_is_oldest_first(messages_store: Any) -> None:

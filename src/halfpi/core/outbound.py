@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from halfpi.config import QueueLimits
+from halfpi.core.limits import QueueLimits
 
 RELIABLE = 0
 DELTA = 1  # transient, coalescable

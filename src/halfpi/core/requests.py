@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from halfpi.config import RequestRetention
+from halfpi.core.limits import RequestRetention
 from halfpi.core.states import REQUEST
 
 _encoder = msgspec.json.Encoder(order="sorted")

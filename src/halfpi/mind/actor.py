@@ -469,10 +469,6 @@ class ConversationActor:
         """:meth:`stage` and :meth:`commit` one event (with the rows of ``tx``)."""
         return self.commit(self.stage(data, on_shown=on_shown), tx=tx)
 
-    def shows_approval(self, approval_id: str) -> bool:
-        """Its ``approval.requested`` is published and its resolution is not."""
-        return approval_id in self.visible_approvals
-
     def _take_seq(self) -> int:
         seq = self.next_seq
         self.next_seq = seq + 1

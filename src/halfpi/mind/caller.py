@@ -2,7 +2,7 @@
 
 A :class:`Caller` is an authenticated principal with a reply sink: the
 WebSocket ``FaceSession`` is one; an SSE stream, an HTTP command (a one-shot
-caller whose sink collects its replies) or an AG-UI run will be others. The
+caller whose sink collects its replies) and an AG-UI run are others. The
 Mind API (``mind/api.py``) takes a caller, a decoded command and nothing
 else, so every transport gets the same registry, cancel rules,
 subscriptions and approvals.

@@ -15,9 +15,9 @@ or, below it, from the Store, or a ``face.reset`` with a snapshot (a new
 epoch). Never a silent gap (I4).
 
 **Writes** are never made here: commands for the conversation are
-forwarded to the owner (``mind/forward.py``); a snapshot is the owner's,
-asked over the same link, so it shows the owner's in-memory view (a
-streaming reply's text so far).
+forwarded to the owner (``ClusterNode.forward``, ``mind/cluster_node.py``);
+a snapshot is the owner's, asked over the same link, so it shows the
+owner's in-memory view (a streaming reply's text so far).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from halfpi.config import RequestRetention
+from halfpi.core.limits import RequestRetention
 from halfpi.core.requests import RequestRecord, Tombstone
 from halfpi.core.states import CHAT_EVENT_FOR_STATUS, OUTBOX, REQUEST, RUN_TERMINAL
 from halfpi.errors import IllegalTransition
@@ -108,23 +108,6 @@ class MessageRow:
     # total_tokens, requests}), when the provider said.
     usage: dict[str, int] | None = None
 
-    def to_wire(self) -> dict[str, Any]:
-        wire = {
-            "seq": self.seq,
-            "role": self.role,
-            "content": self.content,
-            "request_id": self.request_id,
-            "status": self.status,
-            "ts": self.ts,
-        }
-        if self.error_code is not None:
-            wire["error_code"] = self.error_code
-        if self.reason is not None:
-            wire["reason"] = self.reason
-        if self.usage is not None:
-            wire["usage"] = self.usage
-        return wire
-
 
 @dataclass(frozen=True, slots=True)
 class ChatRunRow:
@@ -170,38 +153,6 @@ class ToolCallRow:
     result: Any = None
     completed_seq: int | None = None
     finished_at: float | None = None
-
-    def to_wire(self, position: int | None = None) -> dict[str, Any]:
-        """As a Face sees it at log position ``position`` (completion hidden
-        if it happened after), before detail-mode projection."""
-        done = self.completed_seq is not None and (
-            position is None or self.completed_seq <= position
-        )
-        record: dict[str, Any] = {
-            "tool_call_id": self.tool_call_id,
-            "request_id": self.request_id,
-            "tool": self.tool,
-            "detail_mode": self.detail_mode,
-            "args_digest": self.args_digest,
-            "scan_warnings": list(self.scan_warnings),
-            "hand": self.hand_id,
-            "run_id": self.run_id,
-            "status": self.status if done else "running",
-            "seq": self.called_seq,
-        }
-        if self.args is not None:
-            record["args"] = self.args
-        if done:
-            record.update(
-                success=self.success,
-                output_bytes=self.output_bytes,
-                digest=self.digest,
-                truncated=self.truncated,
-                error_category=self.error_category,
-            )
-            if self.result is not None:
-                record["result"] = self.result
-        return record
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from halfpi.config import RequestRetention
+from halfpi.core.limits import RequestRetention
 from halfpi.core.metrics import COMMIT_BUCKETS, Histogram
 from halfpi.core.requests import RequestRecord, Tombstone
 from halfpi.errors import FencedOut, HalfpiError, StoreError, TerminalExists

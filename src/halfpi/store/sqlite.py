@@ -25,7 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from halfpi.config import RequestRetention
+from halfpi.core.limits import RequestRetention
 from halfpi.core.metrics import COMMIT_BUCKETS, Histogram
 from halfpi.core.requests import RequestRecord, Tombstone
 from halfpi.errors import StoreError, TerminalExists

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from halfpi.config import RequestRetention
+from halfpi.core.limits import RequestRetention
 from halfpi.core.requests import Finished, RequestRecord, Tombstone, prunable
 from halfpi.errors import LabelInUse
 from halfpi.store import outbox

@@ -33,10 +33,12 @@ from _bench import (
 )
 
 HERE = Path(__file__).resolve().parent
-BENCHES = ("fanout", "resume", "append", "memory", "idle", "model_stream", "sse_fanout")
+BENCHES = ("fanout", "resume", "append", "memory", "idle", "model_stream", "sse_fanout",
+           "door_cpu")
 # Cluster mode (throw-away PostgreSQL and redis-server needed): run with --cluster.
 CLUSTER_BENCHES = ("pg_append", "cluster_fanout")
-WITH_ASGI = ("fanout", "memory", "sse_fanout")  # the benchmarks that also run the ASGI adapter
+# the benchmarks that also run the ASGI adapter
+WITH_ASGI = ("fanout", "memory", "sse_fanout", "door_cpu")
 SERVERS = ("native", "asgi")
 
 

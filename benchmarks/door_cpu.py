@@ -1,0 +1,435 @@
+"""Server CPU per delivered event: the SSE door against the WebSocket door.
+
+Both doors on **the same Mind, the same workload, in one run**; the figure
+is the Mind's CPU (every thread, from /proc) divided by the events its
+readers received, and the headline is SSE / WebSocket, the median of the
+per-round ratios with its min-max spread (targets: ≤ 1.3x at 1 and 10
+readers, ≤ 1.5x for a resume).
+
+- **Fan-out**: N readers (1 and 10) follow one conversation, either as
+  WebSocket Faces (``face.subscribe``, ``_load.py``) or as SSE streams
+  (``GET /v1/conversations/{id}/events`` with a bearer header,
+  docs/protocol.md §17; ``sse_fanout.py``'s readers). Each door has its
+  own conversation, so the other door's readers stay idle. A driver Face
+  (this process) sends ``/repeat K x`` to a Mind whose scripted agent runs
+  at full speed; the round ends when every reader saw ``chat.completed``
+  and the driver its ``face.result``. The readers live in load processes,
+  on raw sockets, counting bytes and markers, never decoding. Delivered
+  events = the chat's events (its head cursor moved by K deltas + 3) x N.
+  Each round is three chats, the order rotating round by round: one to the
+  WS readers, one to the SSE readers, and one in a conversation nobody
+  follows, whose CPU (the agent, the store, the driver's answers) is taken
+  off the other two for a second figure: **the door's own** CPU per
+  delivered event, where the ratio is not diluted by what both doors
+  share (no target; the headline keeps the issue's definition). A ratio is
+  refused when a load process saturated (``_bench.figure``): the load is
+  spread over more processes after a saturated warm-up. A delta merged
+  into another (``first_seq``: the reader fell behind) makes a round
+  cheaper and is counted in the ``merged`` column.
+- **Resume**: a reader missed 10,000 events (``/repeat 9997 x`` in a new
+  conversation after it left) and comes back: WebSocket: connect,
+  ``face.hello``, ``face.subscribe{since: cursor}``; SSE: connect, ``GET``
+  with ``Last-Event-ID`` = the stream's token. Figures, from the connect
+  to the last replayed event: the Mind's CPU, and the wall time. The
+  reader is this process; when it saturates, the wall time says more
+  about it than about the Mind and its ratio is refused, while the Mind's
+  CPU is not bent (every event is checked delivered).
+- ``--servers native asgi``: the same on ``halfpi mind`` and on
+  ``halfpi mind --server asgi``, one Mind after the other.
+- ``--src SRC``: the Minds import halfpi from another tree's ``src``
+  (before/after: run once with ``--src /tmp/before/src`` of a
+  ``git worktree`` at the old commit, once without).
+
+    python benchmarks/door_cpu.py [--quick] [--rounds N] [--readers 1 10]
+                                  [--servers native asgi] [--parts fanout resume]
+                                  [--src SRC] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _bench import (
+    PYTHON,
+    ROOT,
+    SATURATED,
+    CpuWindow,
+    MindServer,
+    figure,
+    median,
+    python_of,
+    raise_nofile,
+    stop_all,
+    summary_table,
+    table,
+    workdir,
+    write_json,
+)
+from _client import (
+    WsClient,
+    close_all,
+    create_conversation,
+    face,
+    is_chat_end,
+    is_reply,
+    rid,
+    subscribe,
+)
+from _load import LoadPool
+from sse_fanout import Catcher, http_base
+from sse_fanout import Pool as SsePool
+
+DELTAS = {1: 20_000, 10: 6_000}  # per round: about 0.5-1.5 s of streaming
+PROCS = {1: 1, 10: 2}  # load processes to start with
+MAX_PROCS = 8
+FANOUT_TARGET = 1.3
+RESUME_TARGET = 1.5
+MISSED = 10_000  # events: chat.message, chat.started, 9,997 deltas, chat.completed
+DOORS = ("ws", "sse")
+SNAPSHOT_ID = re.compile(rb"event: face\.snapshot\ndata: [^\n]*\nid: ([^\n]+)\n")
+
+
+def seq_of(cursor: str) -> int:
+    return int(cursor.rpartition(".")[2])
+
+
+def commit() -> str:
+    """The commit the Minds run (``+`` when src/ has uncommitted changes)."""
+    def git(*argv: str) -> str:
+        return subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True,
+                              check=False).stdout.strip()
+    return git("log", "-1", "--format=%h") + ("+" if git("status", "--porcelain", "--",
+                                                         "src") else "")
+
+
+# -- fan-out ------------------------------------------------------------------------------
+
+
+class Door:
+    """N readers of one conversation through one door, and the driver that
+    makes the conversation's chats."""
+
+    def __init__(self, name: str, mind: MindServer, driver: WsClient, conversation_id: str,
+                 pool: LoadPool | SsePool | None, n: int) -> None:
+        self.name = name
+        self.mind = mind
+        self.driver = driver
+        self.conversation_id = conversation_id
+        self.pool = pool
+        self.n = n
+        self.head = 0  # the conversation's last seq
+
+    async def round(self, count: int) -> dict[str, Any]:
+        request_id = rid("chat")
+        if isinstance(self.pool, LoadPool):
+            await self.pool.arm(request_id)
+        elif self.pool is not None:
+            await self.pool.arm()
+        with CpuWindow(self.mind.pid, self.pool.pids if self.pool else ()) as window:
+            sent = time.time_ns()
+            self.driver.send("face.chat", {"request_id": request_id, "content":
+                                           f"/repeat {count} x",
+                                           "conversation_id": self.conversation_id})
+            subs: dict[str, Any] = ({"frames": 0, "end_ns": 0} if self.pool is None
+                                    else await self.pool.collect())
+            result = await self.driver.expect(is_reply(request_id, "face.result", "face.error"),
+                                              120)
+        if result["type"] != "face.result" or result["payload"]["status"] != "succeeded":
+            raise RuntimeError(f"{self.name}: chat failed: {result}")
+        head = seq_of(result["payload"]["data"]["cursor"])
+        events, self.head = head - self.head, head
+        delivered = events * self.n
+        # Delta frames the readers got: one per delta unless some were merged
+        # (WS: "frames"; the SSE readers count each delta event's marker).
+        frames = subs["frames"] if "frames" in subs else subs["events"]
+        return {
+            "delivered": delivered,
+            "merged": count * self.n - frames,
+            "us_per_event": window.server * 1e6 / delivered if delivered else 0.0,
+            "chat_s": (max(subs["end_ns"], result["_at"]) - sent) / 1e9,
+            **window.as_dict(),
+        }
+
+    async def close(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()
+
+
+async def open_doors(mind: MindServer, driver: WsClient, n: int, procs: int) -> list[Door]:
+    token = mind.token
+    ws_cid = await create_conversation(driver, f"door-ws-{n}")
+    ws_pool = await LoadPool(procs).connect("mind", mind.url, n, token=token,
+                                            conversation_id=ws_cid)
+    sse_cid = await create_conversation(driver, f"door-sse-{n}")
+    sse_pool = await SsePool(procs).connect(
+        http_base(mind.url), f"/v1/conversations/{sse_cid}/events",
+        {"Authorization": f"Bearer {token}"}, n, "face.snapshot")
+    nobody = await create_conversation(driver, f"door-none-{n}")
+    return [Door("ws", mind, driver, ws_cid, ws_pool, n),
+            Door("sse", mind, driver, sse_cid, sse_pool, n),
+            Door("none", mind, driver, nobody, None, n)]
+
+
+async def fanout(mind: MindServer, driver: WsClient, n: int, count: int,
+                 rounds: int) -> dict[str, Any]:
+    procs = PROCS[n]
+    doors = await open_doors(mind, driver, n, procs)
+    try:
+        while True:  # warm-up; spread the load further while a load process saturates
+            busiest = max([(await door.round(max(200, count // 4)))["load_max"]
+                           for door in doors])
+            if busiest < SATURATED or procs >= min(MAX_PROCS, n):
+                break
+            print(f"{mind.server}, {n} readers: a load process at {busiest:.0%}; spreading "
+                  f"over {procs * 2}", file=sys.stderr)
+            for door in doors:
+                await door.close()
+            procs *= 2
+            doors = await open_doors(mind, driver, n, procs)
+        runs: dict[str, list[dict[str, Any]]] = {door.name: [] for door in doors}
+        for index in range(rounds):
+            shift = index % len(doors)
+            for door in doors[shift:] + doors[:shift]:
+                runs[door.name].append(await door.round(count))
+    finally:
+        for door in doors:
+            await door.close()
+    for name in DOORS:  # what the door adds to a chat nobody reads, same round
+        for x, alone in zip(runs[name], runs["none"], strict=True):
+            x["door_us"] = (x["server_cpu_s"] - alone["server_cpu_s"]) * 1e6 / x["delivered"]
+    return {"n": n, "count": count, "procs": procs, **runs}
+
+
+# -- resume -------------------------------------------------------------------------------
+
+
+async def _missed_chat(driver: WsClient, conversation_id: str) -> str:
+    request_id = rid("missed")
+    driver.send("face.chat", {"request_id": request_id, "conversation_id": conversation_id,
+                              "content": f"/repeat {MISSED - 3} x"})
+    await driver.expect(is_reply(request_id, "face.result"), 120)
+    return request_id
+
+
+async def resume_ws(mind: MindServer, driver: WsClient) -> dict[str, Any]:
+    cid = await create_conversation(driver, "resume-ws")
+    away = await face(mind.url, mind.token)
+    cursor = (await subscribe(away, cid))["payload"]["heads"][cid]
+    await close_all([away])
+    request_id = await _missed_chat(driver, cid)
+    sub_id = rid("sub")
+    with CpuWindow(mind.pid) as window:
+        client = await face(mind.url, mind.token)
+        client.send("face.subscribe", {"request_id": sub_id, "conversation_ids": [cid],
+                                       "since": {cid: cursor}})
+        await client.expect(is_chat_end(request_id), 60)
+    accepted = await client.expect(is_reply(sub_id, "face.accepted"))
+    deltas = client.events
+    await close_all([client])
+    return {"replay": accepted["payload"]["replay"], "deltas": deltas,
+            "cpu_ms": window.server * 1e3, **window.as_dict()}
+
+
+async def _sse_token(host: str, port: int, target: str, auth: dict[str, str]) -> str:
+    """Open a stream, take the id of its snapshot, leave."""
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(_get(host, port, target, auth))
+    seen = b""
+    while not (match := SNAPSHOT_ID.search(seen)):
+        chunk = await asyncio.wait_for(reader.read(65536), 30)
+        if not chunk:
+            raise RuntimeError(f"stream ended before its snapshot: {seen[:300]!r}")
+        seen += chunk
+    writer.close()
+    with contextlib.suppress(ConnectionError):
+        await writer.wait_closed()
+    return match.group(1).decode()
+
+
+def _get(host: str, port: int, target: str, headers: dict[str, str]) -> bytes:
+    lines = [f"GET {target} HTTP/1.1", f"Host: {host}:{port}",
+             *(f"{k}: {v}" for k, v in headers.items()), "", ""]
+    return "\r\n".join(lines).encode()
+
+
+async def resume_sse(mind: MindServer, driver: WsClient) -> dict[str, Any]:
+    cid = await create_conversation(driver, "resume-sse")
+    host, port = http_base(mind.url).removeprefix("http://").split(":")
+    target = f"/v1/conversations/{cid}/events"
+    auth = {"Authorization": f"Bearer {mind.token}"}
+    token = await _sse_token(host, int(port), target, auth)
+    await _missed_chat(driver, cid)
+    loop = asyncio.get_running_loop()
+    with CpuWindow(mind.pid) as window:
+        transport, catcher = await loop.create_connection(Catcher, host, int(port))
+        transport.write(_get(host, int(port), target, {**auth, "Last-Event-ID": token}))
+        await asyncio.wait_for(catcher.done, 60)
+    transport.close()
+    return {"replay": "exact" if catcher.deltas == MISSED - 3 else "?", "deltas": catcher.deltas,
+            "cpu_ms": window.server * 1e3, **window.as_dict()}
+
+
+async def resume(mind: MindServer, driver: WsClient, rounds: int) -> dict[str, Any]:
+    doors = {"ws": resume_ws, "sse": resume_sse}
+    for run in doors.values():  # warm-up
+        await run(mind, driver)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in doors}
+    for index in range(rounds):
+        for name in DOORS if index % 2 == 0 else DOORS[::-1]:
+            result = await doors[name](mind, driver)
+            if result["replay"] != "exact" or result["deltas"] != MISSED - 3:
+                print(f"warning: {mind.server} {name} resume: replay={result['replay']}, "
+                      f"{result['deltas']:,} of {MISSED - 3:,} deltas", file=sys.stderr)
+            runs[name].append(result)
+    return runs
+
+
+# -- report -------------------------------------------------------------------------------
+
+
+def _pct(x: float) -> str:
+    return f"{x:.0%}"
+
+
+def fanout_rows(kind: str, r: dict[str, Any], rev: str) -> tuple[list[list[Any]],
+                                                                  list[dict[str, Any]]]:
+    rows = []
+    for i, (ws, sse) in enumerate(zip(r["ws"], r["sse"], strict=True)):
+        rows.append([f"{kind}, {r['n']} readers #{i + 1}", ws["us_per_event"],
+                     sse["us_per_event"], sse["us_per_event"] / ws["us_per_event"],
+                     ws["door_us"], sse["door_us"], sse["door_us"] / ws["door_us"],
+                     ws["chat_s"], sse["chat_s"],
+                     f"{_pct(ws['server_util'])}/{_pct(sse['server_util'])}",
+                     f"{_pct(ws['load_max'])}/{_pct(sse['load_max'])}",
+                     f"{ws['saturated']}/{sse['saturated']}", f"{ws['merged']}/{sse['merged']}",
+                     f"{_pct(ws['others_util'])}/{_pct(sse['others_util'])}"])
+    label = "ASGI: " if kind == "asgi" else ""
+    readers = f"{r['n']} reader{'s' if r['n'] > 1 else ''}"
+    merged = sum(x["merged"] for x in (*r["ws"], *r["sse"]))
+    alone = median([x["server_cpu_s"] * 1e3 for x in r["none"]])
+    row = figure(
+        "door_cpu", f"{label}SSE / WebSocket: Mind CPU per delivered event, {readers}",
+        "µs/event", r["sse"], r["ws"], "us_per_event", lower_is_better=True,
+        target=f"≤ {FANOUT_TARGET:g}x WebSocket",
+        judge=lambda _m, ratio: None if ratio is None else ratio <= FANOUT_TARGET,
+        note=f"halfpi = SSE, baseline = WebSocket, same Mind ({rev}); {r['count']:,} deltas "
+             f"per chat; {r['procs']} load process{'es' if r['procs'] > 1 else ''}"
+             + (f"; {merged:,} deltas merged" if merged else ""),
+    )
+    own = figure(
+        "door_cpu", f"{label}SSE / WebSocket: the door's own CPU per delivered event, {readers}",
+        "µs/event", r["sse"], r["ws"], "door_us", lower_is_better=True,
+        note=f"minus the same chat with no reader, same round (median {alone:.0f} ms); "
+             f"halfpi = SSE, baseline = WebSocket ({rev})",
+    )
+    return rows, [{**row, "adapter": kind, "commit": rev}, {**own, "adapter": kind,
+                                                            "commit": rev}]
+
+
+def resume_rows(kind: str, runs: dict[str, list[dict[str, Any]]],
+                rev: str) -> tuple[list[list[Any]], list[dict[str, Any]]]:
+    rows = []
+    for i, (ws, sse) in enumerate(zip(runs["ws"], runs["sse"], strict=True)):
+        rows.append([f"{kind} #{i + 1}", ws["cpu_ms"], sse["cpu_ms"], sse["cpu_ms"] / ws["cpu_ms"],
+                     ws["wall_s"], sse["wall_s"], sse["wall_s"] / ws["wall_s"],
+                     f"{_pct(ws['load_max'])}/{_pct(sse['load_max'])}",
+                     f"{_pct(ws['others_util'])}/{_pct(sse['others_util'])}"])
+    label = "ASGI: " if kind == "asgi" else ""
+    note = f"halfpi = SSE, baseline = WebSocket, same Mind ({rev}); from the reconnect to the last"
+    summary = [
+        {**figure("door_cpu", f"{label}SSE / WebSocket: Mind CPU per resume of {MISSED:,} "
+                  "events", "ms", runs["sse"], runs["ws"], "cpu_ms", lower_is_better=True,
+                  target=f"≤ {RESUME_TARGET:g}x WebSocket",
+                  judge=lambda _m, ratio: None if ratio is None else ratio <= RESUME_TARGET,
+                  refuse_when_load_bound=False,
+                  note=note + " event; not bent by the reader (this process) saturating"),
+         "adapter": kind, "commit": rev},
+        {**figure("door_cpu", f"{label}SSE / WebSocket: wall time of that resume", "s",
+                  runs["sse"], runs["ws"], "wall_s", lower_is_better=True, note=note + " event"),
+         "adapter": kind, "commit": rev},
+    ]
+    return rows, summary
+
+
+def report(rows: list[list[Any]], resumed: list[list[Any]], summary: list[dict[str, Any]],
+           rounds: int) -> None:
+    if rows:
+        print(table(["round", "WS µs/ev", "SSE µs/ev", "SSE/WS", "WS door µs", "SSE door µs",
+                     "door SSE/WS", "WS chat s", "SSE chat s",
+                     "Mind CPU WS/SSE", "busiest load", "saturated", "merged", "rest"], rows,
+                    f"Fan-out: the Mind's CPU per delivered event ({rounds} rounds per door, "
+                    "the order rotating; door µs: minus the chat nobody reads; CPU: share of "
+                    "one core; rest = the rest of the machine)"))
+    if resumed:
+        print()
+        print(table(["resume", "WS CPU ms", "SSE CPU ms", "SSE/WS", "WS wall s", "SSE wall s",
+                     "SSE/WS wall", "reader CPU", "rest"], resumed,
+                    f"Resume of {MISSED:,} missed events, from the reconnect to the last "
+                    f"event ({rounds} rounds per door, alternating)"))
+    print()
+    print(summary_table(summary, "Doors: SSE against WebSocket on the same Mind (medians; "
+                                 "ratio = median of per-round ratios, SSE / WebSocket)"))
+
+
+async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
+    raise_nofile(8192)
+    python = python_of(args.src) if args.src else (PYTHON,)
+    rows: list[list[Any]] = []
+    resumed: list[list[Any]] = []
+    summary: list[dict[str, Any]] = []
+    with workdir("halfpi-doors-") as tmp:
+        for kind in args.servers:
+            rev = args.src or commit()
+            mind = MindServer(tmp / f"mind-{kind}", delta_ms=0, server=kind, python=python)
+            mind.start()
+            print(f"{kind} Mind from {rev}", file=sys.stderr)
+            try:
+                driver = await face(mind.url, mind.token)
+                for n in args.readers if "fanout" in args.parts else []:
+                    count = max(200, int(DELTAS.get(n, 6_000) * args.scale))
+                    got, fig = fanout_rows(kind, await fanout(mind, driver, n, count,
+                                                              args.rounds), rev)
+                    rows += got
+                    summary += fig
+                if "resume" in args.parts:
+                    got, fig = resume_rows(kind, await resume(mind, driver, args.rounds), rev)
+                    resumed += got
+                    summary += fig
+                await close_all([driver])
+            finally:
+                await stop_all(mind)
+    report(rows, resumed, summary, args.rounds)
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5, help="measured rounds per door")
+    parser.add_argument("--quick", action="store_true", help="a third of the work, 2 rounds")
+    parser.add_argument("--readers", type=int, nargs="+", default=[1, 10])
+    parser.add_argument("--servers", nargs="+", choices=("native", "asgi"),
+                        default=["native", "asgi"])
+    parser.add_argument("--parts", nargs="+", choices=("fanout", "resume"),
+                        default=["fanout", "resume"])
+    parser.add_argument("--src", help="run the Minds from this tree's src (before/after)")
+    parser.add_argument("--json", help="write the summary rows to this file")
+    args = parser.parse_args()
+    args.scale = 1 / 3 if args.quick else 1.0
+    if args.quick:
+        args.rounds = min(args.rounds, 2)
+    rows = asyncio.run(main_async(args))
+    write_json(args.json, rows, {"bench": "door_cpu"})
+
+
+if __name__ == "__main__":
+    main()

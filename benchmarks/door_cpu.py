@@ -24,8 +24,10 @@ readers, ≤ 1.5x for a resume).
   share (no target; the headline keeps the issue's definition). A ratio is
   refused when a load process saturated (``_bench.figure``): the load is
   spread over more processes after a saturated warm-up. A delta merged
-  into another (``first_seq``: the reader fell behind) makes a round
-  cheaper and is counted in the ``merged`` column.
+  into another (``first_seq``: the stream's queue fell behind, docs/
+  protocol.md §10) still counts as delivered but makes a round cheaper
+  (fewer frames): merges are shown per round (``merged``) and the ratio
+  over the rounds where neither door merged is noted.
 - **Resume**: a reader missed 10,000 events (``/repeat 9997 x`` in a new
   conversation after it left) and comes back: WebSocket: connect,
   ``face.hello``, ``face.subscribe{since: cursor}``; SSE: connect, ``GET``
@@ -50,6 +52,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import re
 import subprocess
 import sys
@@ -104,12 +107,18 @@ def seq_of(cursor: str) -> int:
 
 
 def commit() -> str:
-    """The commit the Minds run (``+`` when src/ has uncommitted changes)."""
+    """The commit the Minds run; with uncommitted changes under src/, ``+``
+    and a hash of their diff, so that two runs of one dirty tree can be told
+    apart (the files are printed on stderr)."""
     def git(*argv: str) -> str:
         return subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True,
                               check=False).stdout.strip()
-    return git("log", "-1", "--format=%h") + ("+" if git("status", "--porcelain", "--",
-                                                         "src") else "")
+    head = git("log", "-1", "--format=%h")
+    dirty = git("status", "--porcelain", "--", "src")
+    if not dirty:
+        return head
+    print(f"uncommitted under src/ (the Minds run them):\n{dirty}", file=sys.stderr)
+    return f"{head}+{hashlib.sha1(git('diff', 'HEAD', '--', 'src').encode()).hexdigest()[:7]}"
 
 
 # -- fan-out ------------------------------------------------------------------------------
@@ -316,6 +325,9 @@ def fanout_rows(kind: str, r: dict[str, Any], rev: str) -> tuple[list[list[Any]]
     label = "ASGI: " if kind == "asgi" else ""
     readers = f"{r['n']} reader{'s' if r['n'] > 1 else ''}"
     merged = sum(x["merged"] for x in (*r["ws"], *r["sse"]))
+    clean = [s["us_per_event"] / w["us_per_event"] for w, s in zip(r["ws"], r["sse"],
+                                                                     strict=True)
+             if not w["merged"] and not s["merged"]]
     alone = median([x["server_cpu_s"] * 1e3 for x in r["none"]])
     row = figure(
         "door_cpu", f"{label}SSE / WebSocket: Mind CPU per delivered event, {readers}",
@@ -324,7 +336,8 @@ def fanout_rows(kind: str, r: dict[str, Any], rev: str) -> tuple[list[list[Any]]
         judge=lambda _m, ratio: None if ratio is None else ratio <= FANOUT_TARGET,
         note=f"halfpi = SSE, baseline = WebSocket, same Mind ({rev}); {r['count']:,} deltas "
              f"per chat; {r['procs']} load process{'es' if r['procs'] > 1 else ''}"
-             + (f"; {merged:,} deltas merged" if merged else ""),
+             + (f"; {merged:,} deltas merged (cheaper rounds); rounds where neither door "
+                f"merged: {len(clean)}, ratio median {median(clean):.2f}" if merged else ""),
     )
     own = figure(
         "door_cpu", f"{label}SSE / WebSocket: the door's own CPU per delivered event, {readers}",

@@ -24,11 +24,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from halfpi.core.backoff import backoff
+from halfpi.core.events import Snapshot
 from halfpi.face.client import ChatHandle, FaceClient
 from halfpi.face.errors import CommandError
 from halfpi.face.view import ConversationView
@@ -149,7 +151,7 @@ async def _check(mind: MindProcess, client: FaceClient, cid: str, handles: list[
     finally:
         await truth_face.close()
     truth = ConversationView(cid)
-    truth.apply_snapshot(snapshot)
+    truth.apply_snapshot(msgspec.convert(snapshot, Snapshot))
     assert truth.streaming == {}, "everything settled, nothing may still be streaming"
     view = await client.wait_view(
         cid, lambda v: v.epoch == truth.epoch and v.seq >= truth.seq and not v.streaming, 30
@@ -165,7 +167,7 @@ async def _check(mind: MindProcess, client: FaceClient, cid: str, handles: list[
         if is_chat:
             assert user_ids.get(handle.request_id, 0) == (1 if accepted else 0)
     # I6: only what the Mind declared replay-safe was ever sent twice.
-    safe = set(client.welcome["replay_safe"])
+    safe = set(client.welcome.replay_safe)
     sends = Counter((type_, rid) for _, type_, rid in client.sent_log)
     assert all(type_ in safe for (type_, _), n in sends.items() if n > 1)
 

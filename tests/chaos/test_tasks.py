@@ -30,11 +30,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from halfpi.core.backoff import backoff
+from halfpi.core.events import HandPage, Snapshot
 from halfpi.core.states import OUTBOX
-from halfpi.face.client import FaceClient
+from halfpi.face.client import FaceClient, Result
 from halfpi.face.view import ConversationView
 from tests.support.cli import hand_add
 from tests.support.client import FaceClient as RawClient
@@ -120,7 +122,8 @@ async def hand_connected(client: FaceClient) -> bool:
         listed = await client.request("face.hand.list")
     except Exception:  # the Mind is restarting: ask again
         return False
-    return any(h["hand_id"] == "box" and h["connected"] for h in listed.data["hands"])
+    assert isinstance(listed, Result) and isinstance(listed.data, HandPage)
+    return any(h["hand_id"] == "box" and h["connected"] for h in listed.data.hands)
 
 
 def label_of(task: dict[str, Any]) -> str:
@@ -219,7 +222,7 @@ async def check(world: World, client: FaceClient, cid: str, labels: set[str]) ->
     for label in labels - set(admitted):
         assert ran[label] == 0, f"{label} ran without being admitted"
     truth = ConversationView(cid)
-    truth.apply_snapshot(snapshot)
+    truth.apply_snapshot(msgspec.convert(snapshot, Snapshot))
     try:
         view = await client.wait_view(
             cid,

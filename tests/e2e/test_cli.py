@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from halfpi.core.events import HandPage
 from halfpi.face.client import FaceClient as SdkClient
+from halfpi.face.client import Result as SdkResult
 from tests.support.cli import hand_add
 from tests.support.mind import MindProcess
 
@@ -277,7 +279,9 @@ async def test_a_hand_given_home_dials_the_mind_that_home_names(tmp_path: Path) 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 20
         while True:  # poll the Mind's own view with a deadline
-            hands = (await face.request("face.hand.list")).data["hands"]
+            listed = await face.request("face.hand.list")
+            assert isinstance(listed, SdkResult) and isinstance(listed.data, HandPage)
+            hands = listed.data.hands
             if any(h["hand_id"] == "pi" and h["connected"] for h in hands):
                 break
             assert hand.poll() is None, hand.communicate()[1]

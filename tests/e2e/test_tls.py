@@ -130,7 +130,7 @@ async def test_the_sdk_takes_a_ca_path_or_a_context(tls: Tls, tls_mind: MindProc
     for trust in (str(tls.ca), tls.ca, tls.context()):
         client = SdkClient(tls_mind.url, tls_mind.token, ssl=trust)
         await client.connect(timeout=20)
-        assert client.welcome["principal_id"]
+        assert client.welcome.principal_id
         await client.close()
 
 

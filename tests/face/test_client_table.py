@@ -19,10 +19,12 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import pytest
 
 from halfpi.config import PROTOCOL_VERSION
 from halfpi.core.backoff import backoff
+from halfpi.core.events import Accepted, ApprovalPending, Snapshot
 from halfpi.face.client import ConnectionLost, FaceClient, Result, Status
 from halfpi.face.errors import AuthError, CommandError, OutcomeUnknown, RequestConflict
 from halfpi.face.view import TERMINAL_EVENTS, ConversationView
@@ -33,6 +35,9 @@ TIMEOUT = 2.0
 SEED = 20240607
 URL = "ws://mind.test/v1/face"
 EPOCH = "e1"
+LIMITS = {"max_frame_bytes": 1 << 20, "max_chat_bytes": 1 << 16,
+          "reliable_queue_messages": 1000, "reliable_queue_bytes": 1 << 24,
+          "transient_queue_messages": 100, "transient_queue_bytes": 1 << 20}
 REPLAY_SAFE = [
     "face.chat",
     "face.chat.cancel",
@@ -271,7 +276,7 @@ class FakeMind:
                         "protocol": PROTOCOL_VERSION,
                         "node_id": "n_1",
                         "heartbeat_s": 3600.0,
-                        "limits": {},
+                        "limits": LIMITS,
                         "replay_safe": list(self.replay_safe),
                         "features": list(self.features),
                     },
@@ -481,7 +486,7 @@ async def test_hello_is_the_first_frame_on_every_connection(rig: Rig) -> None:
         assert first["payload"]["token"] == "hpf_secret"
         assert first["payload"]["protocol"] == PROTOCOL_VERSION
         assert first["payload"]["client"]["name"] == "table-face"
-    assert client.welcome["replay_safe"] == REPLAY_SAFE
+    assert client.welcome.replay_safe == REPLAY_SAFE
     assert client.status == Status("live", url=URL)
 
 
@@ -597,9 +602,9 @@ async def test_I6_replay_safe_command_is_resent_with_the_same_request_id(
     assert not task.done()
 
     link2.push("face.accepted", {"request_id": "r-1", "operation": type_})
-    link2.push("face.result", {"request_id": "r-1", "status": "succeeded", "data": {"x": 1}})
+    link2.push("face.result", {"request_id": "r-1", "status": "succeeded"})
     result = await asyncio.wait_for(task, TIMEOUT)
-    assert result == Result("r-1", "succeeded", data={"x": 1})
+    assert result == Result("r-1", "succeeded")
 
 
 @pytest.mark.parametrize(
@@ -632,7 +637,7 @@ async def test_I6_unsafe_command_accepted_before_the_cut_keeps_its_acceptance(ri
     handle = await client.chat("c_1", "hello", request_id="q-1")
     link1.push("face.accepted", {"request_id": "q-1", "operation": "chat", "run_id": "r_1"})
     accepted = await asyncio.wait_for(handle.accepted(), TIMEOUT)
-    assert accepted["run_id"] == "r_1"
+    assert accepted is not None and accepted.run_id == "r_1"
 
     link2 = await rig.relink(link1)
     with pytest.raises(OutcomeUnknown):
@@ -1014,7 +1019,7 @@ async def test_resubscribe_after_a_reconnect_resumes_exactly(rig: Rig) -> None:
     assert link2.frames("face.subscribe")[0]["since"] == {"c_1": f"{EPOCH}.3"}
     assert message_seqs(view) == [1, 2, 3, 4, 5, 6]
     truth = ConversationView("c_1")
-    truth.apply_snapshot(conv.snapshot())
+    truth.apply_snapshot(msgspec.convert(conv.snapshot(), Snapshot))
     assert view.summary() == truth.summary()
 
 
@@ -1170,7 +1175,8 @@ async def test_request_subscribe_without_a_view_does_not_break_the_client(rig: R
             task.cancel()
     assert supervisor not in done, f"the supervisor ended: {supervisor.exception()!r}"
     assert task in done
-    assert task.result()["conversations"] == {"c_9": "exact"}
+    accepted = task.result()
+    assert isinstance(accepted, Accepted) and accepted.conversations == {"c_9": "exact"}
     # Still connected and serving commands.
     handle = await client.chat("c_9", "still there?", request_id="q-1")
     link.push("face.result", {"request_id": "q-1", "status": "succeeded"})
@@ -1191,8 +1197,7 @@ async def test_I6_unsafe_chat_is_reconciled_from_the_conversation_not_resent(rig
              content="hi there")
     link2 = await rig.relink(link1)
     result = await asyncio.wait_for(handle.result(), TIMEOUT)
-    assert (result.status, result.content, result.data) == (
-        "succeeded", "hi there", {"reconciled": True})
+    assert (result.status, result.content, result.reconciled) == ("succeeded", "hi there", True)
     assert link2.frames("face.chat") == []
     assert [f["conversation_id"] for f in link2.frames("face.conversation.snapshot")] == ["c_1"]
 
@@ -1336,8 +1341,8 @@ async def test_the_conversation_list_is_read_on_connect_and_kept_live(rig: Rig) 
     assert ("conversations", "c_2") in rig.updates
     link.push("face.conversation.changed",
               {"conversation": conversation("c_2", "trip", 2.0), "change": "renamed"})
-    await rig.changes.until(lambda: client.conversations["c_2"]["name"] == "trip", "renamed")
-    assert [c["id"] for c in client.conversation_list()] == ["c_2", "c_1"]
+    await rig.changes.until(lambda: client.conversations["c_2"].name == "trip", "renamed")
+    assert list(client.conversations) == ["c_2", "c_1"]  # newest first
     # The news is the caller's news too; the client's own reads are not.
     assert len(rig.received("face.conversation.changed")) == 2
     assert rig.received("face.result") == []
@@ -1369,7 +1374,7 @@ async def test_news_that_comes_while_the_list_is_read_wins(rig: Rig) -> None:
     rig.mind.listed = stale  # the read was answered from before the news
     rig.mind.answer_list(link, link.frames("face.conversation.list")[0]["request_id"])
     await rig.changes.until(lambda: ("conversations", "") in rig.updates, "the read applied")
-    assert client.conversations["c_1"]["name"] == "new name"
+    assert client.conversations["c_1"].name == "new name"
     assert "c_2" in client.conversations
 
 
@@ -1395,7 +1400,7 @@ async def test_pending_approvals_across_conversations_stay_live(rig: Rig) -> Non
     await rig.changes.until(lambda: "a_1" in client.approvals, "the pending list")
     link1.push("face.approval.pending", summary("a_2", "c_2"))
     await rig.changes.until(lambda: "a_2" in client.approvals, "a new one")
-    assert client.approvals["a_2"] == summary("a_2", "c_2")
+    assert client.approvals["a_2"] == ApprovalPending(**summary("a_2", "c_2"))
     assert ("approvals", "c_2") in rig.updates
     link1.push("face.approval.settled", {"conversation_id": "c_1", "approval_id": "a_1",
                                          "status": "denied"})
@@ -1418,3 +1423,12 @@ async def test_a_refused_list_read_leaves_the_client_working(rig: Rig) -> None:
     view = await client.subscribe("c_1")
     await client.wait_view("c_1", lambda v: v.ready, timeout=TIMEOUT)
     assert [m.content for m in view.messages] == ["a"]
+
+
+async def test_conversation_list_is_deprecated_for_the_live_mapping(rig: Rig) -> None:
+    reading_rig(rig)
+    rig.mind.listed = {"c_1": conversation("c_1", "first", 1.0)}
+    client, _ = await rig.live()
+    await rig.changes.until(lambda: "c_1" in client.conversations, "the list")
+    with pytest.warns(DeprecationWarning, match="client.conversations"):
+        assert client.conversation_list() == list(client.conversations.values())

@@ -12,10 +12,12 @@ import json
 import random
 from typing import Any
 
+import msgspec
 import pytest
 
 from halfpi.client.errors import ConnectionLost
 from halfpi.config import PROTOCOL_VERSION
+from halfpi.face.commands import command_of
 from halfpi.face.errors import AuthError, CommandError, OutcomeUnknown
 from halfpi.face.events import (
     Accepted,
@@ -26,12 +28,20 @@ from halfpi.face.events import (
     StatusChanged,
     Updated,
 )
+from halfpi.face.incoming import Welcomed
+from halfpi.face.outstanding import Command
 from halfpi.face.protocol import FaceProtocol, HelloRefused
 from halfpi.face.results import Result
 
 Payload = dict[str, Any]
 URL = "ws://mind.test/v1/face"
 SAFE = ["face.chat", "face.conversation.snapshot", "face.subscribe"]
+LIMITS = {"max_frame_bytes": 1 << 20, "max_chat_bytes": 1 << 16,
+          "reliable_queue_messages": 1000, "reliable_queue_bytes": 1 << 24,
+          "transient_queue_messages": 100, "transient_queue_bytes": 1 << 20}
+WELCOME: Payload = {"principal_id": "p_1", "label": "test", "profile": "operator", "scopes": [],
+                    "protocol": PROTOCOL_VERSION, "node_id": "n_1", "limits": LIMITS,
+                    "features": []}
 
 
 class Wire:
@@ -46,10 +56,13 @@ class Wire:
         self.gen = 0
 
     def connect(self, **welcome: Any) -> int:
-        body = {"heartbeat_s": 15.0, "replay_safe": SAFE, "event_seq": 1, **welcome}
+        body = {**WELCOME, "heartbeat_s": 15.0, "replay_safe": SAFE, "event_seq": 1, **welcome}
         self.event_seq = int(body["event_seq"])
-        self.gen = self.protocol.connection_made(URL, body, self.now)
+        self.gen = self.protocol.connection_made(URL, msgspec.convert(body, Welcomed), self.now)
         return self.gen
+
+    def submit(self, type_: str, payload: Payload) -> Command:
+        return self.protocol.submit(command_of(type_, payload))
 
     def sent(self) -> list[tuple[str, Payload]]:
         return [(f["type"], f["payload"]) for f in map(json.loads, self.protocol.data_to_send())]
@@ -132,7 +145,7 @@ def test_the_welcome_sets_the_heartbeat_and_where_event_seq_starts() -> None:
 def test_a_command_submitted_offline_goes_out_once_connected_and_only_then() -> None:
     wire = Wire()
     chat = {"request_id": "q-1", "conversation_id": "c", "content": "hi"}
-    wire.protocol.submit("face.chat", chat)
+    wire.submit("face.chat", chat)
     assert wire.sent() == []
     wire.connect()
     assert wire.sent() == [("face.chat", {"request_id": "q-1", "conversation_id": "c",
@@ -143,8 +156,8 @@ def test_a_command_submitted_offline_goes_out_once_connected_and_only_then() -> 
 def test_a_second_submit_with_the_same_request_id_is_the_same_command() -> None:
     wire = Wire()
     wire.connect()
-    first = wire.protocol.submit("face.chat", {"request_id": "q-1", "content": "a"})
-    again = wire.protocol.submit("face.chat", {"request_id": "q-1", "content": "a"})
+    first = wire.submit("face.chat", {"request_id": "q-1", "conversation_id": "c", "content": "a"})
+    again = wire.submit("face.chat", {"request_id": "q-1", "conversation_id": "c", "content": "a"})
     assert first is again
     assert [t for t, _ in wire.sent()] == ["face.chat"]
 
@@ -153,7 +166,7 @@ def test_accepted_then_result_answer_the_command_and_are_news_once() -> None:
     wire = Wire()
     wire.connect()
     wire.protocol.events_received()
-    wire.protocol.submit("face.chat", {"request_id": "q-1", "content": "a"})
+    wire.submit("face.chat", {"request_id": "q-1", "conversation_id": "c", "content": "a"})
     accepted = {"request_id": "q-1", "operation": "chat"}
     first = wire.feed("face.accepted", accepted)
     second = wire.feed("face.accepted", accepted)  # the Mind's answer to a replay
@@ -168,7 +181,7 @@ def test_accepted_then_result_answer_the_command_and_are_news_once() -> None:
 def test_a_refusal_fails_the_command_with_its_code() -> None:
     wire = Wire()
     wire.connect()
-    wire.protocol.submit("face.chat", {"request_id": "q-1", "content": "a"})
+    wire.submit("face.chat", {"request_id": "q-1", "conversation_id": "c", "content": "a"})
     events = wire.feed("face.error", {"request_id": "q-1", "code": "busy", "message": "",
                                       "retryable": True})
     failed, = of(Failed, events)
@@ -179,7 +192,7 @@ def test_abandon_fails_the_callers_commands_not_the_clients_own() -> None:
     wire = Wire()
     wire.connect()
     wire.protocol.follow("c_1")
-    wire.protocol.submit("face.chat", {"request_id": "q-1", "content": "a"})
+    wire.submit("face.chat", {"request_id": "q-1", "conversation_id": "c", "content": "a"})
     wire.protocol.events_received()
     refused = AuthError(4003, "revoked")
     wire.protocol.abandon(refused)
@@ -193,7 +206,7 @@ def test_abandon_fails_the_callers_commands_not_the_clients_own() -> None:
 def test_I6_replay_safe_commands_are_resent_with_the_same_request_id() -> None:
     wire = Wire()
     wire.connect()
-    wire.protocol.submit("face.chat", {"request_id": "q-1", "content": "a"})
+    wire.submit("face.chat", {"request_id": "q-1", "conversation_id": "c", "content": "a"})
     before = wire.sent()
     wire.protocol.connection_lost()
     wire.connect(replay_safe=["face.chat"])
@@ -204,7 +217,7 @@ def test_I6_replay_safe_commands_are_resent_with_the_same_request_id() -> None:
 def test_I6_an_unsafe_chat_on_the_wire_is_reconciled_by_reading_never_resent() -> None:
     wire = Wire()
     wire.connect()
-    wire.protocol.submit("face.chat", {"request_id": "q-1", "conversation_id": "c_1",
+    wire.submit("face.chat", {"request_id": "q-1", "conversation_id": "c_1",
                                        "content": "a"})
     wire.sent()
     wire.protocol.connection_lost()
@@ -217,7 +230,7 @@ def test_I6_an_unsafe_chat_on_the_wire_is_reconciled_by_reading_never_resent() -
                              "request_id": "q-1", "status": "succeeded", "ts": 1.0})
     events = wire.feed("face.snapshot", {"request_id": read["request_id"], **snap})
     assert of(Answered, events) == [
-        Answered("q-1", Result("q-1", "succeeded", "hello", data={"reconciled": True}))
+        Answered("q-1", Result("q-1", "succeeded", "hello", reconciled=True))
     ]
     assert of(Received, events) == []  # the client's own read is not the caller's news
 
@@ -225,7 +238,7 @@ def test_I6_an_unsafe_chat_on_the_wire_is_reconciled_by_reading_never_resent() -
 def test_I6_a_reconciling_read_cut_off_is_read_again_on_the_next_connection() -> None:
     wire = Wire()
     wire.connect()
-    wire.protocol.submit("face.chat", {"request_id": "q-1", "conversation_id": "c_1",
+    wire.submit("face.chat", {"request_id": "q-1", "conversation_id": "c_1",
                                        "content": "a"})
     wire.protocol.connection_lost()
     wire.connect(replay_safe=[])
@@ -244,7 +257,8 @@ def test_I6_a_reconciling_read_cut_off_is_read_again_on_the_next_connection() ->
 def test_I6_an_unsafe_command_that_cannot_be_read_back_is_unknown_at_once() -> None:
     wire = Wire()
     wire.connect()
-    wire.protocol.submit("face.approval.resolve", {"request_id": "r-1", "approval_id": "a"})
+    wire.submit("face.approval.resolve", {"request_id": "r-1", "approval_id": "a",
+                                                   "decision": "allow_once"})
     wire.protocol.connection_lost()
     wire.protocol.events_received()
     wire.connect(replay_safe=[])
@@ -385,7 +399,7 @@ def test_a_frame_of_an_older_connection_changes_nothing() -> None:
     wire = Wire()
     old = wire.connect()
     wire.follow("c_1", "a")
-    wire.protocol.submit("face.chat", {"request_id": "q-1", "content": "b"})
+    wire.submit("face.chat", {"request_id": "q-1", "conversation_id": "c", "content": "b"})
     wire.protocol.connection_lost()
     wire.connect()
     wire.sent()
@@ -405,7 +419,7 @@ def test_nothing_is_queued_while_disconnected() -> None:
     wire.connect()
     wire.protocol.connection_lost()
     wire.protocol.follow("c_1")
-    wire.protocol.submit("face.chat", {"request_id": "q-1", "content": "b"})
+    wire.submit("face.chat", {"request_id": "q-1", "conversation_id": "c", "content": "b"})
     assert wire.protocol.next_timer() is None
     assert wire.sent() == []
 
@@ -413,7 +427,7 @@ def test_nothing_is_queued_while_disconnected() -> None:
 def test_a_malformed_frame_is_ignored_and_the_next_one_is_not() -> None:
     wire = Wire()
     wire.connect()
-    wire.protocol.submit("face.chat", {"request_id": "q-1", "content": "b"})
+    wire.submit("face.chat", {"request_id": "q-1", "conversation_id": "c", "content": "b"})
     wire.protocol.receive("{not json", wire.now, generation=wire.gen)
     wire.protocol.receive(json.dumps({"type": "face.event", "payload": {"event_seq": 2}}),
                           wire.now, generation=wire.gen)  # no conversation_id
@@ -433,7 +447,8 @@ def test_the_lists_are_read_after_connecting_when_the_scope_allows() -> None:
     events = wire.feed("face.result", {"request_id": reads[0][1]["request_id"],
                                        "status": "succeeded",
                                        "data": {"conversations": [
-                                           {"id": "c_1", "name": "x", "created_at": 1.0}]}})
+                                           {"id": "c_1", "name": "x", "created_at": 1.0}],
+                                                "has_more": False}})
     assert events == [Updated("conversations", "")]
     assert list(wire.protocol.lists.conversations) == ["c_1"]
 

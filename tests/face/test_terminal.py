@@ -24,6 +24,7 @@ from textual.widget import Widget
 from textual.widgets import Button, Input, Static
 from textual.widgets._footer import FooterKey
 
+from halfpi.core.events import ApprovalRequested
 from halfpi.face.terminal import TerminalFace
 from halfpi.face.terminal_lines import NEWS_S
 from halfpi.face.terminal_widgets import ApprovalScreen, ToolBox, clock, unsaved_note
@@ -262,7 +263,8 @@ class PromptHost(App[None]):
 
     def open_prompt(self, approval_id: str = "a_1") -> ApprovalScreen:
         prompt = ApprovalScreen(
-            {"approval_id": approval_id, "tool": "exec_command", "args": {"argv": ["true"]}},
+            ApprovalRequested(approval_id=approval_id, tool="exec_command",
+                              args={"argv": ["true"]}),
             "here",
             decide=lambda approval_id, decision: self.decided.append((approval_id, decision)),
             type_through=self.type_through,

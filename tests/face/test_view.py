@@ -9,10 +9,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from halfpi.core.events import Snapshot
 from halfpi.face.view import (
     APPLIED,
     DUPLICATE,
@@ -41,7 +43,7 @@ def snapshot(
     pending_chats: list[Payload] | None = None,
     name: str = "plans",
     **extra: Any,
-) -> Payload:
+) -> Snapshot:
     snap: Payload = {
         "conversation": {"id": CID, "name": name, "created_at": 1.0},
         "cursor": cursor(seq, epoch),
@@ -56,7 +58,7 @@ def snapshot(
         "detail_mode": "transparent",
     }
     snap.update(extra)
-    return snap
+    return msgspec.convert(snap, Snapshot)
 
 
 def message(
@@ -660,7 +662,7 @@ def test_tool_cards_approvals_and_tasks() -> None:
         "d",
     )
     view.apply("face.event", event(9, "task.progress", task=task("k1", "running")))
-    assert view.tasks["k1"]["state"] == "running"
+    assert view.tasks["k1"].state == "running"
 
 
 # -- property: a snapshot at any point, then the rest, equals the whole log ----
@@ -730,7 +732,7 @@ def logs(draw: st.DrawFn) -> list[Wire]:
     return out
 
 
-def mind_snapshot(log: list[Wire], k: int) -> Payload:
+def mind_snapshot(log: list[Wire], k: int) -> Snapshot:
     """What the Mind's snapshot says after the first ``k`` messages (docs/protocol.md §7)."""
     prefix = log[:k]
     seq = prefix[-1][1]["seq"] if prefix else 0
@@ -775,7 +777,7 @@ def coalesce(suffix: list[Wire], merge: list[bool]) -> list[Wire]:
     return out
 
 
-def fold(start: Payload, messages: list[Wire]) -> ConversationView:
+def fold(start: Snapshot, messages: list[Wire]) -> ConversationView:
     view = ConversationView(CID)
     view.apply_snapshot(start)
     for type_, p in messages:
@@ -852,5 +854,5 @@ def test_a_late_progress_never_reopens_a_task_that_ended() -> None:
     view.apply("face.event", event(2, "task.completed", task=task("k1", "lost")))
     # A transient progress taken before the end but published after it.
     view.apply("face.event", event(3, "task.progress", task=task("k1", "queued", stale=True)))
-    assert view.tasks["k1"]["state"] == "lost"
+    assert view.tasks["k1"].state == "lost"
     assert view.summary()["tasks"] == [("k1", "lost")]

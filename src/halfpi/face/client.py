@@ -39,8 +39,9 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+import warnings
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Any, TypeVar
 
 from halfpi.client.reconnect import Link, Reconnect
 from halfpi.client.redial import LOCAL_CAP_S, REMOTE_CAP_S, Locate, Retry, default_cap, is_local
@@ -53,10 +54,33 @@ from halfpi.client.transport import (
     tls_connector,
     websocket_connector,
 )
+from halfpi.core import wire
 from halfpi.core.backoff import backoff
+from halfpi.core.events import (
+    ApprovalPending,
+    ConversationInfo,
+    ConversationPage,
+    Created,
+    Renamed,
+    Snapshot,
+    TaskPage,
+    TaskView,
+    Welcome,
+)
+from halfpi.face.commands import Body, command_of
 from halfpi.face.errors import AuthError, ClientClosed, FaceError
-from halfpi.face.events import Accepted, Answered, Event, Failed, Received, StatusChanged, Updated
+from halfpi.face.events import (
+    Accepted,
+    Answer,
+    Answered,
+    Event,
+    Failed,
+    Received,
+    StatusChanged,
+    Updated,
+)
 from halfpi.face.handles import ChatHandle, Waiter
+from halfpi.face.incoming import Welcomed
 from halfpi.face.lists import LiveLists
 from halfpi.face.outstanding import new_request_id
 from halfpi.face.protocol import FaceProtocol, HelloRefused
@@ -64,6 +88,8 @@ from halfpi.face.results import Result, Status
 from halfpi.face.view import ConversationView
 
 log = logging.getLogger("halfpi.face")
+
+T = TypeVar("T")
 
 
 class FaceClient:
@@ -110,7 +136,7 @@ class FaceClient:
         self.protocol = FaceProtocol(
             token, client_name, heartbeat_s=heartbeat_s, dead_after_s=dead_after_s, rng=self.rng
         )
-        self._reconnect: Reconnect[dict[str, Any]] = Reconnect(
+        self._reconnect: Reconnect[Welcomed] = Reconnect(
             self.urls,
             lambda url: self.connector(url),
             self._hello,
@@ -146,7 +172,10 @@ class FaceClient:
         return self.protocol.lists
 
     @property
-    def welcome(self) -> dict[str, Any]:
+    def welcome(self) -> Welcome:
+        """The last connection's ``face.welcome`` (FaceError before the first)."""
+        if self.protocol.welcome is None:
+            raise FaceError("not welcomed by a Mind yet")
         return self.protocol.welcome
 
     @property
@@ -232,19 +261,27 @@ class FaceClient:
         return await asyncio.wait_for(until(), timeout)
 
     @property
-    def conversations(self) -> dict[str, dict[str, Any]]:
-        """Every conversation, live: id -> {id, name, created_at}."""
+    def conversations(self) -> Mapping[str, ConversationInfo]:
+        """Every conversation, live (docs/protocol.md §16): id -> its
+        :class:`~halfpi.core.events.ConversationInfo`, newest first.
+        :meth:`read_conversations` asks the Mind for a page instead."""
         return self.lists.conversations
 
     @property
-    def approvals(self) -> dict[str, dict[str, Any]]:
+    def approvals(self) -> Mapping[str, ApprovalPending]:
         """Every approval waiting for a decision, in any conversation, live:
-        id -> {conversation_id, approval_id, request_id, tool, reason, expires_at}."""
+        id -> its :class:`~halfpi.core.events.ApprovalPending` summary."""
         return self.lists.approvals
 
-    def conversation_list(self) -> list[dict[str, Any]]:
-        """The live list of conversations, newest first."""
-        return self.lists.conversation_list()
+    def conversation_list(self) -> list[ConversationInfo]:
+        """Deprecated: ``list(client.conversations.values())`` (newest first)."""
+        warnings.warn(
+            "FaceClient.conversation_list() is deprecated: "
+            "list(client.conversations.values()) is the same list, newest first",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return list(self.conversations.values())
 
     # -- the connection: frames between the transport and the protocol ----------
 
@@ -262,7 +299,7 @@ class FaceClient:
         except ConnectionLost as exc:  # 4001 / 4003: retrying cannot help
             self._refuse(AuthError(exc.code or 0, exc.reason))
 
-    async def _hello(self, transport: Transport) -> dict[str, Any]:
+    async def _hello(self, transport: Transport) -> Welcomed:
         """The handshake of every connection: the welcome, or ConnectionLost."""
         await transport.send(self.protocol.hello())
         try:
@@ -282,7 +319,7 @@ class FaceClient:
                 pass
             raise ConnectionLost(None, refused.reason) from None
 
-    async def _serve(self, link: Link[dict[str, Any]]) -> None:
+    async def _serve(self, link: Link[Welcomed]) -> None:
         protocol, transport = self.protocol, link.transport
         generation = protocol.connection_made(link.url, link.welcome, self.clock())
         self._transport = transport
@@ -336,7 +373,7 @@ class FaceClient:
         elif isinstance(event, Accepted):
             waiter = self._waiters.get(event.request_id)
             if waiter is not None:
-                waiter.accept(event.payload)
+                waiter.accept(event.accepted)
         elif isinstance(event, Answered):
             waiter = self._waiters.pop(event.request_id, None)
             if waiter is not None:
@@ -383,80 +420,95 @@ class FaceClient:
 
     # -- commands ------------------------------------------------------------------
 
-    async def _submit(self, type_: str, payload: dict[str, Any]) -> ChatHandle:
+    async def submit(self, body: Body) -> ChatHandle:
+        """Send a command (a :mod:`halfpi.core.wire` struct carrying its
+        ``request_id``); the handle says when it is accepted and how it ends."""
         if self._fatal is not None:
             raise self._fatal
         if self._closing:
             raise ClientClosed("client closed")
-        payload.setdefault("request_id", new_request_id(type_.rsplit(".", 1)[-1][:4]))
-        command = self.protocol.submit(type_, payload)
+        command = self.protocol.submit(body)
         waiter = self._waiters.setdefault(command.request_id, Waiter())
         await self._send_queued()
         return ChatHandle(command.type, command.request_id, waiter)
 
-    async def request(self, type_: str, **payload: Any) -> Any:
-        """Send any command; return its ``face.result`` (a :class:`Result`) or snapshot."""
-        handle = await self._submit(type_, payload)
-        return await handle.waiter.result
+    async def request(self, type_: str, **payload: Any) -> Answer:
+        """Send any command given as plain data, checked as the Mind checks it
+        (:class:`~halfpi.face.errors.CommandError` ``invalid_request`` before
+        anything is sent); return its :class:`Result`, snapshot or acceptance."""
+        payload.setdefault("request_id", _new_id(type_))
+        handle = await self.submit(command_of(type_, payload))
+        return await handle.answer()
+
+    async def _result(self, body: Body) -> Result:
+        handle = await self.submit(body)
+        return await handle.result()
 
     async def create_conversation(
         self, name: str | None = None, *, request_id: str | None = None
     ) -> str:
-        payload: dict[str, Any] = {"name": name}
-        if request_id:
-            payload["request_id"] = request_id
-        result: Result = await self.request("face.conversation.create", **payload)
-        return str(result.data["conversation_id"])
+        body = wire.ConversationCreate(
+            request_id=request_id or _new_id("face.conversation.create"), name=name
+        )
+        return _data(await self._result(body), Created).conversation_id
 
     async def rename_conversation(
         self, conversation_id: str, name: str, *, request_id: str | None = None
     ) -> str:
         """Rename (replay-safe); returns the name the Mind stored (cleaned)."""
-        payload: dict[str, Any] = {"conversation_id": conversation_id, "name": name}
-        if request_id:
-            payload["request_id"] = request_id
-        result: Result = await self.request("face.conversation.rename", **payload)
-        return str(result.data["name"])
+        body = wire.ConversationRename(
+            request_id=request_id or _new_id("face.conversation.rename"),
+            conversation_id=conversation_id,
+            name=name,
+        )
+        return _data(await self._result(body), Renamed).name
 
     async def resolve_approval(
         self, approval_id: str, decision: str, *, reason: str | None = None
     ) -> Result:
-        """``allow_once`` or ``deny_once``; the result says whether this decision
+        """``allow_once`` or ``deny_once``; ``data`` (an
+        :class:`~halfpi.core.events.ApprovalOutcome`) says whether this decision
         was ``applied`` or another had already won (``already_resolved``)."""
-        payload: dict[str, Any] = {"approval_id": approval_id, "decision": decision}
-        if reason:
-            payload["reason"] = reason
-        result: Result = await self.request("face.approval.resolve", **payload)
-        return result
+        if decision not in ("allow_once", "deny_once"):
+            raise ValueError(f"decision: allow_once or deny_once, not {decision!r}")
+        body = wire.ApprovalResolve(
+            request_id=_new_id("face.approval.resolve"),
+            approval_id=approval_id,
+            decision=decision,  # type: ignore[arg-type]  # checked above
+            reason=reason or None,
+        )
+        return await self._result(body)
 
-    async def list_tasks(self, limit: int = 50, hand: str | None = None) -> list[dict[str, Any]]:
+    async def list_tasks(self, limit: int = 50, hand: str | None = None) -> list[TaskView]:
         """Background tasks, newest first, as the Mind last knows them."""
-        payload: dict[str, Any] = {"limit": limit}
-        if hand is not None:
-            payload["hand"] = hand
-        result: Result = await self.request("face.task.list", **payload)
-        return list(result.data["tasks"])
+        body = wire.TaskList(request_id=_new_id("face.task.list"), limit=limit, hand=hand)
+        return _data(await self._result(body), TaskPage).tasks
 
     async def cancel_task(self, task_id: str, *, request_id: str | None = None) -> Result:
         """Cancel a background task (replay-safe); the result comes once it is
-        terminal: ``cancelled``, or ``already_finished`` with the state that stands."""
-        payload: dict[str, Any] = {"task_id": task_id}
-        if request_id:
-            payload["request_id"] = request_id
-        result: Result = await self.request("face.task.cancel", **payload)
-        return result
+        terminal: ``cancelled``, or ``already_finished`` with the state that stands
+        (``data``: a :class:`~halfpi.core.events.CancelOutcome`)."""
+        body = wire.TaskCancel(request_id=request_id or _new_id("face.task.cancel"),
+                               task_id=task_id)
+        return await self._result(body)
 
-    async def list_conversations(self, limit: int = 50) -> list[dict[str, Any]]:
-        result: Result = await self.request("face.conversation.list", limit=limit)
-        return list(result.data["conversations"])
+    async def read_conversations(self, limit: int = 50) -> list[ConversationInfo]:
+        """Ask the Mind for the newest ``limit`` conversations (one read; the
+        live list the client keeps is :attr:`conversations`)."""
+        body = wire.ConversationList(request_id=_new_id("face.conversation.list"), limit=limit)
+        return _data(await self._result(body), ConversationPage).conversations
 
-    async def snapshot(self, conversation_id: str, messages_limit: int = 50) -> dict[str, Any]:
-        snap: dict[str, Any] = await self.request(
-            "face.conversation.snapshot",
+    async def snapshot(self, conversation_id: str, messages_limit: int = 50) -> Snapshot:
+        """The conversation as it stands (DESIGN §4.1), its newest messages."""
+        body = wire.ConversationSnapshot(
+            request_id=_new_id("face.conversation.snapshot"),
             conversation_id=conversation_id,
             messages_limit=messages_limit,
         )
-        return snap
+        answer = await (await self.submit(body)).answer()
+        if not isinstance(answer, Snapshot):
+            raise FaceError(f"face.conversation.snapshot answered with {type(answer).__name__}")
+        return answer
 
     async def subscribe(self, conversation_id: str) -> ConversationView:
         """Follow a conversation; its view stays exact across reconnects."""
@@ -467,14 +519,17 @@ class FaceClient:
     async def chat(
         self, conversation_id: str, content: str, *, request_id: str | None = None
     ) -> ChatHandle:
-        payload: dict[str, Any] = {"conversation_id": conversation_id, "content": content}
-        if request_id:
-            payload["request_id"] = request_id
-        return await self._submit("face.chat", payload)
+        body = wire.Chat(
+            request_id=request_id or _new_id("face.chat"),
+            conversation_id=conversation_id,
+            content=content,
+        )
+        return await self.submit(body)
 
     async def ask(
         self, conversation_id: str, content: str, *, request_id: str | None = None
     ) -> Result:
+        """A chat, to its end: ``data`` is its :class:`~halfpi.core.events.ChatOutcome`."""
         handle = await self.chat(conversation_id, content, request_id=request_id)
         return await handle.result()
 
@@ -483,13 +538,27 @@ class FaceClient:
     ) -> ChatHandle:
         self.protocol.mark_cancel_requested(conversation_id, target_request_id)
         self._pump()
-        payload: dict[str, Any] = {
-            "conversation_id": conversation_id,
-            "target_request_id": target_request_id,
-        }
-        if request_id:
-            payload["request_id"] = request_id
-        return await self._submit("face.chat.cancel", payload)
+        body = wire.ChatCancel(
+            request_id=request_id or _new_id("face.chat.cancel"),
+            conversation_id=conversation_id,
+            target_request_id=target_request_id,
+        )
+        return await self.submit(body)
+
+
+def _new_id(type_: str) -> str:
+    """A fresh request_id named after its command (``chat-…``, ``list-…``)."""
+    return new_request_id(type_.rsplit(".", 1)[-1][:4])
+
+
+def _data(result: Result, kind: type[T]) -> T:
+    """``result.data`` as ``kind``, or the FaceError saying it is not."""
+    if not isinstance(result.data, kind):
+        detail = f" ({result.error_code})" if result.error_code else ""
+        raise FaceError(
+            f"{result.request_id} ended {result.status}{detail} without {kind.__name__}"
+        )
+    return result.data
 
 
 __all__ = [

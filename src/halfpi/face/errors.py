@@ -13,7 +13,7 @@ Tree::
 
 from __future__ import annotations
 
-from typing import Any
+from halfpi.core.events import Error, present
 
 
 class FaceError(Exception):
@@ -21,13 +21,15 @@ class FaceError(Exception):
 
 
 class CommandError(FaceError):
-    def __init__(self, payload: dict[str, Any]) -> None:
-        self.payload = payload
-        self.code: str = payload.get("code", "internal_error")
-        self.retryable: bool = bool(payload.get("retryable", False))
-        self.field: str | None = payload.get("field")
-        self.request_id: str | None = payload.get("request_id")
-        super().__init__(f"{self.code}: {payload.get('message', '')}")
+    """The Mind's ``face.error`` (``error``), with its fields at hand."""
+
+    def __init__(self, error: Error) -> None:
+        self.error = error
+        self.code: str = error.code
+        self.retryable: bool = error.retryable
+        self.field: str | None = present(error.field)
+        self.request_id: str | None = present(error.request_id)
+        super().__init__(f"{self.code}: {error.message}")
 
 
 class RequestConflict(CommandError):
@@ -54,7 +56,7 @@ class ClientClosed(FaceError):
     pass
 
 
-def command_error(payload: dict[str, Any]) -> CommandError:
-    if payload.get("code") == "request_conflict":
-        return RequestConflict(payload)
-    return CommandError(payload)
+def command_error(error: Error) -> CommandError:
+    if error.code == "request_conflict":
+        return RequestConflict(error)
+    return CommandError(error)

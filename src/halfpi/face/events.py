@@ -12,8 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from halfpi.core import events as messages
 from halfpi.face.errors import FaceError
-from halfpi.face.results import Status
+from halfpi.face.results import Result, Status
+
+# What a command ends with: a face.result, a snapshot (face.conversation.snapshot)
+# or, for a subscribe, its acceptance.
+Answer = Result | messages.Snapshot | messages.Accepted
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +26,7 @@ class Accepted:
     """A caller's command was accepted (its first ``face.accepted``)."""
 
     request_id: str
-    payload: dict[str, Any]
+    accepted: messages.Accepted
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +35,7 @@ class Answered:
     acceptance (a subscribe's)."""
 
     request_id: str
-    value: Any
+    value: Answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +57,9 @@ class Updated:
 @dataclass(frozen=True, slots=True)
 class Received:
     """A message that is news for the caller (``on_message``): not a
-    duplicate event, not a second acceptance, not the client's own read."""
+    duplicate event, not a second acceptance, not the client's own read.
+    ``payload`` is the message as it came, every field kept: the headless
+    face prints it as its JSON line."""
 
     type: str
     payload: dict[str, Any]

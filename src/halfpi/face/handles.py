@@ -8,8 +8,9 @@ the caller awaits its :class:`ChatHandle`.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
+from halfpi.core.events import Accepted
+from halfpi.face.events import Answer
 from halfpi.face.results import Result
 
 
@@ -20,15 +21,16 @@ class Waiter:
 
     def __init__(self) -> None:
         loop = asyncio.get_running_loop()
-        self.accepted: asyncio.Future[dict[str, Any]] = loop.create_future()
-        self.result: asyncio.Future[Any] = loop.create_future()
+        # None: it ended without a face.accepted (a read is answered at once).
+        self.accepted: asyncio.Future[Accepted | None] = loop.create_future()
+        self.result: asyncio.Future[Answer] = loop.create_future()
 
-    def accept(self, payload: dict[str, Any]) -> None:
+    def accept(self, accepted: Accepted | None) -> None:
         if not self.accepted.done():
-            self.accepted.set_result(payload)
+            self.accepted.set_result(accepted)
 
-    def finish(self, value: Any) -> None:
-        self.accept({})
+    def finish(self, value: Answer) -> None:
+        self.accept(None)
         if not self.result.done():
             self.result.set_result(value)
 
@@ -47,9 +49,17 @@ class ChatHandle:
         self.request_id = request_id
         self.waiter = waiter
 
-    async def accepted(self) -> dict[str, Any]:
+    async def accepted(self) -> Accepted | None:
+        """Its ``face.accepted`` (None if it ended without one)."""
         return await self.waiter.accepted
 
+    async def answer(self) -> Answer:
+        """How it ended: a :class:`Result`, a snapshot or a subscribe's acceptance."""
+        return await self.waiter.result
+
     async def result(self) -> Result:
-        value: Result = await self.waiter.result
+        """Its ``face.result`` (a chat's, a cancel's…)."""
+        value = await self.waiter.result
+        if not isinstance(value, Result):
+            raise TypeError(f"{self.type} {self.request_id} ended with {type(value).__name__}")
         return value

@@ -41,11 +41,17 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TextIO, TypeVar
 
+import msgspec
+
 from halfpi.client.redial import Locate
+from halfpi.core import wire
 from halfpi.core.backoff import backoff
+from halfpi.core.events import Error
 from halfpi.core.throttle import worth_logging
 from halfpi.face.client import FaceClient, Result, Status, new_request_id
+from halfpi.face.commands import Body, command_of, type_of
 from halfpi.face.errors import AuthError, ClientClosed, CommandError, FaceError
+from halfpi.face.events import Answer
 from halfpi.face.headless_lines import describe_failure, parse_command
 from halfpi.face.transport import ConnectionLost, Transport, websocket_connector
 
@@ -76,7 +82,6 @@ TOOL_EXIT = {"denied": EXIT_DENIED, "expired": EXIT_EXPIRED}
 RETRY_CAP_S = 2.0
 
 T = TypeVar("T")
-CHAT_FIELDS = frozenset({"request_id", "conversation_id", "content"})
 ERROR_MEANING = {
     "agent_failed": "the agent gave up on this message",
     "agent_bad_input": "the agent could not read this message",
@@ -392,18 +397,16 @@ class Headless:
                        self._refusal("the start (--new-conversation, --conversation)", exc))
         return self.exit_code
 
+    def _error(self, error: Error) -> None:
+        """A face.error line the face says itself (the Mind never saw the command)."""
+        self.out("face.error", msgspec.to_builtins(error))
+
     async def _command(self, number: int, line: str) -> None:
         try:
             type_, payload = parse_command(line)
         except ValueError as exc:
-            self.out(
-                "face.error",
-                {
-                    "code": "invalid_request",
-                    "retryable": False,
-                    "message": f"not a command line: {exc}",
-                },
-            )
+            message = f"not a command line: {exc}"
+            self._error(Error(code="invalid_request", message=message, retryable=False))
             self._fail(EXIT_FAILED, f"stdin line {number} is not a command: {exc}")
             return
         if (
@@ -422,26 +425,33 @@ class Headless:
             for cid in payload.get("conversation_ids", []):
                 await self.client.subscribe(cid)
             return
-        task = asyncio.create_task(self._await(type_, payload))
+        payload.setdefault("request_id", new_request_id("h"))
+        try:
+            body = command_of(type_, payload)
+        except CommandError as exc:  # checked as the Mind would: never sent
+            self._error(exc.error)
+            self._fail(EXIT_FAILED, self._refusal(f"{type_} {payload['request_id']}", exc))
+            return
+        task = asyncio.create_task(self._await(body))
         self._work.add(task)
         task.add_done_callback(self._work.discard)
 
-    async def _await(self, type_: str, payload: dict[str, Any]) -> None:
-        retries = self.options.retry_interrupted if type_ == "face.chat" else 0
+    async def _answer(self, body: Body) -> Answer:
+        return await (await self.client.submit(body)).answer()
+
+    async def _await(self, body: Body) -> None:
+        type_ = type_of(body)
+        retries = self.options.retry_interrupted if isinstance(body, wire.Chat) else 0
         while True:
-            payload.setdefault("request_id", new_request_id("h"))
-            request_id = payload["request_id"]
+            request_id = body.request_id
             try:
-                if (
-                    type_ == "face.chat"
-                    and set(payload) <= CHAT_FIELDS
-                    and ("conversation_id" in payload)
-                ):
-                    outcome: Any = await self._retrying(
-                        f"{type_} {request_id}", partial(self._chat, dict(payload)))
+                outcome: Answer
+                if isinstance(body, wire.Chat):
+                    outcome = await self._retrying(
+                        f"{type_} {request_id}", partial(self._chat, body))
                 else:
                     outcome = await self._retrying(
-                        f"{type_} {request_id}", partial(self.client.request, type_, **payload))
+                        f"{type_} {request_id}", partial(self._answer, body))
             except CommandError as exc:  # its face.error line is already out
                 self._fail(ERROR_EXIT.get(exc.code, EXIT_FAILED),
                            self._refusal(f"{type_} {request_id}", exc))
@@ -452,15 +462,8 @@ class Headless:
             except ClientClosed:
                 return  # the face is stopping (gave up): that is the reason given
             except FaceError as exc:
-                self.out(
-                    "face.error",
-                    {
-                        "request_id": request_id,
-                        "code": "outcome_unknown",
-                        "retryable": False,
-                        "message": str(exc),
-                    },
-                )
+                self._error(Error(code="outcome_unknown", message=str(exc), retryable=False,
+                                  request_id=request_id or msgspec.UNSET))
                 self._fail(EXIT_FAILED, str(exc))
                 return
             if not isinstance(outcome, Result):
@@ -478,17 +481,17 @@ class Headless:
                     f"chat {request_id} was interrupted (the Mind restarted during the reply); "
                     f"asking again as --retry-interrupted says ({retries} more allowed)"
                 )
-                payload = {k: v for k, v in payload.items() if k != "request_id"}
+                body = msgspec.structs.replace(body, request_id=new_request_id("h"))
                 continue
-            self._chat_ended(request_id, outcome)
+            self._chat_ended(request_id or "", outcome)
             return
 
-    async def _chat(self, payload: dict[str, Any]) -> Result:
+    async def _chat(self, body: wire.Chat) -> Result:
         """A chat, followed: its conversation is subscribed once the Mind has
         admitted it, so its approvals and tool outcomes reach the script."""
-        request_id, cid = payload["request_id"], payload["conversation_id"]
-        self._chats.setdefault(request_id, _ChatTools())
-        handle = await self.client.chat(cid, payload.get("content", ""), request_id=request_id)
+        cid = body.conversation_id
+        self._chats.setdefault(body.request_id, _ChatTools())
+        handle = await self.client.submit(body)
         await handle.accepted()
         if cid not in self.client.views:
             await self.client.subscribe(cid)

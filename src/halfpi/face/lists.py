@@ -14,63 +14,73 @@ than the read and wins over it.
 
 from __future__ import annotations
 
-from typing import Any
+import msgspec
 
-Row = dict[str, Any]
+from halfpi.core.events import (
+    ApprovalPending,
+    ApprovalSettled,
+    ConversationInfo,
+    ConversationNews,
+)
 
-NEWS = frozenset({"face.conversation.changed", "face.approval.pending", "face.approval.settled"})
+# The session-level messages the lists fold (docs/protocol.md §16).
+News = ConversationNews | ApprovalPending | ApprovalSettled
+NEWS: dict[str, type[News]] = {
+    "face.conversation.changed": ConversationNews,
+    "face.approval.pending": ApprovalPending,
+    "face.approval.settled": ApprovalSettled,
+}
 
 
 class LiveLists:
     def __init__(self) -> None:
-        # conversation id -> {id, name, created_at}
-        self.conversations: dict[str, Row] = {}
-        # approval id -> {conversation_id, approval_id, request_id, tool, reason, expires_at}
-        self.approvals: dict[str, Row] = {}
-        self._news: dict[str, Row] | None = None  # conversation news during a list read
-
-    def conversation_list(self) -> list[Row]:
-        """Newest first."""
-        return sorted(
-            self.conversations.values(),
-            key=lambda c: (c.get("created_at") or 0.0, c["id"]),
-            reverse=True,
-        )
+        # conversation id -> the conversation, newest first (created_at, then id)
+        self.conversations: dict[str, ConversationInfo] = {}
+        # approval id -> its summary (never its arguments)
+        self.approvals: dict[str, ApprovalPending] = {}
+        self._news: dict[str, ConversationInfo] | None = None  # news during a list read
 
     def reading_conversations(self) -> None:
         """A ``face.conversation.list`` is on its way: remember news meanwhile."""
         self._news = {}
 
-    def conversations_read(self, rows: list[Row] | None) -> None:
+    def conversations_read(self, rows: list[ConversationInfo] | None) -> None:
         """Its answer (None: it failed). Conversations never vanish, so the
         ones known beyond the first page stay."""
         news, self._news = self._news or {}, None
         if rows is None:
             return
-        fresh = {row["id"]: dict(row) for row in rows}
+        fresh = {row.id: _named(row, self.conversations.get(row.id)) for row in rows}
         fresh.update(news)
         for cid, known in self.conversations.items():
             fresh.setdefault(cid, known)
-        self.conversations = fresh
+        self._keep(fresh)
 
-    def approvals_read(self, rows: list[Row]) -> None:
-        self.approvals = {row["approval_id"]: dict(row) for row in rows}
+    def approvals_read(self, rows: list[ApprovalPending]) -> None:
+        self.approvals = {row.approval_id: row for row in rows}
 
-    def apply(self, type_: str, payload: dict[str, Any]) -> str | None:
-        """Fold one session-level message; returns the conversation it is
-        about, or None if ``type_`` is not one of them."""
-        if type_ not in NEWS:
-            return None
-        body = {k: v for k, v in payload.items() if k != "event_seq"}
-        if type_ == "face.conversation.changed":
-            conversation = dict(body["conversation"])
-            cid = str(conversation["id"])
-            self.conversations[cid] = conversation
+    def apply(self, news: News) -> str:
+        """Fold one session-level message; returns the conversation it is about."""
+        if isinstance(news, ConversationNews):
+            conversation = _named(news.conversation, self.conversations.get(news.conversation.id))
+            cid = conversation.id
+            self._keep({**self.conversations, cid: conversation})
             if self._news is not None:
                 self._news[cid] = conversation
             return cid
-        if type_ == "face.approval.pending":
-            self.approvals[body["approval_id"]] = body
+        if isinstance(news, ApprovalPending):
+            self.approvals[news.approval_id] = news
         else:
-            self.approvals.pop(body["approval_id"], None)
-        return str(body["conversation_id"])
+            self.approvals.pop(news.approval_id, None)
+        return news.conversation_id
+
+    def _keep(self, conversations: dict[str, ConversationInfo]) -> None:
+        newest = sorted(conversations.values(), key=lambda c: (c.created_at, c.id), reverse=True)
+        self.conversations = {c.id: c for c in newest}
+
+
+def _named(row: ConversationInfo, known: ConversationInfo | None) -> ConversationInfo:
+    """``row``, its name kept from ``known`` when it does not say one."""
+    if row.name is not msgspec.UNSET:
+        return row
+    return msgspec.structs.replace(row, name=None if known is None else known.name)

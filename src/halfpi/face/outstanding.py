@@ -21,8 +21,10 @@ import itertools
 import os
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
+from halfpi.core import wire
+from halfpi.core.events import Accepted, Snapshot
+from halfpi.face.commands import Body, type_of
 from halfpi.face.errors import OutcomeUnknown
 from halfpi.face.results import Result
 
@@ -42,16 +44,19 @@ def new_request_id(prefix: str = "q") -> str:
 
 @dataclass(eq=False, slots=True)
 class Command:
-    type: str
-    payload: dict[str, Any]
+    body: Body  # what is sent: the Mind's own struct (core/wire.py)
     role: str = ""
     target: Command | None = None  # for a reconciling read: what it reconciles
     sent_gen: int | None = None  # the connection it was last put on the wire of
-    accepted: dict[str, Any] | None = None  # the first face.accepted
+    accepted: Accepted | None = None  # the first face.accepted
+
+    @property
+    def type(self) -> str:
+        return type_of(self.body)
 
     @property
     def request_id(self) -> str:
-        return str(self.payload["request_id"])
+        return self.body.request_id or ""
 
     @property
     def own(self) -> bool:
@@ -108,35 +113,32 @@ class Outstanding:
         return plan
 
 
-RECONCILE_BY_READING = frozenset({"face.chat"})
 UNKNOWN_HINT = "read the conversation to learn what happened"
 
 
 def reconcile_read(command: Command, request_id: str) -> Command | None:
     """The read that can tell what became of ``command``, if there is one."""
-    if command.type not in RECONCILE_BY_READING:
+    if not isinstance(command.body, wire.Chat):
         return None
-    payload = {
-        "request_id": request_id,
-        "conversation_id": command.payload["conversation_id"],
-        "messages_limit": 500,
-    }
-    return Command("face.conversation.snapshot", payload, RECONCILE, target=command)
+    read = wire.ConversationSnapshot(
+        request_id=request_id, conversation_id=command.body.conversation_id, messages_limit=500
+    )
+    return Command(read, RECONCILE, target=command)
 
 
-def reconciled(command: Command, snapshot: dict[str, Any] | None) -> Result | OutcomeUnknown:
+def reconciled(command: Command, snapshot: Snapshot | None) -> Result | OutcomeUnknown:
     """What the conversation's ``snapshot`` says of ``command`` (None: it
     could not be read): a chat whose reply is there resolves with it
-    (``data.reconciled``); otherwise the outcome is unknown, and the error
-    says what the Mind shows — never a resend."""
+    (``reconciled``); otherwise the outcome is unknown, and the error says
+    what the Mind shows — never a resend."""
     request_id = command.request_id
     hint = UNKNOWN_HINT
     if snapshot is not None:
-        mine = [m for m in snapshot.get("messages", []) if m.get("request_id") == request_id]
-        reply = next((m for m in mine if m.get("role") == "assistant"), None)
+        mine = [m for m in snapshot.messages if m.request_id == request_id]
+        reply = next((m for m in mine if m.role == "assistant"), None)
         if reply is not None:
-            status = reply.get("status") or "succeeded"
-            return Result(request_id, status, reply.get("content"), data={"reconciled": True})
+            status = reply.status or "succeeded"
+            return Result(request_id, status, reply.content, reconciled=True)
         hint = (
             "the Mind admitted it and it has no reply yet: follow the conversation"
             if mine

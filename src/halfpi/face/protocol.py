@@ -28,20 +28,24 @@ frame of an older one never touches state.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
 from collections.abc import Callable
-from typing import Any
+
+import msgspec
 
 from halfpi import __version__
 from halfpi.client.errors import ConnectionLost
 from halfpi.config import PROTOCOL_VERSION
+from halfpi.core import events as messages
+from halfpi.core import wire
 from halfpi.core.scopes import SESSIONS_READ
+from halfpi.face.commands import Body, encode
 from halfpi.face.errors import FaceError, command_error
 from halfpi.face.events import (
     Accepted,
+    Answer,
     Answered,
     Event,
     Failed,
@@ -49,7 +53,17 @@ from halfpi.face.events import (
     StatusChanged,
     Updated,
 )
-from halfpi.face.lists import LiveLists
+from halfpi.face.incoming import (
+    SESSION,
+    Malformed,
+    Payload,
+    Welcomed,
+    error_of,
+    frame_of,
+    read,
+    welcome_of,
+)
+from halfpi.face.lists import NEWS, LiveLists, News
 from halfpi.face.outstanding import (
     READ_APPROVALS,
     READ_CONVERSATIONS,
@@ -61,7 +75,7 @@ from halfpi.face.outstanding import (
     reconcile_read,
     reconciled,
 )
-from halfpi.face.results import Result, Status
+from halfpi.face.results import Result, Status, data_of
 from halfpi.face.subscriptions import Subscriptions
 from halfpi.face.view import APPLIED, RESYNC, ConversationView
 
@@ -99,7 +113,7 @@ class FaceProtocol:
         self.lists = LiveLists()  # docs/protocol.md §16
         self.commands = Outstanding()
         self.subscriptions = Subscriptions()
-        self.welcome: dict[str, Any] = {}
+        self.welcome: Welcomed | None = None
         self.generation = 0
         self.connected = False
         self.url = ""
@@ -126,27 +140,23 @@ class FaceProtocol:
 
     def hello(self) -> str:
         """``face.hello``: the first frame of every connection (DESIGN §4)."""
-        client = {"name": self.client_name, "version": __version__}
-        payload = {"token": self.token, "client": client, "protocol": PROTOCOL_VERSION}
-        return json.dumps({"type": "face.hello", "payload": payload})
+        client = wire.ClientInfo(name=self.client_name, version=__version__)
+        return encode(wire.Hello(token=self.token, client=client, protocol=PROTOCOL_VERSION))
 
-    def welcome_of(self, text: str) -> dict[str, Any]:
-        """The ``face.welcome`` payload in the answer to the hello; raises
+    def welcome_of(self, text: str) -> Welcomed:
+        """The ``face.welcome`` answering the hello; raises
         :class:`HelloRefused` for ``face.error``, ConnectionLost otherwise."""
         try:
-            frame = json.loads(text)
-        except ValueError:
-            raise ConnectionLost(None, "the answer to face.hello is not JSON") from None
-        frame = frame if isinstance(frame, dict) else {}
-        payload = frame.get("payload")
-        payload = payload if isinstance(payload, dict) else {}
-        if frame.get("type") == "face.error":
-            raise HelloRefused(str(payload.get("message", "")))
-        if frame.get("type") != "face.welcome":
-            raise ConnectionLost(None, f"expected face.welcome, got {frame.get('type')}")
-        return payload
+            type_, payload = frame_of(text)
+            if type_ == "face.error":
+                raise HelloRefused(error_of(payload).message)
+            if type_ != "face.welcome":
+                raise ConnectionLost(None, f"expected face.welcome, got {type_ or None}")
+            return welcome_of(payload)
+        except Malformed as exc:
+            raise ConnectionLost(None, f"the answer to face.hello: {exc}") from None
 
-    def connection_made(self, url: str, welcome: dict[str, Any], now: float) -> int:
+    def connection_made(self, url: str, welcome: Welcomed, now: float) -> int:
         """Welcomed on a new connection: resubscribe every followed
         conversation from its cursor, settle the outstanding table (I6), and
         re-read the live lists. Returns the connection's generation."""
@@ -155,13 +165,13 @@ class FaceProtocol:
         self.connected = True
         self.url = url
         self.welcome = welcome
-        self.heartbeat_s = float(welcome.get("heartbeat_s", self.heartbeat_s))
+        self.heartbeat_s = welcome.heartbeat_s
         self._outbox.clear()
         self._last_rx = now
         self._ping_at = now + self.heartbeat_s
         subs = self.subscriptions
-        subs.connection_made(self.views, int(welcome.get("event_seq", 1)))
-        settlement = self.commands.settle(set(welcome.get("replay_safe", ())))
+        subs.connection_made(self.views, welcome.event_seq)
+        settlement = self.commands.settle(set(welcome.replay_safe))
         resumed = False
         for cid in sorted(subs.wanted):
             resumed = resumed or self.views[cid].ready
@@ -175,11 +185,12 @@ class FaceProtocol:
             self._send(command)
         for command in settlement.reconcile:
             self._reconcile(command)
-        if SESSIONS_READ in welcome.get("scopes", ()):
+        if SESSIONS_READ in welcome.scopes:
             self.lists.reading_conversations()
-            self._own(READ_CONVERSATIONS, "face.conversation.list", {"limit": LIST_LIMIT})
-            if "approval_summaries" in welcome.get("features", ()):
-                self._own(READ_APPROVALS, "face.approval.list", {})
+            lists = wire.ConversationList(request_id=self.new_id("list"), limit=LIST_LIMIT)
+            self._own(READ_CONVERSATIONS, lists)
+            if "approval_summaries" in welcome.features:
+                self._own(READ_APPROVALS, wire.ApprovalList(request_id=self.new_id("list")))
         self._set_status("resuming" if resumed else "live")
         return gen
 
@@ -208,18 +219,18 @@ class FaceProtocol:
         if now >= self._ping_at:
             if now - self._last_rx >= self.dead_after_s:
                 raise ConnectionLost(None, "heartbeat lost")
-            self._queue("face.ping", {})
+            self._queue(wire.Ping())
             self._ping_at = now + self.heartbeat_s
         for cid in self.subscriptions.due(now):
             self._subscribe(cid)
 
     # -- the caller's side -----------------------------------------------------------
 
-    def submit(self, type_: str, payload: dict[str, Any]) -> Command:
-        """A caller's command (``payload`` carries its ``request_id``); sent
+    def submit(self, body: Body) -> Command:
+        """A caller's command (``body`` carries its ``request_id``); sent
         now if connected, else on the next connection. A command already
         outstanding under that ``request_id`` is returned instead."""
-        command = self.commands.add(Command(type_, payload))
+        command = self.commands.add(Command(body))
         if self.connected and command.sent_gen is None:
             self._send(command)
         return command
@@ -258,14 +269,11 @@ class FaceProtocol:
         self._last_rx = now
         self._ping_at = now + self.heartbeat_s
         try:
-            frame = json.loads(text)
-            self._dispatch(frame if isinstance(frame, dict) else {}, now)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            self._dispatch(*frame_of(text), now)
+        except (ValueError, KeyError, TypeError, AttributeError, msgspec.ValidationError) as exc:
             log.warning("ignored a malformed frame: %s", exc)
 
-    def _dispatch(self, frame: dict[str, Any], now: float) -> None:
-        type_ = frame.get("type")
-        payload = frame.get("payload") or {}
+    def _dispatch(self, type_: str, payload: Payload, now: float) -> None:
         event_seq = payload.get("event_seq")
         if isinstance(event_seq, int) and self.subscriptions.jumped(event_seq):
             # Something was lost inside this connection: resubscribe from the
@@ -277,98 +285,109 @@ class FaceProtocol:
             if type_ in ("face.event", "face.chat.delta"):
                 return  # the replay brings it again, in order
         if self._route(type_, payload, now):
-            self._events.append(Received(str(type_), payload))
+            self._events.append(Received(type_, payload))
 
-    def _route(self, type_: Any, payload: dict[str, Any], now: float) -> bool:
+    def _route(self, type_: str, payload: Payload, now: float) -> bool:
         """Fold one message; True if it is news for the caller."""
         if type_ in ("face.event", "face.chat.delta"):
             return self._conversation_message(type_, payload)
-        if isinstance(type_, str) and self._session_news(type_, payload):
+        if type_ not in SESSION:
+            return False
+        message = read(type_, payload)
+        if type_ in NEWS:
+            self._session_news(message)
             return True
-        if type_ == "face.reset":
-            self._rebuild(payload["conversation_id"], payload["snapshot"])
+        if isinstance(message, messages.Reset):
+            self._rebuild(message.conversation_id, message.snapshot)
             return True
-        request_id = str(payload.get("request_id", ""))
-        if type_ == "face.snapshot":
-            cid = self.subscriptions.awaiting_snapshot.pop(request_id, None)
-            if cid is not None:
-                self._rebuild(cid, payload, quiet=True)
-                return True
-            command = self.commands.pop(request_id)
-            if command is None:
-                return False
-            if command.role == RECONCILE and command.target is not None:
-                self._conclude(command.target, payload)
-                return False
-            if not command.own:
-                self._answer(command, payload)
-            return True
-        if type_ == "face.accepted":
-            return self._accepted(request_id, payload)
-        if type_ == "face.result":
-            command = self.commands.pop(request_id)
-            if command is None:
-                return False
-            if command.own:
-                self._own_result(command, payload)
-                return False
-            self._answer(command, Result.from_wire(payload) if "status" in payload else payload)
-            return True
-        if type_ == "face.error":
-            self._refused(request_id, payload, now)
-            return True
-        return False
+        if isinstance(message, messages.Snapshot):
+            return self._snapshot(message)
+        if isinstance(message, messages.Accepted):
+            return self._accepted(message)
+        if isinstance(message, messages.Result):
+            return self._result(message)
+        assert isinstance(message, messages.Error)
+        self._refused(message, now)
+        return True
 
-    def _accepted(self, request_id: str, payload: dict[str, Any]) -> bool:
+    def _snapshot(self, snapshot: messages.Snapshot) -> bool:
+        request_id = messages.present(snapshot.request_id) or ""
+        cid = self.subscriptions.awaiting_snapshot.pop(request_id, None)
+        if cid is not None:
+            self._rebuild(cid, snapshot, quiet=True)
+            return True
+        command = self.commands.pop(request_id)
+        if command is None:
+            return False
+        if command.role == RECONCILE and command.target is not None:
+            self._conclude(command.target, snapshot)
+            return False
+        if not command.own:
+            self._answer(command, snapshot)
+        return True
+
+    def _result(self, result: messages.Result) -> bool:
+        command = self.commands.pop(result.request_id)
+        if command is None:
+            return False
+        if command.own:
+            self._own_result(command, result)
+            return False
+        self._answer(command, Result.from_wire(command.type, result))
+        return True
+
+    def _accepted(self, accepted: messages.Accepted) -> bool:
+        request_id = accepted.request_id
         command = self.commands.get(request_id)
         if command is None:
             return False
         first = command.accepted is None
         if first:
-            command.accepted = payload
+            command.accepted = accepted
             if not command.own:
-                self._events.append(Accepted(request_id, payload))
-        if payload.get("operation") != "subscribe":
+                self._events.append(Accepted(request_id, accepted))
+        if accepted.operation != "subscribe":
             return first
-        self.subscriptions.accepted(request_id, payload, self.views)
+        self.subscriptions.accepted(accepted, self.views)
         self._maybe_resumed()
         self.commands.pop(request_id)
         if not command.own:
-            self._answer(command, payload)
+            self._answer(command, accepted)
         return first
 
-    def _refused(self, request_id: str, payload: dict[str, Any], now: float) -> None:
+    def _refused(self, error: messages.Error, now: float) -> None:
+        request_id = messages.present(error.request_id) or ""
         command = self.commands.pop(request_id)
         if command is None:
-            log.warning("face.error: %s", payload)
+            log.warning("face.error: %s: %s", error.code, error.message)
             return
         if not command.own:
-            self._events.append(Failed(request_id, command_error(payload)))
+            self._events.append(Failed(request_id, command_error(error)))
             return
         # A sentence, never the frame's repr (the headless face prints it).
-        log.warning("%s refused: %s: %s", command.type, payload.get("code", "refused"),
-                    payload.get("message", "no reason given"))
-        if command.role == SUBSCRIBE:
-            cids = list(command.payload.get("conversation_ids", ()))
-            retryable = bool(payload.get("retryable"))
+        log.warning("%s refused: %s: %s", command.type, error.code,
+                    error.message or "no reason given")
+        body = command.body
+        if isinstance(body, wire.Subscribe):
+            cids = list(body.conversation_ids)
             # busy, rate_limited, unavailable…: the view must not silently
             # stop updating — it is tried again after a pause.
-            self.subscriptions.refused(request_id, cids, retryable, now, self.rng)
+            self.subscriptions.refused(request_id, cids, error.retryable, now, self.rng)
             self._maybe_resumed()
-            for cid in cids if not retryable else ():
+            for cid in cids if not error.retryable else ():
                 view = self.views.get(cid)
                 if view is not None:
-                    view.refused = command_error(payload)
+                    view.refused = command_error(error)
                     self._updated("refused", cid)
         elif command.role == READ_CONVERSATIONS:
             self.lists.conversations_read(None)
         elif command.role == RECONCILE and command.target is not None:
             self._conclude(command.target, None)
 
-    def _answer(self, command: Command, value: Any) -> None:
+    def _answer(self, command: Command, value: Answer) -> None:
         self._events.append(Answered(command.request_id, value))
 
-    def _conversation_message(self, type_: str, payload: dict[str, Any]) -> bool:
+    def _conversation_message(self, type_: str, payload: Payload) -> bool:
         cid = payload["conversation_id"]
         view = self.views.get(cid)
         if view is None or self.subscriptions.held(cid):
@@ -388,31 +407,30 @@ class FaceProtocol:
             return True
         return False
 
-    def _session_news(self, type_: str, payload: dict[str, Any]) -> bool:
-        cid = self.lists.apply(type_, payload)
-        if cid is None:
-            return False
-        if type_ == "face.conversation.changed":
+    def _session_news(self, news: News) -> None:
+        cid = self.lists.apply(news)
+        if isinstance(news, messages.ConversationNews):
             view = self.views.get(cid)
             if view is not None:
-                view.name = self.lists.conversations[cid].get("name")
+                view.name = messages.present(self.lists.conversations[cid].name)
             self._updated("conversations", cid)
         else:
             self._updated("approvals", cid)
-        return True
 
-    def _own_result(self, command: Command, payload: dict[str, Any]) -> None:
-        data = payload.get("data") or {}
+    def _own_result(self, command: Command, result: messages.Result) -> None:
+        data = data_of(command.type, result)
         if command.role == READ_CONVERSATIONS:
-            self.lists.conversations_read(list(data.get("conversations", [])))
+            page = data if isinstance(data, messages.ConversationPage) else None
+            self.lists.conversations_read(None if page is None else page.conversations)
             self._updated("conversations", "")
         elif command.role == READ_APPROVALS:
-            self.lists.approvals_read(list(data.get("approvals", [])))
-            self._updated("approvals", "")
+            if isinstance(data, messages.ApprovalPage):
+                self.lists.approvals_read(data.approvals)
+                self._updated("approvals", "")
         elif command.role == RECONCILE and command.target is not None:
             self._conclude(command.target, None)
 
-    def _rebuild(self, cid: str, snapshot: dict[str, Any], *, quiet: bool = False) -> None:
+    def _rebuild(self, cid: str, snapshot: messages.Snapshot, *, quiet: bool = False) -> None:
         view = self.views.get(cid)
         if view is None:
             return
@@ -429,23 +447,22 @@ class FaceProtocol:
 
     # -- outgoing ----------------------------------------------------------------------
 
-    def _queue(self, type_: str, payload: dict[str, Any]) -> None:
+    def _queue(self, body: wire.Strict) -> None:
         if self.connected:
-            self._outbox.append(json.dumps({"type": type_, "payload": payload}))
+            self._outbox.append(encode(body))
 
     def _send(self, command: Command) -> None:
         command.sent_gen = self.generation
         self.sent_log.append((self.generation, command.type, command.request_id))
-        self._queue(command.type, command.payload)
+        self._queue(command.body)
 
-    def _own(self, role: str, type_: str, payload: dict[str, Any]) -> None:
-        command = Command(type_, {"request_id": self.new_id("list"), **payload}, role)
-        self._send(self.commands.add(command))
+    def _own(self, role: str, body: Body) -> None:
+        self._send(self.commands.add(Command(body, role)))
 
     def _subscribe(self, cid: str, request_id: str | None = None) -> None:
         request_id = request_id or self.new_id("sub")
-        payload = self.subscriptions.subscribe_payload(self.views[cid], request_id)
-        self._send(self.commands.add(Command("face.subscribe", payload, SUBSCRIBE)))
+        body = self.subscriptions.subscribe(self.views[cid], request_id)
+        self._send(self.commands.add(Command(body, SUBSCRIBE)))
 
     def _reconcile(self, command: Command) -> None:
         """Learn the outcome of a command that may or may not have run by
@@ -456,7 +473,7 @@ class FaceProtocol:
         else:
             self._send(self.commands.add(read))
 
-    def _conclude(self, command: Command, snapshot: dict[str, Any] | None) -> None:
+    def _conclude(self, command: Command, snapshot: messages.Snapshot | None) -> None:
         """What reading state told of ``command``: its result, or unknown."""
         outcome = reconciled(command, snapshot)
         if isinstance(outcome, Result):

@@ -2,8 +2,34 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import logging
+from dataclasses import dataclass
 from typing import Any
+
+import msgspec
+
+from halfpi.core import events
+
+log = logging.getLogger("halfpi.face")
+
+# A command's type → the struct of its ``face.result`` ``data`` (docs/protocol.md §5).
+RESULT_DATA: dict[str, type[events.Outbound]] = {
+    "face.chat": events.ChatOutcome,
+    "face.conversation.create": events.Created,
+    "face.conversation.rename": events.Renamed,
+    "face.conversation.list": events.ConversationPage,
+    "face.conversation.messages": events.MessagePage,
+    "face.chat.cancel": events.CancelOutcome,
+    "face.run.cancel": events.CancelOutcome,
+    "face.task.cancel": events.CancelOutcome,
+    "face.approval.resolve": events.ApprovalOutcome,
+    "face.approval.list": events.ApprovalPage,
+    "face.task.list": events.TaskPage,
+    "face.task.get": events.TaskView,
+    "face.task.log": events.TaskLogPage,
+    "face.hand.list": events.HandPage,
+    "face.unsubscribe": events.Empty,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,24 +79,50 @@ class Status:
 
 @dataclass(frozen=True, slots=True)
 class Result:
-    """A terminal ``face.result``."""
+    """A terminal ``face.result``. ``data`` is the command's typed outcome
+    (:data:`RESULT_DATA`: a :class:`~halfpi.core.events.ChatOutcome` for a
+    chat, a :class:`~halfpi.core.events.ConversationPage` for a list read …),
+    :class:`~halfpi.core.events.Interrupted` when the Mind stopped while it
+    ran, or None when the Mind sent none. ``reconciled``: learnt by reading
+    the conversation after a reconnect, not from the Mind's answer (I6)."""
 
     request_id: str
     status: str
     content: str | None = None
     error_code: str | None = None
-    data: dict[str, Any] = field(default_factory=dict)
+    data: Any = None
+    reconciled: bool = False
 
     @property
     def ok(self) -> bool:
         return self.status == "succeeded"
 
     @classmethod
-    def from_wire(cls, p: dict[str, Any]) -> Result:
+    def from_wire(cls, type_: str, result: events.Result) -> Result:
+        """The result of a command of type ``type_``."""
         return cls(
-            p["request_id"],
-            p["status"],
-            p.get("content"),
-            p.get("error_code"),
-            dict(p.get("data") or {}),
+            result.request_id,
+            result.status,
+            events.present(result.content),
+            events.present(result.error_code),
+            data_of(type_, result),
         )
+
+
+def data_of(type_: str, result: events.Result) -> Any:
+    """``result.data`` as the struct its command's type says; the tolerant
+    reader takes what it can, and says what it could not."""
+    raw = events.present(result.data)
+    if raw is None:
+        return None
+    kinds = [RESULT_DATA[type_]] if type_ in RESULT_DATA else []
+    if result.status == "interrupted":
+        kinds.append(events.Interrupted)
+    for kind in kinds:
+        try:
+            return msgspec.convert(raw, kind)
+        except msgspec.ValidationError:
+            continue
+    log.warning("%s: result data not understood: %s", type_, sorted(raw) if isinstance(raw, dict)
+                else type(raw).__name__)
+    return None

@@ -23,9 +23,11 @@ Plain state, no I/O, time passed in (DESIGN §4.2, I4):
 from __future__ import annotations
 
 import random
-from typing import Any
+from collections.abc import Callable
 
+from halfpi.core import wire
 from halfpi.core.cursor import parse_cursor
+from halfpi.core.events import Accepted, present
 from halfpi.face.view import ConversationView
 
 # After a refused resubscribe: wait RETRY_S + uniform [0, RETRY_JITTER_S).
@@ -55,17 +57,16 @@ class Subscriptions:
         self.replayed = 0
         self.resume_pending = {cid for cid in self.wanted if views[cid].ready}
 
-    def subscribe_payload(self, view: ConversationView, request_id: str) -> dict[str, Any]:
+    def subscribe(self, view: ConversationView, request_id: str) -> wire.Subscribe:
         """A subscribe of ``view``'s conversation: from its cursor, or with a
         snapshot when it holds nothing yet."""
         cid = view.conversation_id
-        payload: dict[str, Any] = {"request_id": request_id, "conversation_ids": [cid]}
         if view.ready and view.cursor is not None:
-            payload["since"] = {cid: view.cursor}
-        else:
-            payload["snapshot"] = True
-            self.awaiting_snapshot[request_id] = cid
-        return payload
+            return wire.Subscribe(
+                request_id=request_id, conversation_ids=[cid], since={cid: view.cursor}
+            )
+        self.awaiting_snapshot[request_id] = cid
+        return wire.Subscribe(request_id=request_id, conversation_ids=[cid], snapshot=True)
 
     # -- loss inside the connection --------------------------------------------------
 
@@ -75,13 +76,13 @@ class Subscriptions:
         self.expected_event_seq = event_seq + 1
         return jumped
 
-    def to_resubscribe(self, new_id: Any) -> list[tuple[str, str]]:
+    def to_resubscribe(self, new_id: Callable[[str], str]) -> list[tuple[str, str]]:
         """After a loss: (cid, request_id) of the resubscribes to send — none
         for a conversation whose resubscribe is already on its way."""
         planned: list[tuple[str, str]] = []
         for cid in sorted(self.wanted):
             if cid not in self.resubscribing:
-                request_id = str(new_id("sub"))
+                request_id = new_id("sub")
                 self.resubscribing[cid] = request_id
                 planned.append((cid, request_id))
         return planned
@@ -95,13 +96,12 @@ class Subscriptions:
 
     # -- the Mind's answers --------------------------------------------------------------
 
-    def accepted(
-        self, request_id: str, payload: dict[str, Any], views: dict[str, ConversationView]
-    ) -> None:
+    def accepted(self, accepted: Accepted, views: dict[str, ConversationView]) -> None:
         """``face.accepted{operation: subscribe}``: per conversation, ``exact``
         replay up to ``heads``, ``live``, or ``reset`` (a snapshot follows)."""
-        heads = payload.get("heads") or {}
-        for cid, mode in (payload.get("conversations") or {}).items():
+        request_id = accepted.request_id
+        heads = present(accepted.heads) or {}
+        for cid, mode in (present(accepted.conversations) or {}).items():
             if self.resubscribing.get(cid) == request_id:
                 del self.resubscribing[cid]
             if mode != "reset":  # a reset ends in 'resynced', never in 'resumed'

@@ -38,6 +38,7 @@ from textual.widgets import Footer, OptionList, Static
 from textual.widgets.option_list import Option
 
 from halfpi.client.redial import Locate
+from halfpi.core.events import ApprovalPending, present
 from halfpi.face.client import FaceClient, Status
 from halfpi.face.errors import CommandError, FaceError
 from halfpi.face.render import escape_controls
@@ -177,9 +178,9 @@ class TerminalFace(App[int]):
         """The open conversation; if none, the newest one, or a new one."""
         async with self._opening:
             if self.current is None:
-                listing = await self.client.list_conversations(limit=1)
+                listing = await self.client.read_conversations(limit=1)
                 if listing:
-                    conversation_id = str(listing[0]["id"])
+                    conversation_id = listing[0].id
                 else:
                     conversation_id = await self.client.create_conversation()
                 await self._open(conversation_id)
@@ -306,7 +307,7 @@ class TerminalFace(App[int]):
         conversation_id = self.current
         if conversation_id is None:
             return
-        name = (self.client.conversations.get(conversation_id) or {}).get("name") or ""
+        name = self._name_of(conversation_id) or ""
 
         def renamed(new_name: str | None) -> None:
             if new_name:
@@ -340,7 +341,7 @@ class TerminalFace(App[int]):
     async def action_goto_approval(self) -> None:
         elsewhere = self._approvals_elsewhere()
         if elsewhere:
-            await self._open(str(elsewhere[0]["conversation_id"]))
+            await self._open(elsewhere[0].conversation_id)
 
     def action_reconnect(self) -> None:
         self.client.reconnect_now()
@@ -413,7 +414,7 @@ class TerminalFace(App[int]):
         if self.current is None:
             self.title_line.update(Text("no conversation open yet · typing opens one"))
             return
-        name = (self.client.conversations.get(self.current) or {}).get("name")
+        name = self._name_of(self.current)
         view = self._view()
         name = name or (view.name if view is not None else None) or UNTITLED
         title = Text(escape_controls(name), style="bold")
@@ -427,7 +428,8 @@ class TerminalFace(App[int]):
         if not self.ready:
             return
         rows = conversation_rows(
-            self.client.conversation_list(), self.client.views, self.client.approvals, self.current
+            self.client.conversations.values(), self.client.views, self.client.approvals,
+            self.current,
         )
         shown = [(cid, label.plain) for cid, label in rows]
         if shown == self._list_shown:
@@ -452,7 +454,12 @@ class TerminalFace(App[int]):
         self.approvals_line.update(Text(escape_controls("\n".join(lines))))
         self.approvals_line.set_class(bool(lines), "shown")
 
-    def _approvals_elsewhere(self) -> list[dict[str, Any]]:
+    def _name_of(self, conversation_id: str | None) -> str | None:
+        """The conversation's name as the live list knows it."""
+        known = self.client.conversations.get(conversation_id or "")
+        return None if known is None else present(known.name)
+
+    def _approvals_elsewhere(self) -> list[ApprovalPending]:
         return approvals_elsewhere(self.client.approvals, self.current)
 
     def _status_text(self, status: Status) -> str:
@@ -463,7 +470,7 @@ class TerminalFace(App[int]):
 
     def _prompt_if_needed(self) -> None:
         view = self._view()
-        where = (self.client.conversations.get(self.current or "") or {}).get("name")
+        where = self._name_of(self.current)
         self.prompter.update(
             view.pending_approvals if view is not None else {},
             where,

@@ -10,11 +10,11 @@ clock), ``now`` for the SDK's monotonic status times.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
-from typing import Any
+from collections.abc import Collection, Iterable, Mapping
 
 from rich.text import Text
 
+from halfpi.core.events import ApprovalPending, ApprovalRequested, ConversationInfo, present
 from halfpi.face.results import Status
 from halfpi.face.terminal_widgets import UNTITLED, clock, conversation_label
 from halfpi.face.view import ConversationView
@@ -52,37 +52,37 @@ def left(expires_at: float, wall: float) -> str:
     return clock(expires_at - wall) if expires_at else ""
 
 
-def waiting_here(pending: Mapping[str, dict[str, Any]], deciding: Collection[str],
+def waiting_here(pending: Mapping[str, ApprovalRequested], deciding: Collection[str],
                  wall: float) -> str:
     """The open conversation's approval: what, how long it has left, and
     what to press — or that the decision made here is on its way."""
-    undecided = [a for a in pending.values() if a.get("approval_id") not in deciding]
+    undecided = [a for a in pending.values() if a.approval_id not in deciding]
     if not undecided:
-        tool = next(iter(pending.values())).get("tool", "?")
+        tool = next(iter(pending.values())).tool
         return f"⏳ your decision on {tool} is on its way to the Mind"
     first = undecided[0]
-    time_left = left(float(first.get("expires_at") or 0.0), wall)
+    time_left = left(first.expires_at, wall)
     return (
-        f"⚠ approval waiting here: {first.get('tool', '?')}"
+        f"⚠ approval waiting here: {first.tool}"
         + (f" ({time_left} left)" if time_left else "")
         + " — ctrl+a allow once · ctrl+d deny once"
     )
 
 
-def approvals_elsewhere(approvals: Mapping[str, dict[str, Any]],
-                        current: str | None) -> list[dict[str, Any]]:
+def approvals_elsewhere(approvals: Mapping[str, ApprovalPending],
+                        current: str | None) -> list[ApprovalPending]:
     """Approvals waiting in other conversations, the first to expire first."""
     return sorted(
-        (a for a in approvals.values() if a.get("conversation_id") != current),
-        key=lambda a: float(a.get("expires_at") or 0.0),
+        (a for a in approvals.values() if a.conversation_id != current),
+        key=lambda a: a.expires_at,
     )
 
 
 def bar_lines(
     view: ConversationView | None,
     deciding: Collection[str],
-    elsewhere: list[dict[str, Any]],
-    conversations: Mapping[str, dict[str, Any]],
+    elsewhere: list[ApprovalPending],
+    conversations: Mapping[str, ConversationInfo],
     wall: float,
     reachable: bool,
 ) -> list[str]:
@@ -92,12 +92,13 @@ def bar_lines(
         lines.append(waiting_here(view.pending_approvals, deciding, wall))
     if elsewhere:
         first = elsewhere[0]
-        where = (conversations.get(str(first["conversation_id"])) or {}).get("name") or UNTITLED
+        known = conversations.get(first.conversation_id)
+        where = (present(known.name) if known is not None else None) or UNTITLED
         count = len(elsewhere)
         noun = "approval" if count == 1 else "approvals"
         lines.append(
-            f"⚠ {count} {noun} waiting in other conversations: {first.get('tool', '?')} "
-            f"in “{where}” ({clock(float(first.get('expires_at') or 0.0) - wall)} left)"
+            f"⚠ {count} {noun} waiting in other conversations: {first.tool} "
+            f"in “{where}” ({clock(first.expires_at - wall)} left)"
             " — ctrl+g go there"
         )
     if view is not None and view.tasks:
@@ -109,20 +110,19 @@ def bar_lines(
 
 
 def conversation_rows(
-    conversations: list[dict[str, Any]],
+    conversations: Iterable[ConversationInfo],
     views: Mapping[str, ConversationView],
-    approvals: Mapping[str, dict[str, Any]],
+    approvals: Mapping[str, ApprovalPending],
     current: str | None,
 ) -> list[tuple[str, Text]]:
     """The list's rows, ``(conversation_id, label)``: the open one marked,
     with how many approvals wait there and whether a reply streams."""
     waiting: dict[str, int] = {}
     for a in approvals.values():
-        cid = str(a.get("conversation_id"))
-        waiting[cid] = waiting.get(cid, 0) + 1
+        waiting[a.conversation_id] = waiting.get(a.conversation_id, 0) + 1
     rows = []
     for c in conversations:
-        cid = str(c["id"])
+        cid = c.id
         view = views.get(cid)
         label = conversation_label(
             c,

@@ -19,6 +19,7 @@ from typing import Any
 from textual import events
 from textual.app import App
 
+from halfpi.core.events import ApprovalRequested
 from halfpi.face.client import FaceClient
 from halfpi.face.errors import FaceError
 from halfpi.face.terminal_input import Composer
@@ -56,7 +57,7 @@ class Prompter:
         if prompt is not None:
             prompt.decide(decision)
 
-    def update(self, pending: Mapping[str, dict[str, Any]], where: str | None,
+    def update(self, pending: Mapping[str, ApprovalRequested], where: str | None,
                busy: bool) -> None:
         """``pending``: the approvals waiting in the open conversation (named
         ``where``); ``busy``: another prompt (a rename) holds the screen."""
@@ -69,7 +70,7 @@ class Prompter:
         for approval_id, approval in pending.items():
             if approval_id in self.deciding:
                 continue
-            expires_at = float(approval.get("expires_at") or 0.0)
+            expires_at = approval.expires_at
             self.app.push_screen(
                 ApprovalScreen(
                     approval,

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from msgspec import UNSET
 from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
@@ -23,6 +24,7 @@ from textual.screen import ModalScreen
 from textual.widget import Widget
 from textual.widgets import Button, Footer, Input, Markdown, OptionList, Static
 
+from halfpi.core.events import ApprovalRequested, ConversationInfo, present
 from halfpi.face.render import escape_controls, preformatted
 from halfpi.face.terminal_input import Composer
 from halfpi.face.view import ConversationView, StreamingReply, ToolCard, ViewMessage
@@ -93,9 +95,9 @@ def streaming_header(reply: StreamingReply) -> str:
 
 
 def conversation_label(
-    conversation: dict[str, Any], *, current: bool, approvals: int, streaming: bool
+    conversation: ConversationInfo, *, current: bool, approvals: int, streaming: bool
 ) -> Text:
-    name = escape_controls(conversation.get("name") or UNTITLED)
+    name = escape_controls(present(conversation.name) or UNTITLED)
     marks = (f" ⚠{approvals if approvals > 1 else ''}" if approvals else "") + (
         " …" if streaming else ""
     )
@@ -340,7 +342,7 @@ class ApprovalScreen(ModalScreen[None]):
 
     def __init__(
         self,
-        approval: dict[str, Any],
+        approval: ApprovalRequested,
         where: str,
         decide: Callable[[str, str], None],
         type_through: Callable[[events.Key], None],
@@ -348,7 +350,7 @@ class ApprovalScreen(ModalScreen[None]):
     ) -> None:
         super().__init__()
         self.approval = approval
-        self.approval_id = str(approval.get("approval_id", ""))
+        self.approval_id = approval.approval_id
         self.where = where
         self._decide = decide
         self._type_through = type_through
@@ -360,11 +362,11 @@ class ApprovalScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         a = self.approval
-        lines = [f"Approve tool {a.get('tool', '?')} in “{self.where}”?", str(a.get("reason", ""))]
-        if "args" in a:
-            lines.append(json.dumps(a["args"], ensure_ascii=False, indent=1)[:2000])
+        lines = [f"Approve tool {a.tool} in “{self.where}”?", a.reason]
+        if a.args is not UNSET:
+            lines.append(json.dumps(a.args, ensure_ascii=False, indent=1)[:2000])
         else:
-            lines.append(f"arguments hidden (summary view); digest {a.get('args_digest', '')}")
+            lines.append(f"arguments hidden (summary view); digest {a.args_digest}")
         lines.append("ctrl+a allow once · ctrl+d deny once · Tab then Enter chooses a button")
         lines.append("Typing (and Enter) goes on in your message box.")
         with Vertical(id="prompt"):

@@ -30,12 +30,13 @@ from halfpi.core.events import (
     ChatStarted,
     ConversationChanged,
     MessageEntry,
-    PendingChat,
     RunChanged,
+    Snapshot,
     TaskEvent,
+    TaskView,
     ToolCalled,
     ToolCompleted,
-    ToolRecord,
+    ToolOutput,
     decode_event,
     present,
 )
@@ -66,10 +67,6 @@ class ViewMessage:
     # Shown while the reply streamed but not saved: the Mind keeps a reply's
     # text by checkpoints (DESIGN §5), so a crash can cut the last words.
     unsaved: str | None = None
-
-    @classmethod
-    def from_wire(cls, m: dict[str, Any]) -> ViewMessage:
-        return cls.from_entry(msgspec.convert(m, MessageEntry))
 
     def noting_unsaved(self, shown: dict[str, str]) -> ViewMessage:
         """This message, saying which words of it a Face showed (``shown``:
@@ -133,8 +130,8 @@ class ConversationView:
     messages: list[ViewMessage] = field(default_factory=list)
     streaming: dict[str, StreamingReply] = field(default_factory=dict)
     tool_cards: dict[str, ToolCard] = field(default_factory=dict)
-    pending_approvals: dict[str, dict[str, Any]] = field(default_factory=dict)
-    tasks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pending_approvals: dict[str, ApprovalRequested] = field(default_factory=dict)
+    tasks: dict[str, TaskView] = field(default_factory=dict)
     has_more_older: bool = False
     detail_mode: str | None = None
     # Why the Mind refused to follow it (not found, forbidden): a refusal
@@ -151,9 +148,9 @@ class ConversationView:
 
     # -- folding -------------------------------------------------------------
 
-    def apply_snapshot(self, snapshot: dict[str, Any]) -> None:
+    def apply_snapshot(self, snapshot: Snapshot) -> None:
         """Replace everything with the snapshot (DESIGN §4.1)."""
-        position = parse_cursor(str(snapshot["cursor"]), field="cursor")
+        position = parse_cursor(snapshot.cursor, field="cursor")
         # What this Face showed of each reply: kept to tell words that were
         # shown but not saved (a reply interrupted between checkpoints).
         shown = {rid: r.text for rid, r in self.streaming.items()}
@@ -162,14 +159,13 @@ class ConversationView:
                 shown[m.request_id] = m.content + m.unsaved
         self.epoch = position.epoch
         self.seq = position.seq
-        conversation = snapshot.get("conversation") or {}
-        self.name = conversation.get("name", self.name)
+        if snapshot.conversation.name is not msgspec.UNSET:
+            self.name = snapshot.conversation.name
         self.messages = [
-            ViewMessage.from_wire(m).noting_unsaved(shown) for m in snapshot.get("messages", [])
+            ViewMessage.from_entry(m).noting_unsaved(shown) for m in snapshot.messages
         ]
-        self.has_more_older = bool(snapshot.get("has_more_older", False))
-        self.detail_mode = snapshot.get("detail_mode")
-        pending = msgspec.convert(snapshot.get("pending_chats", []), list[PendingChat])
+        self.has_more_older = snapshot.has_more_older
+        self.detail_mode = snapshot.detail_mode
         self.streaming = {
             p.request_id: StreamingReply(
                 p.request_id,
@@ -177,17 +173,13 @@ class ConversationView:
                 p.text_so_far,
                 "cancel_requested" if p.status == "cancel_requested" else "running",
             )
-            for p in pending
+            for p in snapshot.pending_chats
         }
-        approvals = snapshot.get("pending_approvals", [])
-        typed = msgspec.convert(approvals, list[ApprovalRequested])
-        self.pending_approvals = {
-            t.approval_id: dict(a) for t, a in zip(typed, approvals, strict=True)
-        }
-        self.tasks = {t["task_id"]: dict(t) for t in snapshot.get("tasks", [])}
+        self.pending_approvals = {a.approval_id: a for a in snapshot.pending_approvals}
+        self.tasks = {t.task_id: t for t in snapshot.tasks}
         self.tool_cards = {}
-        for record in msgspec.convert(snapshot.get("tool_history", []), list[ToolRecord]):
-            result = present(record.result)
+        for record in snapshot.tool_history:
+            result = _output_of(present(record.result))
             card = ToolCard(
                 record.tool_call_id,
                 record.tool,
@@ -199,12 +191,12 @@ class ConversationView:
                 present(record.success),
                 record.seq,
                 error_category=present(record.error_category),
-                exit_code=result.get("exit_code") if isinstance(result, dict) else None,
+                exit_code=None if result is None else result.exit_code,
                 output=tool_output(result),
                 truncated=bool(present(record.truncated)),
             )
             self.tool_cards[card.tool_call_id] = card
-        for run in msgspec.convert(snapshot.get("active_runs", []), list[RunChanged]):
+        for run in snapshot.active_runs:
             running = self.tool_cards.get(run.tool_call_id or "")
             if running is not None:
                 running.run_status = run.status
@@ -269,9 +261,9 @@ class ConversationView:
                 done.truncated = event.truncated
                 if event.result is not msgspec.UNSET:
                     done.exit_code = event.result.exit_code
-                    done.output = tool_output(msgspec.to_builtins(event.result))
+                    done.output = tool_output(event.result)
         elif isinstance(event, ApprovalRequested):
-            self.pending_approvals[event.approval_id] = dict(data)
+            self.pending_approvals[event.approval_id] = event
         elif isinstance(event, ApprovalResolved):
             self.pending_approvals.pop(event.approval_id, None)
             decided = self.tool_cards.get(event.tool_call_id or "")
@@ -284,12 +276,12 @@ class ConversationView:
             # first terminal state stands (I10): a transient progress read
             # before the end but published after it never reopens a task.
             held = self.tasks.get(event.task.task_id)
-            if held is None or not _task_ended(held) or _task_ended(data.get("task") or {}):
-                self.tasks[event.task.task_id] = dict(data.get("task") or {})
+            if held is None or not _task_ended(held) or _task_ended(event.task):
+                self.tasks[event.task.task_id] = event.task
         # Unknown kinds are still positions in the log: the cursor advances.
 
     def awaiting_approval(self, tool_call_id: str) -> bool:
-        return any(a.get("tool_call_id") == tool_call_id for a in self.pending_approvals.values())
+        return any(a.tool_call_id == tool_call_id for a in self.pending_approvals.values())
 
     def tool_phase(self, card: ToolCard) -> str:
         """What is true of a tool call now, in words: ``awaiting approval``,
@@ -310,26 +302,23 @@ class ConversationView:
             phase += f" · allowed by {card.decided_by}"
         return phase
 
-    def task_phase(self, task: dict[str, Any]) -> str:
+    def task_phase(self, task: TaskView) -> str:
         """A background task's state in words: ``running``, ``succeeded``,
         ``failed (exit 2)``, ``running · stale (its Hand is away)``, ``dead``…"""
-        state = str(task.get("state", "?"))
-        phase = state
-        if task.get("exit_code") not in (None, 0):
-            phase += f" (exit {task['exit_code']})"
-        elif state in ("failed", "dead", "lost") and task.get("error"):
-            phase += f" ({task['error']})"
-        if task.get("stale"):
+        phase = task.state
+        if task.exit_code not in (None, 0):
+            phase += f" (exit {task.exit_code})"
+        elif task.state in ("failed", "dead", "lost") and task.error:
+            phase += f" ({task.error})"
+        if task.stale:
             phase += " · stale (its Hand is away)"
         return phase
 
     def task_lines(self) -> list[str]:
         """One line per task, oldest first: ``task k_… exec_command on dev: running``."""
-        tasks = sorted(self.tasks.values(), key=lambda t: (t.get("created_at", 0.0),
-                                                           str(t.get("task_id"))))
+        tasks = sorted(self.tasks.values(), key=lambda t: (t.created_at, t.task_id))
         return [
-            f"task {t.get('task_id')} {t.get('tool', '?')} on {t.get('hand') or '?'}: "
-            f"{self.task_phase(t)}"
+            f"task {t.task_id} {t.tool} on {t.hand or '?'}: {self.task_phase(t)}"
             for t in tasks
         ]
 
@@ -351,22 +340,31 @@ class ConversationView:
             # A task's open state may move with transient events only (a
             # summary viewer never sees them): its terminal state is durable.
             "tasks": sorted(
-                (str(t.get("task_id")), t["state"] if _task_ended(t) else "open")
-                for t in self.tasks.values()
+                (t.task_id, t.state if _task_ended(t) else "open") for t in self.tasks.values()
             ),
         }
 
 
-def tool_output(result: Any) -> str | None:
+def tool_output(result: ToolOutput | None) -> str | None:
     """A tool's displayed output as one text: stdout, then stderr (on a line
     of its own), as the web face shows it; None when there is none to show."""
-    if not isinstance(result, dict):
+    if result is None:
         return None
-    stdout, stderr = str(result.get("stdout") or ""), str(result.get("stderr") or "")
+    stdout, stderr = result.stdout, result.stderr
     if stdout and stderr and not stdout.endswith("\n"):
         stdout += "\n"
     return stdout + stderr
 
 
-def _task_ended(task: dict[str, Any]) -> bool:
-    return OUTBOX.is_terminal(str(task.get("state", "queued")))
+def _output_of(result: Any) -> ToolOutput | None:
+    """A stored record's ``result`` (plain data) as the output it displays."""
+    if not isinstance(result, dict):
+        return None
+    try:
+        return msgspec.convert(result, ToolOutput)
+    except msgspec.ValidationError:
+        return None
+
+
+def _task_ended(task: TaskView) -> bool:
+    return OUTBOX.is_terminal(task.state)

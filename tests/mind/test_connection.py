@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from halfpi.config import QueueLimits
+from halfpi.core.limits import QueueLimits
 from halfpi.core.outbound import Message, OutboundQueue
 from halfpi.errors import CloseCode
 from halfpi.journal.memory import MemoryJournal

@@ -17,7 +17,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from halfpi.core.outbound import Message, OutboundQueue
 from halfpi.core.throttle import worth_logging
@@ -26,9 +26,11 @@ from halfpi.errors import CloseCode
 from halfpi.mind.connection import Connection, Framing, Liveness
 
 if TYPE_CHECKING:
+    from halfpi.config import Config
+    from halfpi.mind.actor import ActorEnv
     from halfpi.mind.auth import Credential
-    from halfpi.mind.service import Mind
-    from halfpi.mind.subscriptions import Subscriptions
+    from halfpi.mind.registry import Registry
+    from halfpi.mind.subscriptions import Sink, Subscriptions
 
 log = logging.getLogger("halfpi.mind")
 
@@ -38,10 +40,24 @@ TRANSPORT = {"hand": "websocket"}
 NO_NEWS = frozenset({"hand", "http"})
 
 
+class Host(Protocol):
+    """What the connections need of the Mind (``mind/service.py``)."""
+
+    config: Config
+    registry: Registry
+    env: ActorEnv
+
+    def now(self) -> float: ...
+
+    def wall(self) -> float: ...
+
+    def subscriptions_for(self, sink: Sink) -> Subscriptions: ...
+
+
 class Connections:
     """The Mind's connections (``Mind.connections``)."""
 
-    def __init__(self, mind: Mind) -> None:
+    def __init__(self, mind: Host) -> None:
         self.mind = mind
         self.live: set[Connection] = set()
         # When each connection next needs a visit (hello timeout, heartbeat,
@@ -121,7 +137,7 @@ class Connections:
         conn.subscriptions.drop_all()
         mind.registry.detach(conn)
         if conn in self.live:
-            mind.env.metrics.connection_closed(conn, transport_of(conn))
+            mind.env.metrics.connection_closed(conn.queue, transport_of(conn))
         self.live.discard(conn)
         self.deadlines.discard(conn)
         if conn.bound and conn.principal_id is not None:

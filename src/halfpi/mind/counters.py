@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from halfpi.core.metrics import CHAT_BUCKETS, Histogram
 
 if TYPE_CHECKING:
-    from halfpi.mind.connection import Connection
+    from halfpi.core.outbound import OutboundQueue
 
 
 @dataclass(slots=True)
@@ -35,8 +35,8 @@ class MindMetrics:
     closed_coalesced: int = 0
     closed_shed: int = 0
 
-    def connection_closed(self, conn: Connection, transport: str) -> None:
-        queue = conn.queue
+    def connection_closed(self, queue: OutboundQueue, transport: str) -> None:
+        """What a closed connection's queue counted (``transport``: its label)."""
         self.closed_delivered += queue.event_seq
         self.closed_coalesced += queue.coalesced
         self.closed_shed += queue.shed

@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from halfpi.config import JournalLimits, QueueLimits
+from halfpi.config import JournalLimits
+from halfpi.core.events import ConversationInfo, ConversationNews
+from halfpi.core.limits import QueueLimits
 from halfpi.core.scopes import scopes_for
 from halfpi.gateway.asgi import AsgiGateway
 from halfpi.journal.memory import MemoryJournal
@@ -356,3 +358,20 @@ async def test_tokens_and_tickets_are_never_logged(
         await peer.until(lambda p: p.status is not None)
     assert ticket not in caplog.text
     assert rig.face_token not in caplog.text
+
+
+async def test_what_one_loop_turn_sends_a_stream_leaves_in_one_write(rig: Rig) -> None:
+    face = await rig.face()
+    a = await rig.conversation(face)
+    peer = await stream(rig, [a])
+    await peer.until(accepted)
+    sends = len(peer.sent)
+    for n in range(3):  # three pieces of news in one turn, each on its own...
+        rig.mind.announce(ConversationNews(
+            conversation=ConversationInfo(id=f"c_{n}", name=None, created_at=0.0),
+            change="created"))
+    await peer.until(lambda p: sum(f["type"] == "face.conversation.changed"
+                                   for f in p.frames()) == 3)
+    bodies = [m for m in peer.sent[sends:] if m["type"] == "http.response.body"]
+    assert len(bodies) == 1  # ...and one body chunk, one send, for all three
+    assert bodies[0]["body"].count(b"event: face.conversation.changed") == 3

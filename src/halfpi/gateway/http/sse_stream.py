@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from collections.abc import Awaitable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -219,6 +220,11 @@ class SseResponse(Response):
         self._task: asyncio.Task[Any] | None = None
         self._released = False
         self.close_timeout_s = CLOSE_TIMEOUT_S
+        # The write path (one write per loop turn, sent from the callback).
+        self._send: Send | None = None
+        self._idle = False  # the ASGI call waits for something to write
+        self._pumping = False  # a pump is due at the end of this loop turn
+        self._suspended: tuple[Awaitable[Any], int] | None = None
 
     def add_headers(self, headers: dict[str, str]) -> None:
         for name, value in headers.items():
@@ -231,9 +237,56 @@ class SseResponse(Response):
             return
         self._buffer.append(data)
         self._buffered += len(data)
-        self._ready.set()
         if self._buffered > HIGH_WATER:
             self._hold()
+        if not self._idle:
+            self._ready.set()  # the ASGI call is busy: it takes it next
+        elif not self._pumping:
+            self._pumping = True
+            asyncio.get_running_loop().call_soon(self._pump)
+
+    def _pump(self) -> None:
+        """Once per loop turn: what was written this turn goes out as one
+        body chunk, sent right here — no task woken, no await. The server's
+        ``send`` completes without suspending unless it holds writes back;
+        then the stream is paused and the ASGI call's task finishes that
+        send (``_resume``) before it writes more."""
+        self._pumping = False
+        buffer = self._buffer
+        if not self._idle or self._sending or not buffer or self._gone or self._send is None:
+            return
+        data = b"".join(buffer)
+        buffer.clear()
+        size = len(data)
+        sending = self._send({"type": "http.response.body", "body": data, "more_body": True})
+        del data
+        if not isinstance(sending, Coroutine):  # not a coroutine: the ASGI call awaits it
+            self._idle = False
+            self._sending = True
+            self._suspended = (sending, size)
+            self._ready.set()
+            return
+        try:
+            waiting = sending.send(None)
+        except StopIteration:
+            self._sent(size)
+            return
+        except OSError as exc:  # the reader went away mid-send
+            log.debug("SSE send failed: %r", exc)
+            self._gone = True
+            self._ready.set()
+            return
+        self._hold()  # it did not complete at once: the server holds writes back
+        self._idle = False  # the ASGI call's task takes over until it is done
+        self._sending = True
+        self._suspended = (_resume(sending, waiting), size)
+        self._ready.set()
+
+    def _sent(self, size: int) -> None:
+        self._buffered -= size
+        if self._held and self._buffered <= LOW_WATER:
+            self._held = False
+            self.stream.resume_writing()
 
     def finish(self) -> None:
         """End the response once the buffer is written; give up on a reader
@@ -272,8 +325,15 @@ class SseResponse(Response):
             await send(
                 {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
             )
+            self._send = send
             while not self._gone:
-                if buffer:
+                suspended = self._suspended
+                if suspended is not None:
+                    self._suspended = None
+                    await suspended[0]
+                    self._sending = False
+                    self._sent(suspended[1])
+                elif buffer:
                     data = b"".join(buffer)
                     buffer.clear()
                     self._in_send += 1
@@ -281,17 +341,19 @@ class SseResponse(Response):
                     loop.call_soon(self._check_send, self._in_send)
                     await send({"type": "http.response.body", "body": data, "more_body": True})
                     self._sending = False
-                    self._buffered -= len(data)
+                    size = len(data)
                     del data
-                    if self._held and self._buffered <= LOW_WATER:
-                        self._held = False
-                        self.stream.resume_writing()
+                    self._sent(size)
                 elif self._finishing:
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
                     break
                 else:
                     self._ready.clear()
-                    await self._ready.wait()
+                    self._idle = True  # from here on, writes are pumped
+                    try:
+                        await self._ready.wait()
+                    finally:
+                        self._idle = False
         except asyncio.CancelledError:
             task = self._task
             if not self._released or task is None:
@@ -302,6 +364,11 @@ class SseResponse(Response):
         finally:
             self._gone = True
             buffer.clear()
+            if self._suspended is not None:
+                unfinished = self._suspended[0]
+                self._suspended = None
+                if isinstance(unfinished, Coroutine):
+                    unfinished.close()
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await listener
@@ -317,3 +384,25 @@ class SseResponse(Response):
                 if self._sending:
                     self.release()
                 return
+
+
+async def _resume(send: Coroutine[Any, Any, Any], waiting: Any) -> None:
+    """Run to its end a ``send`` started outside any task (``_pump``) that
+    suspended on ``waiting`` (the future it awaits, or None for a bare
+    yield): wait for that here, in the ASGI call's task, then step it on.
+    A failure of the future (or this task's cancellation, which cancels
+    the future) reaches the coroutine where it awaited, as if it had run
+    in this task from the start."""
+    while True:
+        if waiting is None:
+            await asyncio.sleep(0)
+        else:
+            # What a task does with a future its coroutine yields: it is
+            # this task's to wait on now (else awaiting it is refused).
+            waiting._asyncio_future_blocking = False
+            with contextlib.suppress(BaseException):
+                await waiting
+        try:
+            waiting = send.send(None)
+        except StopIteration:
+            return

@@ -14,7 +14,9 @@ readers, ≤ 1.5x for a resume).
   (this process) sends ``/repeat K x`` to a Mind whose scripted agent runs
   at full speed; the round ends when every reader saw ``chat.completed``
   and the driver its ``face.result``. The readers live in load processes,
-  on raw sockets, counting bytes and markers, never decoding. Delivered
+  on raw sockets, counting bytes and markers, never decoding, and read at
+  most every 2 ms (1 reader) or 10 ms (10), both doors alike (READ_PAUSE_S
+  says why). Delivered
   events = the chat's events (its head cursor moved by K deltas + 3) x N.
   Each round is three chats, the order rotating round by round: one to the
   WS readers, one to the SSE readers, and one in a conversation nobody
@@ -65,6 +67,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import sse_fanout
 from _bench import (
     PYTHON,
     ROOT,
@@ -93,11 +96,18 @@ from _client import (
     subscribe,
 )
 from _load import LoadPool
-from sse_fanout import Catcher, http_base
+from sse_fanout import Catcher, Reader, http_base
 from sse_fanout import Pool as SsePool
 
 DELTAS = {1: 20_000, 10: 6_000}  # per round: about 0.5-1.5 s of streaming
 PROCS = {1: 1, 10: 2}  # load processes to start with
+# Every reader, of either door, reads its socket at most this often
+# (fanout.py's pauses), so one recv() carries several frames. Unpaced, one
+# WS reader nears a core; and on loopback the Mind's send() also pays for
+# waking a reader blocked in epoll (about a fifth of the WS door's CPU
+# here), which a reader on another machine never costs it. Both doors get
+# the same pause, so neither gains from it.
+READ_PAUSE_S = {1: 0.002, 10: 0.01}
 MAX_PROCS = 8
 FANOUT_TARGET = 1.3
 RESUME_TARGET = 1.5
@@ -123,6 +133,58 @@ def commit() -> str:
         return head
     print(f"uncommitted under src/ (the Minds run them):\n{dirty}", file=sys.stderr)
     return f"{head}+{hashlib.sha1(git('diff', 'HEAD', '--', 'src').encode()).hexdigest()[:7]}"
+
+
+# -- paced SSE readers -------------------------------------------------------------------
+
+
+class PacedReader(Reader):
+    """``sse_fanout.py``'s reader, pausing after each read like a WS reader
+    with ``read_pause`` (``_client.WsClient``)."""
+
+    pause = 0.0
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        transport = self.transport
+        if self.pause and self.opened.done() and transport is not None:
+            transport.pause_reading()
+            asyncio.get_running_loop().call_later(self.pause, self._resume)
+
+    def _resume(self) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.resume_reading()
+
+
+class PacedSsePool(SsePool):
+    """``sse_fanout.Pool`` whose load processes are this file's
+    ``--sse-worker PAUSE``: ``sse_fanout.worker`` with paced readers."""
+
+    def __init__(self, procs: int, pause: float) -> None:
+        super().__init__(procs)
+        self.pause = pause
+
+    async def connect(self, base: str, target: str, headers: dict[str, str], n: int,
+                      mark: str) -> PacedSsePool:
+        host, port = base.removeprefix("http://").split(":")
+        procs = max(1, min(self.procs, n))
+        for i in range(procs):
+            w = await asyncio.create_subprocess_exec(
+                PYTHON, __file__, "--sse-worker", str(self.pause),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=1 << 20)
+            self.workers.append(w)
+            self._send(w, op="connect", host=host, port=int(port), target=target,
+                       headers=headers, n=n // procs + (1 if i < n % procs else 0), mark=mark)
+        for w in self.workers:
+            await self._recv(w, 180)
+        return self
+
+
+def sse_worker(pause: float) -> None:
+    PacedReader.pause = pause
+    sse_fanout.Reader = PacedReader  # type: ignore[misc]  # open_reader builds sse_fanout.Reader
+    asyncio.run(sse_fanout.worker())
 
 
 # -- fan-out ------------------------------------------------------------------------------
@@ -188,9 +250,10 @@ async def open_doors(mind: MindServer, driver: WsClient, n: int, procs: int) -> 
     token = mind.token
     ws_cid = await create_conversation(driver, f"door-ws-{n}")
     ws_pool = await LoadPool(procs).connect("mind", mind.url, n, token=token,
-                                            conversation_id=ws_cid)
+                                            conversation_id=ws_cid,
+                                            read_pause=READ_PAUSE_S.get(n, 0.01))
     sse_cid = await create_conversation(driver, f"door-sse-{n}")
-    sse_pool = await SsePool(procs).connect(
+    sse_pool = await PacedSsePool(procs, READ_PAUSE_S.get(n, 0.01)).connect(
         http_base(mind.url), f"/v1/conversations/{sse_cid}/events",
         {"Authorization": f"Bearer {token}"}, n, "face.snapshot")
     nobody = await create_conversation(driver, f"door-none-{n}")
@@ -436,6 +499,9 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--sse-worker"]:
+        sse_worker(float(sys.argv[2]))
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="measured rounds per door")
     parser.add_argument("--quick", action="store_true", help="a third of the work, 2 rounds")

@@ -41,7 +41,7 @@ import random
 import time
 import warnings
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 from halfpi.client.reconnect import Link, Reconnect
 from halfpi.client.redial import LOCAL_CAP_S, REMOTE_CAP_S, Locate, Retry, default_cap, is_local
@@ -67,7 +67,7 @@ from halfpi.core.events import (
     TaskView,
     Welcome,
 )
-from halfpi.face.commands import Body, command_of
+from halfpi.face.commands import Body, command_of, new_id_for, new_request_id
 from halfpi.face.errors import AuthError, ClientClosed, FaceError
 from halfpi.face.events import (
     Accepted,
@@ -82,14 +82,11 @@ from halfpi.face.events import (
 from halfpi.face.handles import ChatHandle, Waiter
 from halfpi.face.incoming import Welcomed
 from halfpi.face.lists import LiveLists
-from halfpi.face.outstanding import new_request_id
 from halfpi.face.protocol import FaceProtocol, HelloRefused
 from halfpi.face.results import Result, Status
 from halfpi.face.view import ConversationView
 
 log = logging.getLogger("halfpi.face")
-
-T = TypeVar("T")
 
 
 class FaceClient:
@@ -436,7 +433,7 @@ class FaceClient:
         """Send any command given as plain data, checked as the Mind checks it
         (:class:`~halfpi.face.errors.CommandError` ``invalid_request`` before
         anything is sent); return its :class:`Result`, snapshot or acceptance."""
-        payload.setdefault("request_id", _new_id(type_))
+        payload.setdefault("request_id", new_id_for(type_))
         handle = await self.submit(command_of(type_, payload))
         return await handle.answer()
 
@@ -448,20 +445,20 @@ class FaceClient:
         self, name: str | None = None, *, request_id: str | None = None
     ) -> str:
         body = wire.ConversationCreate(
-            request_id=request_id or _new_id("face.conversation.create"), name=name
+            request_id=request_id or new_id_for("face.conversation.create"), name=name
         )
-        return _data(await self._result(body), Created).conversation_id
+        return (await self._result(body)).outcome(Created).conversation_id
 
     async def rename_conversation(
         self, conversation_id: str, name: str, *, request_id: str | None = None
     ) -> str:
         """Rename (replay-safe); returns the name the Mind stored (cleaned)."""
         body = wire.ConversationRename(
-            request_id=request_id or _new_id("face.conversation.rename"),
+            request_id=request_id or new_id_for("face.conversation.rename"),
             conversation_id=conversation_id,
             name=name,
         )
-        return _data(await self._result(body), Renamed).name
+        return (await self._result(body)).outcome(Renamed).name
 
     async def resolve_approval(
         self, approval_id: str, decision: str, *, reason: str | None = None
@@ -472,7 +469,7 @@ class FaceClient:
         if decision not in ("allow_once", "deny_once"):
             raise ValueError(f"decision: allow_once or deny_once, not {decision!r}")
         body = wire.ApprovalResolve(
-            request_id=_new_id("face.approval.resolve"),
+            request_id=new_id_for("face.approval.resolve"),
             approval_id=approval_id,
             decision=decision,  # type: ignore[arg-type]  # checked above
             reason=reason or None,
@@ -481,27 +478,27 @@ class FaceClient:
 
     async def list_tasks(self, limit: int = 50, hand: str | None = None) -> list[TaskView]:
         """Background tasks, newest first, as the Mind last knows them."""
-        body = wire.TaskList(request_id=_new_id("face.task.list"), limit=limit, hand=hand)
-        return _data(await self._result(body), TaskPage).tasks
+        body = wire.TaskList(request_id=new_id_for("face.task.list"), limit=limit, hand=hand)
+        return (await self._result(body)).outcome(TaskPage).tasks
 
     async def cancel_task(self, task_id: str, *, request_id: str | None = None) -> Result:
         """Cancel a background task (replay-safe); the result comes once it is
         terminal: ``cancelled``, or ``already_finished`` with the state that stands
         (``data``: a :class:`~halfpi.core.events.CancelOutcome`)."""
-        body = wire.TaskCancel(request_id=request_id or _new_id("face.task.cancel"),
+        body = wire.TaskCancel(request_id=request_id or new_id_for("face.task.cancel"),
                                task_id=task_id)
         return await self._result(body)
 
     async def read_conversations(self, limit: int = 50) -> list[ConversationInfo]:
         """Ask the Mind for the newest ``limit`` conversations (one read; the
         live list the client keeps is :attr:`conversations`)."""
-        body = wire.ConversationList(request_id=_new_id("face.conversation.list"), limit=limit)
-        return _data(await self._result(body), ConversationPage).conversations
+        body = wire.ConversationList(request_id=new_id_for("face.conversation.list"), limit=limit)
+        return (await self._result(body)).outcome(ConversationPage).conversations
 
     async def snapshot(self, conversation_id: str, messages_limit: int = 50) -> Snapshot:
         """The conversation as it stands (DESIGN §4.1), its newest messages."""
         body = wire.ConversationSnapshot(
-            request_id=_new_id("face.conversation.snapshot"),
+            request_id=new_id_for("face.conversation.snapshot"),
             conversation_id=conversation_id,
             messages_limit=messages_limit,
         )
@@ -520,7 +517,7 @@ class FaceClient:
         self, conversation_id: str, content: str, *, request_id: str | None = None
     ) -> ChatHandle:
         body = wire.Chat(
-            request_id=request_id or _new_id("face.chat"),
+            request_id=request_id or new_id_for("face.chat"),
             conversation_id=conversation_id,
             content=content,
         )
@@ -539,26 +536,11 @@ class FaceClient:
         self.protocol.mark_cancel_requested(conversation_id, target_request_id)
         self._pump()
         body = wire.ChatCancel(
-            request_id=request_id or _new_id("face.chat.cancel"),
+            request_id=request_id or new_id_for("face.chat.cancel"),
             conversation_id=conversation_id,
             target_request_id=target_request_id,
         )
         return await self.submit(body)
-
-
-def _new_id(type_: str) -> str:
-    """A fresh request_id named after its command (``chat-…``, ``list-…``)."""
-    return new_request_id(type_.rsplit(".", 1)[-1][:4])
-
-
-def _data(result: Result, kind: type[T]) -> T:
-    """``result.data`` as ``kind``, or the FaceError saying it is not."""
-    if not isinstance(result.data, kind):
-        detail = f" ({result.error_code})" if result.error_code else ""
-        raise FaceError(
-            f"{result.request_id} ended {result.status}{detail} without {kind.__name__}"
-        )
-    return result.data
 
 
 __all__ = [

@@ -13,6 +13,8 @@ anyway (docs/protocol.md §5).
 
 from __future__ import annotations
 
+import itertools
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,6 +27,8 @@ from halfpi.face.errors import CommandError
 
 # A command's struct → its ``type`` on the wire (one struct per type).
 TYPE_OF: dict[type[wire.Strict], str] = {cls: name for name, cls in wire.COMMANDS.items()}
+
+_counter = itertools.count(1)
 
 # Every command that carries a ``request_id`` (all but the hello; a ping's is optional).
 Body = wire.Command | wire.Ping
@@ -77,6 +81,16 @@ def _invalid(message: str, field: str | None, request_id: Any) -> CommandError:
             field=msgspec.UNSET if field is None else field,
         )
     )
+
+
+def new_request_id(prefix: str = "q") -> str:
+    """A fresh ``request_id``: random (no two Faces collide) and counted."""
+    return f"{prefix}-{os.urandom(6).hex()}-{next(_counter)}"
+
+
+def new_id_for(type_: str) -> str:
+    """A fresh request_id named after its command (``chat-…``, ``list-…``)."""
+    return new_request_id(type_.rsplit(".", 1)[-1][:4])
 
 
 def _same(value: Any, default: Any) -> bool:

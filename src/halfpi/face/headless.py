@@ -46,13 +46,23 @@ import msgspec
 from halfpi.client.redial import Locate
 from halfpi.core import wire
 from halfpi.core.backoff import backoff
-from halfpi.core.events import Error
+from halfpi.core.events import (
+    ApprovalRequested,
+    ApprovalResolved,
+    Error,
+    EventData,
+    Reset,
+    ToolCompleted,
+    decode_event,
+    present,
+)
 from halfpi.core.throttle import worth_logging
 from halfpi.face.client import FaceClient, Result, Status, new_request_id
 from halfpi.face.commands import Body, command_of, type_of
 from halfpi.face.errors import AuthError, ClientClosed, CommandError, FaceError
 from halfpi.face.events import Answer
 from halfpi.face.headless_lines import describe_failure, parse_command
+from halfpi.face.incoming import Malformed, read
 from halfpi.face.transport import ConnectionLost, Transport, websocket_connector
 
 log = logging.getLogger("halfpi.face.headless")
@@ -298,15 +308,19 @@ class Headless:
     # -- stdout: every message, and what it means for the exit status ---------------
 
     def _message(self, type_: str, payload: dict[str, Any]) -> None:
-        self.out(type_, payload)
-        if type_ == "face.event":
-            self._event(payload.get("type"), payload.get("data") or {})
-        elif type_ in ("face.snapshot", "face.reset"):
-            snap = payload.get("snapshot", payload) if type_ == "face.reset" else payload
-            for approval in snap.get("pending_approvals") or ():
-                self._event("approval.requested", approval)
-            for call in snap.get("tool_history") or ():
-                self._event("chat.tool_completed", call)
+        self.out(type_, payload)  # every message, exactly as it came
+        try:
+            if type_ == "face.event":
+                self._event(decode_event(str(payload.get("type")), payload.get("data")))
+            elif type_ in ("face.snapshot", "face.reset"):
+                message = read(type_, payload)
+                snap = message.snapshot if isinstance(message, Reset) else message
+                for approval in snap.pending_approvals:
+                    self._event(approval)
+                for call in snap.tool_history:
+                    self._tool_ended(call.request_id, call.tool_call_id, call.tool, call.status)
+        except (Malformed, msgspec.ValidationError) as exc:
+            log.warning("%s not understood: %s", type_, exc)
 
     def _update(self, kind: str, conversation_id: str) -> None:
         """A conversation the Mind refused to let this Face follow (a stdin
@@ -317,43 +331,52 @@ class Headless:
             if self.exit_code == EXIT_OK:
                 self.exit_code = ERROR_EXIT.get(view.refused.code, EXIT_FAILED)
 
-    def _event(self, type_: Any, data: dict[str, Any]) -> None:
-        tools = self._chats.get(str(data.get("request_id", "")))
-        if type_ == "approval.requested" and tools is not None:
-            if data.get("tool_call_id") in tools.approvals:
-                return  # seen already (a replay, or the snapshot and then the event)
-            tools.approvals[str(data.get("tool_call_id"))] = ""
-            expires = float(data.get("expires_at") or time.time())
-            until = time.strftime("%H:%M:%S", time.localtime(expires))
-            left = max(0, round(expires - time.time()))
-            self._note(
-                f"{data.get('tool')} waits for an approval in another Face "
-                f"(approval {data.get('approval_id')}, chat {data.get('request_id')}): "
-                f"allow or deny it there, e.g. in `halfpi face` with ctrl+a / ctrl+d, "
-                f"until {until} (in {left} s)"
-            )
-        elif type_ == "approval.resolved":
-            call = str(data.get("tool_call_id"))
+    def _event(self, event: EventData | None) -> None:
+        if isinstance(event, ApprovalRequested):
+            self._approval_requested(event)
+        elif isinstance(event, ApprovalResolved):
+            call = event.tool_call_id or ""
             for chat in self._chats.values():
                 if call in chat.approvals and not chat.approvals[call]:
                     # People read the decider's credential label; its id
                     # only when the Mind sent no label.
-                    who = str(data.get("decided_by_label") or data.get("decided_by") or "")
+                    who = present(event.decided_by_label) or event.decided_by or ""
                     chat.approvals[call] = who or "another Face"
-                    if data.get("status") == "allowed":
-                        self._note(f"approval {data.get('approval_id')} allowed by {who}: it runs")
-        elif type_ == "chat.tool_completed" and tools is not None:
-            status, call = str(data.get("status")), str(data.get("tool_call_id"))
-            if status not in TOOL_EXIT or call in tools.seen:
-                return
-            tools.seen.add(call)
-            tool = data.get("tool")
-            if status == "denied":
-                who = tools.approvals.get(call) or "another Face"
-                why = f"{tool} did not run: its approval was denied by {who}"
-            else:
-                why = f"{tool} did not run: its approval expired (nobody decided in time)"
-            tools.blocked.append((TOOL_EXIT[status], why))
+                    if event.status == "allowed":
+                        self._note(f"approval {event.approval_id} allowed by {who}: it runs")
+        elif isinstance(event, ToolCompleted):
+            self._tool_ended(event.request_id, event.tool_call_id, event.tool, event.status)
+
+    def _approval_requested(self, approval: ApprovalRequested) -> None:
+        tools = self._chats.get(approval.request_id or "")
+        call = approval.tool_call_id or ""
+        if tools is None or call in tools.approvals:
+            return  # not this face's chat, or seen already (a replay, the snapshot)
+        tools.approvals[call] = ""
+        expires = approval.expires_at or time.time()
+        until = time.strftime("%H:%M:%S", time.localtime(expires))
+        left = max(0, round(expires - time.time()))
+        self._note(
+            f"{approval.tool} waits for an approval in another Face "
+            f"(approval {approval.approval_id}, chat {approval.request_id}): "
+            f"allow or deny it there, e.g. in `halfpi face` with ctrl+a / ctrl+d, "
+            f"until {until} (in {left} s)"
+        )
+
+    def _tool_ended(self, request_id: str | None, call: str, tool: str,
+                    status: str | None) -> None:
+        """A tool call of one of this face's chats that ended without running
+        (denied, expired) sets the chat's exit status."""
+        tools = self._chats.get(request_id or "")
+        if tools is None or status not in TOOL_EXIT or call in tools.seen:
+            return
+        tools.seen.add(call)
+        if status == "denied":
+            who = tools.approvals.get(call) or "another Face"
+            why = f"{tool} did not run: its approval was denied by {who}"
+        else:
+            why = f"{tool} did not run: its approval expired (nobody decided in time)"
+        tools.blocked.append((TOOL_EXIT[status], why))
 
     # -- the run ---------------------------------------------------------------------
 

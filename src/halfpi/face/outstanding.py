@@ -17,8 +17,6 @@ applies to what is left from before are :meth:`Outstanding.settle`:
 
 from __future__ import annotations
 
-import itertools
-import os
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 
@@ -33,14 +31,6 @@ SUBSCRIBE = "subscribe"
 READ_CONVERSATIONS = "conversations"
 READ_APPROVALS = "approvals"
 RECONCILE = "reconcile"
-
-_counter = itertools.count(1)
-
-
-def new_request_id(prefix: str = "q") -> str:
-    """A fresh ``request_id``: random (no two Faces collide) and counted."""
-    return f"{prefix}-{os.urandom(6).hex()}-{next(_counter)}"
-
 
 @dataclass(eq=False, slots=True)
 class Command:

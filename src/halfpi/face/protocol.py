@@ -41,7 +41,7 @@ from halfpi.config import PROTOCOL_VERSION
 from halfpi.core import events as messages
 from halfpi.core import wire
 from halfpi.core.scopes import SESSIONS_READ
-from halfpi.face.commands import Body, encode
+from halfpi.face.commands import Body, encode, new_request_id
 from halfpi.face.errors import FaceError, command_error
 from halfpi.face.events import (
     Accepted,
@@ -71,7 +71,6 @@ from halfpi.face.outstanding import (
     SUBSCRIBE,
     Command,
     Outstanding,
-    new_request_id,
     reconcile_read,
     reconciled,
 )

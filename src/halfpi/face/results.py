@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
 from halfpi.core import events
+from halfpi.face.errors import FaceError
 
 log = logging.getLogger("halfpi.face")
+
+T = TypeVar("T")
 
 # A command's type → the struct of its ``face.result`` ``data`` (docs/protocol.md §5).
 RESULT_DATA: dict[str, type[events.Outbound]] = {
@@ -96,6 +99,14 @@ class Result:
     @property
     def ok(self) -> bool:
         return self.status == "succeeded"
+
+    def outcome(self, kind: type[T]) -> T:
+        """``data`` as ``kind`` (``result.outcome(ChatOutcome).run_id``), or
+        the :class:`~halfpi.face.errors.FaceError` saying it is not."""
+        if not isinstance(self.data, kind):
+            code = f" ({self.error_code})" if self.error_code else ""
+            raise FaceError(f"{self.request_id} ended {self.status}{code} without {kind.__name__}")
+        return self.data
 
     @classmethod
     def from_wire(cls, type_: str, result: events.Result) -> Result:

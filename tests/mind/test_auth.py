@@ -11,7 +11,7 @@ import pytest
 
 from halfpi.gateway.session import FaceSession
 from halfpi.mind.auth import SharedReread, make_credential
-from halfpi.mind.service import RECHECK_FRESH_S, RECHECK_TIMEOUT_S
+from halfpi.mind.credentials import RECHECK_FRESH_S, RECHECK_TIMEOUT_S
 from tests.support.rig import Peer, Wire, fake_time_mind
 from tests.support.wait import until
 

@@ -228,14 +228,14 @@ async def held_take_over(
 
     monkeypatch.setattr(mind_b.store, "open_chat_runs", held_open_chat_runs)
     taking_over = asyncio.ensure_future(mind_b.actor(cid))
-    actor = mind_b.actor
+    actor = mind_b.actors.actor
 
     async def noticed_actor(conversation_id: str) -> Any:
         if asyncio.current_task() is not taking_over:  # someone else asks for it
             asked.set()
         return await actor(conversation_id)
 
-    monkeypatch.setattr(mind_b, "actor", noticed_actor)
+    monkeypatch.setattr(mind_b.actors, "actor", noticed_actor)
     await at_open_chat_runs.wait()  # the take-over is under way
     return HeldTakeOver(cid, content, taking_over, asked, url_b, token)
 

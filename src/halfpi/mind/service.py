@@ -9,7 +9,6 @@ is built by the process wiring and handed in as a factory).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -35,27 +34,21 @@ from halfpi.core.events import (
 from halfpi.core.ids import NodeId, new_conversation_id, new_node_id
 from halfpi.core.outbound import Message
 from halfpi.core.requests import RequestRecord, Tombstone
-from halfpi.core.scopes import SESSIONS_READ, scopes_for
-from halfpi.core.throttle import HandshakeThrottle, worth_logging
-from halfpi.core.timers import Deadlines
+from halfpi.core.scopes import SESSIONS_READ
 from halfpi.errors import (
     CloseCode,
-    ErrorCode,
-    FencedOut,
-    NotFound,
-    NotOwner,
     RateLimited,
     Unauthorized,
-    Unavailable,
 )
 from halfpi.journal.base import Journal
 from halfpi.mind.actor import ActorEnv, ConversationActor
+from halfpi.mind.actors import Actors, Ownership
 from halfpi.mind.approvals import Approvals
-from halfpi.mind.auth import CredentialCache, SharedReread, make_credential, write_token_file
+from halfpi.mind.auth import CredentialCache
 from halfpi.mind.chat import ChatDriver
 from halfpi.mind.connection import Connection, Framing, Liveness
 from halfpi.mind.connections import NO_NEWS, Connections
-from halfpi.mind.counters import ClusterCounts
+from halfpi.mind.credentials import Credentials
 from halfpi.mind.hands import HandRegistry
 from halfpi.mind.records import approval_pending
 from halfpi.mind.recovery import recover_tools
@@ -69,7 +62,6 @@ from halfpi.mind.tools import ToolCalls
 from halfpi.store.base import (
     ConversationRow,
     Credential,
-    Fence,
     FinishedRequest,
     Store,
     WriteTx,
@@ -88,55 +80,9 @@ class LocalHand(Protocol):
     async def stop(self) -> None: ...
 
 
-# How long a handshake waits for the credentials version before it goes on
-# with the credentials read last (a Store that stopped answering).
-RECHECK_TIMEOUT_S = 1.0
 # How long shutting down waits for the local Hand to end its runs and tasks
 # (its own bound, hand/node.py WORK_END_S, and a margin).
 LOCAL_HAND_END_S = 10.0
-# A known token's handshake reads the credentials version unless a read that
-# started at most this long ago has finished: a token revoked earlier than
-# that is refused, on every node, and a stream of HTTP requests (each one a
-# handshake) costs at most ten reads a second, not one each
-# (benchmarks/http_requests.py).
-RECHECK_FRESH_S = 0.1
-
-
-class Ownership(Protocol):
-    """Cluster mode: this node's part in a cluster (``mind/cluster_node.py``) —
-    leases, replicas, forwarding and news between nodes."""
-
-    replicas: dict[str, Any]
-
-    async def start(self) -> None: ...
-
-    async def close(self) -> None: ...
-
-    async def take(self, conversation_id: str) -> Any:
-        """The conversation's lease (with its ``fence``), or NotOwner."""
-        ...
-
-    async def give_back(self, conversation_id: str) -> None: ...
-
-    def lost(self, conversation_id: str) -> None: ...
-
-    async def owner_of(self, conversation_id: str) -> str | None: ...
-
-    async def replica(self, conversation_id: str) -> ConversationView: ...
-
-    async def forward(self, owner: str, caller: Any, type_: str, payload: Any) -> None: ...
-
-    async def maintain(self) -> None: ...
-
-    def announce(self, message: Message) -> None: ...
-
-    async def check_leases(self) -> None:
-        """Raises unless the node's lease renewals keep up (readiness)."""
-        ...
-
-    def counts(self) -> ClusterCounts:
-        """What ``GET /metrics`` shows of this node's part."""
-        ...
 
 
 # (url, connector or None) -> the local Hand dialling the Mind at url.
@@ -172,25 +118,8 @@ class Mind:
         self.node_id = NodeId(config.node_id) if config.node_id else new_node_id(clock())
         # Cluster mode (docs/cluster.md): set by the process wiring before start.
         self.cluster: Ownership | None = None
-        self.auth = CredentialCache()
-        self.throttle = HandshakeThrottle(config.handshake_throttle)
         # Stream tickets and the key of SSE resume tokens (docs/protocol.md §17).
         self.tickets = StreamTickets(config.home, monotonic, clock)
-        self._reread = SharedReread(
-            self.refresh_credentials, monotonic, config.credential_reread_s, self.scheduler.sleep
-        )
-        # A known token is checked against the credentials version at its
-        # handshake (a hello, an HTTP request), unless the view is fresher
-        # than RECHECK_FRESH_S (those arriving together share one read): a
-        # credential revoked from another process or node since the last
-        # poll is refused within RECHECK_FRESH_S, never welcomed for the
-        # poll's interval. A Store slower than RECHECK_TIMEOUT_S leaves the
-        # view read last in force.
-        self._recheck = SharedReread(
-            self.refresh_credentials, monotonic, 0.0, self.scheduler.sleep
-        )
-        self._credentials_read_at = float("-inf")  # when the last read that finished began
-        self._refreshing = asyncio.Lock()
         self.hands = HandRegistry(
             self.scheduler, config.hand_grace_s, local_label=config.local_hand_label, wall=clock
         )
@@ -227,18 +156,19 @@ class Mind:
             fenced_out=self.step_down,
             tasks=self.tasks.of_conversation,
         )
+        # Who may connect (I8): the credentials, their re-reads and the
+        # handshake throttle (mind/credentials.py).
+        self.credentials = Credentials(
+            lambda: self.store, config, monotonic, self.scheduler.sleep, self.env.metrics,
+            self.refresh_credentials,
+        )
         self._local_hand_factory = local_hand
         self.local_hand: LocalHand | None = None
         self._local_hand_task: asyncio.Task[bool] | None = None
         # Every live connection, whatever its door (mind/connections.py).
         self.connections = Connections(self)
-        self._actors: dict[str, ConversationActor] = {}
-        self._loading: dict[str, asyncio.Future[ConversationActor]] = {}
-        # When each loaded actor is next looked at for unloading (a heap: a
-        # round visits only the actors whose idle time may have run out).
-        self._idle: Deadlines[ConversationActor] = Deadlines()
-        # Journal windows being dropped: a load of the same conversation waits.
-        self._releasing: dict[str, asyncio.Task[None]] = {}
+        # The conversations' actors: loading, unloading, stepping down.
+        self.actors = Actors(self)
         self._background: set[asyncio.Task[Any]] = set()
         self._last_prune = float("-inf")  # the first maintenance round prunes
 
@@ -288,34 +218,19 @@ class Mind:
             await self.cluster.start()
         await self.refresh_credentials()
         if not self.auth.has_face():
-            await self._create_local_face()
+            await self.credentials.create_local_face(self.wall())
+            await self.refresh_credentials()
         label = self.config.local_hand_label
         if self.config.local_hand and not self.auth.has_kind_label("hand", label):
-            await self._create_local_hand_credential()
-        await self._recover()
+            await self.credentials.create_local_hand(self.wall())
+            await self.refresh_credentials()
+        await self.recover()
         self.scheduler.start()
         await self.tasks.start()
         self.scheduler.call_later(self.config.credential_poll_s, self._maintenance_round)
         check = getattr(self.agent, "check", None)
         if check is not None:  # a model provider: is its server there? (one line if not)
             self.spawn(_check_agent(check), "agent check")
-
-    async def _create_local_face(self) -> None:
-        """First start: the owner's own terminal gets an operator credential
-        that may approve, its token written to ``face.token`` (mode 0600)."""
-        scopes = scopes_for("operator", approve=True)
-        credential, token = make_credential("face", "local", "operator", scopes, self.wall())
-        await self.store.add_credential(credential)
-        write_token_file(self.config.face_token_path, token)
-        await self.refresh_credentials()
-        log.info("created the local operator credential; token in %s", self.config.face_token_path)
-
-    async def _create_local_hand_credential(self) -> None:
-        label = self.config.local_hand_label
-        credential, token = make_credential("hand", label, "hand", frozenset(), self.wall())
-        await self.store.add_credential(credential)
-        write_token_file(self.config.hand_token_path, token)
-        await self.refresh_credentials()
 
     def start_local_hand(self, url: str, connector: Any = None) -> None:
         """The embedded set-up's Hand: in this process, through the same
@@ -336,18 +251,18 @@ class Mind:
         kind = HandConnected if connected else HandDisconnected
         data = kind(hand_id=hand_id, generation=hand.generation if hand else None)
         for conversation_id in sorted(conversations):
-            actor = self._actors.get(conversation_id)
+            actor = self.actors.owned(conversation_id)
             if actor is not None:
                 actor.append(data)
 
     def _publish_in(self, conversations: set[str], data: EventData) -> None:
         """``data`` in each of ``conversations`` that is loaded here."""
         for conversation_id in sorted(conversations):
-            actor = self._actors.get(conversation_id)
+            actor = self.actors.owned(conversation_id)
             if actor is not None:
                 actor.append(data)
 
-    async def _recover(self, loaded: ConversationActor | None = None) -> None:
+    async def recover(self, loaded: ConversationActor | None = None) -> None:
         """After a crash: open runs become ``interrupted`` (I11), open requests
         get a terminal result, and ``seq`` continues from the store.
 
@@ -400,7 +315,7 @@ class Mind:
         self.draining = True
         self.connections.close_all(CloseCode.RESTARTING, "mind restarting")
         stopping = []
-        for actor in self._actors.values():
+        for actor in self.actors:
             run = actor.chat_run
             if run is not None:
                 # Running: interrupted. Ended but not yet committed: one last try.
@@ -430,201 +345,31 @@ class Mind:
             await close()
         await self.store.close()
 
-    # -- actors (I2) -------------------------------------------------------------
+    # -- actors (I2): mind/actors.py ----------------------------------------------
 
     async def actor(self, conversation_id: str) -> ConversationActor:
-        """The one actor of a conversation; concurrent loads share one load.
-
-        A conversation loaded in this process for the first time (or whose
-        journal lost continuity) gets a new epoch, stored before the actor
-        exists, so no cursor of it is shown before the Store holds it; one
-        loaded again after it was unloaded keeps its epoch and continues
-        its seq (from the Store's head: past its seq reservation)."""
-        actor = self._loaded(conversation_id)
-        if actor is not None:
-            actor.used_at = self.monotonic()
-            return actor
-        loading = self._loading.get(conversation_id)
-        if loading is None:
-            loading = asyncio.get_running_loop().create_future()
-            self._loading[conversation_id] = loading
-            try:
-                row = await self.store.get_conversation(conversation_id)
-                if row is None:
-                    raise NotFound(
-                        ErrorCode.CONVERSATION_NOT_FOUND,
-                        f"no conversation {conversation_id}",
-                        field="conversation_id",
-                    )
-                fence = None
-                if self.cluster is not None:
-                    fence = await self._claim(conversation_id)
-                head = await self.store.head_seq(conversation_id)
-                releasing = self._releasing.get(conversation_id)
-                if releasing is not None:  # its window is being dropped: after that
-                    await asyncio.wait({releasing})
-                epoch = await self.journal.open(conversation_id, row.epoch, head)
-                if epoch != row.epoch:
-                    # Continuity lost (a restart of the in-process journal):
-                    # cursors of the old epoch get epoch_changed from now on.
-                    await self.store.write(WriteTx(epochs=[(conversation_id, epoch)], fence=fence))
-                    row = dataclasses.replace(row, epoch=epoch)
-                actor = ConversationActor(self.env, row, head, epoch)
-                actor.fence = fence
-                self._actors[conversation_id] = actor
-                self._idle.set(actor, actor.idle_since() + self.unload_idle_s)
-                if fence is not None:
-                    # Taken over: close what the previous owner left open —
-                    # before any command gets the actor (they wait for the
-                    # load): a request retried meanwhile is answered with
-                    # its outcome, never as still running.
-                    await self._recover(loaded=actor)
-                loading.set_result(actor)
-            except BaseException as exc:
-                loading.set_exception(exc)
-                loading.exception()  # mark retrieved: waiters re-raise it themselves
-                raise
-            finally:
-                del self._loading[conversation_id]
-            return actor
-        return await asyncio.shield(loading)
-
-    async def _claim(self, conversation_id: str) -> Fence:
-        """Cluster mode: take the conversation's lease and claim its token in
-        the Store (a write with only a fence): from that commit on, no write
-        of an earlier owner lands. Raises NotOwner when another node owns it."""
-        assert self.cluster is not None
-        lease = await self.cluster.take(conversation_id)
-        fence = Fence(conversation_id, lease.fence)
-        try:
-            await self.store.write(WriteTx(fence=fence))
-        except FencedOut:
-            self.cluster.lost(conversation_id)
-            raise Unavailable("the conversation changed owner while loading; retry") from None
-        return fence
+        """The one actor of a conversation (``Actors.actor``)."""
+        return await self.actors.actor(conversation_id)
 
     async def view(self, conversation_id: str) -> ConversationView:
-        """What a subscription or a read follows: the conversation's actor,
-        or in cluster mode, when another node owns it, this node's replica."""
-        actor = self._loaded(conversation_id)
-        if actor is not None:
-            actor.used_at = self.monotonic()
-            return actor
-        cluster = self.cluster
-        if cluster is None:
-            return await self.actor(conversation_id)
-        replica = cluster.replicas.get(conversation_id)
-        if replica is not None and not replica.unloaded:
-            return replica  # type: ignore[no-any-return]
-        owner = await cluster.owner_of(conversation_id)
-        if owner is None or owner == self.node_id:
-            try:
-                return await self.actor(conversation_id)
-            except NotOwner:
-                pass  # taken by another node meanwhile: follow it
-        if await self.store.get_conversation(conversation_id) is None:
-            raise NotFound(
-                ErrorCode.CONVERSATION_NOT_FOUND,
-                f"no conversation {conversation_id}",
-                field="conversation_id",
-            )
-        return await cluster.replica(conversation_id)
-
-    def _loaded(self, conversation_id: str) -> ConversationActor | None:
-        """The conversation's actor once it is loaded — not while a take-over
-        still closes what the previous owner left open: commands, reads and
-        subscriptions wait for that (through :meth:`actor`)."""
-        if conversation_id in self._loading:
-            return None
-        return self._actors.get(conversation_id)
+        """What a subscription or a read follows (``Actors.view``)."""
+        return await self.actors.view(conversation_id)
 
     def owned(self, conversation_id: str) -> ConversationActor | None:
-        """The conversation's actor if it is loaded here (and so owned)."""
-        return self._actors.get(conversation_id)
+        return self.actors.owned(conversation_id)
 
     def step_down(self, conversation_id: str) -> None:
-        """Cluster mode: another node owns the conversation now (a lease lost,
-        a write refused for its fencing token). The actor never writes again,
-        its running chat is left to the new owner, and its followers move to
-        a replica (or to a new actor, should the conversation be free)."""
-        if self.cluster is not None:
-            self.cluster.lost(conversation_id)
-        actor = self._actors.pop(conversation_id, None)
-        if actor is None:
-            return
-        actor.unloaded = True
-        self._idle.discard(actor)
-        run = actor.chat_run
-        if run is not None:
-            actor.stop(run, "interrupted", "another node took the conversation over")
-        # Where each connection got, taken now: a commit still in flight may
-        # publish on this actor, but to nobody (the new view replays it).
-        listeners = [
-            (sub, sub.owner.position(conversation_id))
-            for sub in actor.subscribers.values()
-            if sub.owner is not None
-        ]
-        actor.subscribers.clear()
-        for listener, pos in listeners:  # onto whatever view the conversation has now
-            listener.owner.move(conversation_id, self.view, pos)
+        self.actors.step_down(conversation_id)
 
     def is_loaded(self, conversation_id: str) -> bool:
-        return conversation_id in self._actors
+        return self.actors.owned(conversation_id) is not None
 
     def loaded(self) -> int:
         """How many conversations have an actor in memory now."""
-        return len(self._actors)
-
-    @property
-    def unload_idle_s(self) -> float:
-        """How long an idle actor stays loaded (default: the journal's window)."""
-        configured = self.config.unload_idle_s
-        return self.config.journal.seconds if configured is None else configured
+        return len(self.actors)
 
     async def unload_idle(self, now: float) -> int:
-        """Unload every actor idle (``ConversationActor.idle``) for
-        ``unload_idle_s`` at ``now`` (time passed in): memory follows the
-        work, not the history. Its journal window is dropped, its epoch
-        stays in the Store; loading it again is transparent, and a resume
-        from a cursor of before replays from the Store (docs/protocol.md).
-        Returns how many were unloaded. A round looks only at the actors
-        whose idle time may have run out (a heap of deadlines)."""
-        idle_s = self.unload_idle_s
-        releases: list[asyncio.Task[None]] = []
-        for actor in self._idle.pop_due(now):
-            if self._actors.get(actor.id) is not actor:
-                continue
-            if not actor.idle():  # working, or someone follows it: look again later
-                self._idle.set(actor, now + idle_s)
-                continue
-            due = actor.idle_since() + idle_s
-            if due > now:
-                self._idle.set(actor, due)
-                continue
-            # In one synchronous step: from here on a load makes a new actor
-            # (after the window is dropped), and this one never writes (I2).
-            del self._actors[actor.id]
-            actor.unloaded = True
-            releases.append(self._release(actor.id))
-        if releases:
-            await asyncio.wait(releases)
-        return len(releases)
-
-    def _release(self, conversation_id: str) -> asyncio.Task[None]:
-        task = self.spawn(self._release_window(conversation_id), "release a journal window")
-        self._releasing[conversation_id] = task
-
-        def released(_: object) -> None:
-            if self._releasing.get(conversation_id) is task:
-                del self._releasing[conversation_id]
-
-        task.add_done_callback(released)
-        return task
-
-    async def _release_window(self, conversation_id: str) -> None:
-        await self.journal.release(conversation_id)
-        if self.cluster is not None:
-            await self.cluster.give_back(conversation_id)
+        return await self.actors.unload_idle(now)
 
     async def create_conversation(
         self, record: RequestRecord, name: str | None
@@ -713,81 +458,28 @@ class Mind:
         task.add_done_callback(self._background.discard)
         return task
 
-    # -- credentials (I8) --------------------------------------------------------
+    # -- credentials (I8): mind/credentials.py ------------------------------------
 
     async def refresh_credentials(self) -> None:
-        async with self._refreshing:  # one load at a time: never an older view last
-            began = self.monotonic()
-            version = await self.store.credentials_version()
-            if version == self.auth.version:
-                self._credentials_read_at = began
-                return
-            revoked = self.auth.load(await self.store.credentials(), version)
-            self._credentials_read_at = began
-        if revoked:  # every door's connections alike (I8)
+        """Read the credentials again (when their version moved); the
+        connections of every revoked one are closed, whatever their door."""
+        revoked = await self.credentials.refresh()
+        if revoked:
             self.connections.revoke(revoked)
 
     async def authenticate(
         self, token: str, kind: str, address: str, *, label: str | None = None
     ) -> Credential | None:
-        """Check a handshake's token (and, for a Hand, its label), throttled
-        per address (DESIGN §11, ``core/throttle.py``).
-
-        Raises :class:`RateLimited` when the address must not try yet; waits
-        its turn otherwise. An unknown token triggers a re-read of the
-        credential table first, so a credential created a moment ago works at
-        once — one shared re-read per ``credential_reread_s``, however many
-        unknown tokens arrive; a known one a read of the credentials version
-        unless one began at most ``RECHECK_FRESH_S`` ago (shared by the
-        handshakes that arrive together), so one revoked earlier than that,
-        from another process or node, is refused. Failures are
-        logged with the address and the count, never the token.
-        """
-        wait = self.throttle.admit(address, self.now())
-        if wait is None:
-            refused = self.throttle.refused(address)
-            if worth_logging(refused):
-                log.warning(
-                    "handshake from %s refused unchecked: %d attempts while throttled",
-                    address,
-                    refused,
-                )
-            self.env.metrics.handshakes_throttled += 1
-            raise RateLimited("too many failed handshakes from this address; retry later")
-        if wait > 0:
-            await self.scheduler.sleep(wait)
-        credential = self.auth.authenticate(token, kind)
-        known = credential is not None
-        if not known:
-            await self._reread.wait_within(RECHECK_TIMEOUT_S)
-            credential = self.auth.authenticate(token, kind)
-        if credential is None or (label is not None and credential.label != label):
-            count = self.throttle.failed(address, self.now())
-            self.env.metrics.handshakes_failed[kind] += 1
-            log.warning(
-                "handshake from %s failed: unknown or revoked %s credential "
-                "(failure %d from this address; its next check waits %.2f s)",
-                address,
-                kind,
-                count,
-                self.throttle.delay(count),
-            )
-            return None
-        self.throttle.succeeded(address)  # the token is right: no longer a guess in flight
-        if known and self.monotonic() - self._credentials_read_at > RECHECK_FRESH_S:
-            # Known from the view read last: still live? (Revoked by the CLI
-            # or on another node since the last poll.) Read after the
-            # throttle let go, so a burst of right tokens never waits on it.
-            await self._recheck.wait_within(RECHECK_TIMEOUT_S)
-            if self.auth.authenticate(token, kind) is None:
-                self.env.metrics.handshakes_failed[kind] += 1
-                log.warning("handshake from %s failed: its %s credential was just revoked",
-                            address, kind)
-                return None
-        return credential
+        """A handshake's token checked (``Credentials.authenticate``)."""
+        return await self.credentials.authenticate(token, kind, address, label=label)
 
     def credential(self, principal_id: str) -> Credential | None:
-        return self.auth.get(principal_id)
+        return self.credentials.cache.get(principal_id)
+
+    @property
+    def auth(self) -> CredentialCache:
+        """The credentials as last read (``Credentials.cache``)."""
+        return self.credentials.cache
 
     # -- maintenance -------------------------------------------------------------
 

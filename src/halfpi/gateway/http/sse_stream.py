@@ -389,19 +389,18 @@ class SseResponse(Response):
 async def _resume(send: Coroutine[Any, Any, Any], waiting: Any) -> None:
     """Run to its end a ``send`` started outside any task (``_pump``) that
     suspended on ``waiting`` (the future it awaits, or None for a bare
-    yield): wait for that here, in the ASGI call's task, then step it on.
-    A failure of the future (or this task's cancellation, which cancels
-    the future) reaches the coroutine where it awaited, as if it had run
-    in this task from the start."""
+    yield): wait for that here, in the ASGI call's task, then step the
+    coroutine on — it reads the future's outcome where it awaited it. This
+    task cancelled (a release) abandons the send."""
     while True:
-        if waiting is None:
-            await asyncio.sleep(0)
-        else:
-            # What a task does with a future its coroutine yields: it is
-            # this task's to wait on now (else awaiting it is refused).
-            waiting._asyncio_future_blocking = False
-            with contextlib.suppress(BaseException):
-                await waiting
+        try:
+            if waiting is None:
+                await asyncio.sleep(0)
+            else:
+                await asyncio.wait((waiting,))
+        except BaseException:
+            send.close()
+            raise
         try:
             waiting = send.send(None)
         except StopIteration:

@@ -77,7 +77,7 @@ def test_the_shared_client_package_imports_neither_side(path: Path) -> None:
 
 SANS_IO = ["face/protocol.py", "face/outstanding.py", "face/subscriptions.py",
            "face/lists.py", "face/view.py", "face/results.py", "face/errors.py", "face/events.py",
-           "client/redial.py", "client/errors.py"]
+           "face/commands.py", "face/incoming.py", "client/redial.py", "client/errors.py"]
 IO = ("asyncio", "socket", "selectors", "ssl", "threading", "time", "websockets",
       "halfpi.client.transport", "halfpi.client.reconnect")
 

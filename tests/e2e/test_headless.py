@@ -476,3 +476,32 @@ def test_a_subscribe_line_the_mind_refuses_is_said_in_a_sentence_and_exits_1(
         assert done.returncode == 1, (done.returncode, done.stderr)
     finally:
         mind.kill()
+
+
+@pytest.mark.e2e
+async def test_a_line_the_mind_would_refuse_is_refused_before_it_is_sent(
+    tmp_path: Path,
+) -> None:
+    """A stdin command that is not what the Mind reads (a field it does not
+    know) is checked by the face as the Mind checks it: a ``face.error``
+    line naming the field, one ``halfpi: …`` sentence, exit 1 — and the
+    command never reaches the Mind; the lines after it still run."""
+    home = tmp_path / "home"
+    home.mkdir()
+    mind = MindProcess(home).start()
+    try:
+        async with RefusingRelay(mind.url, refusals=0, refuse="face.chat") as relay:
+            code, out, err = await run_headless_face(
+                relay.url, home, "--new-conversation", "checked",
+                stdin=lines_in({"type": "face.chat", "payload": {"content": "hi", "colour": 1}},
+                               {"type": "face.chat", "payload": {"content": "still here"}}))
+        errors = [json.loads(line)["payload"] for line in out.splitlines()
+                  if json.loads(line)["type"] == "face.error"]
+        assert [(e["code"], e.get("field")) for e in errors] == [("invalid_request", "colour")]
+        (line,) = reasons(err)
+        assert line.startswith("halfpi: face.chat") and "invalid_request" in line, line
+        assert len(relay.request_ids) == 1  # only the valid chat reached the Mind
+        assert '"chat.completed"' in out
+        assert code == EXIT_FAILED, err
+    finally:
+        mind.kill()

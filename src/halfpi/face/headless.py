@@ -444,16 +444,16 @@ class Headless:
             )
         ):
             payload["conversation_id"] = self.conversation
-        if type_ == "face.subscribe":
-            for cid in payload.get("conversation_ids", []):
-                await self.client.subscribe(cid)
-            return
         payload.setdefault("request_id", new_request_id("h"))
         try:
             body = command_of(type_, payload)
         except CommandError as exc:  # checked as the Mind would: never sent
             self._error(exc.error)
             self._fail(EXIT_FAILED, self._refusal(f"{type_} {payload['request_id']}", exc))
+            return
+        if isinstance(body, wire.Subscribe):  # followed by the client: exact across drops
+            for cid in body.conversation_ids:
+                await self.client.subscribe(cid)
             return
         task = asyncio.create_task(self._await(body))
         self._work.add(task)

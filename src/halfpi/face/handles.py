@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 from halfpi.core.events import Accepted
+from halfpi.face.errors import FaceError
 from halfpi.face.events import Answer
 from halfpi.face.results import Result
 
@@ -61,5 +62,6 @@ class ChatHandle:
         """Its ``face.result`` (a chat's, a cancel's…)."""
         value = await self.waiter.result
         if not isinstance(value, Result):
-            raise TypeError(f"{self.type} {self.request_id} ended with {type(value).__name__}")
+            raise FaceError(f"{self.type} {self.request_id} ended with {type(value).__name__}, "
+                            "not a face.result: await answer()")
         return value

@@ -9,7 +9,7 @@ down roughly twofold, so read its figures as shares) or ``py-spy`` (sampling,
 low overhead; used only if a ``py-spy`` executable is on PATH or beside this
 Python).
 
-    python benchmarks/profile_mind.py [--load fanout1|fanout100|resume|latency]
+    python benchmarks/profile_mind.py [--load fanout1|fanout100|resume|latency|sse1|ws1]
                                       [--profiler cprofile|py-spy] [--seconds S] [--top N]
                                       [--server native|asgi]
 """
@@ -59,6 +59,23 @@ async def drive(mind: MindServer, load: str, seconds: float) -> str:
             await resume.resume_lean(mind, prep, decode=False)
             done += 1
         return f"{done} resumes of {resume.MISSED:,} events"
+    if load in ("sse1", "ws1"):  # one reader through one door (door_cpu.py's rounds)
+        import door_cpu
+        from _client import face
+
+        driver = await face(mind.url, mind.token)
+        doors = await door_cpu.open_doors(mind, driver, 1, 1)
+        door = doors[1] if load == "sse1" else doors[0]
+        delivered = 0
+        try:
+            while time.perf_counter() < deadline:
+                delivered += (await door.round(20_000))["delivered"]
+                done += 1
+        finally:
+            for each in doors:
+                await each.close()
+            driver.close()
+        return f"{done} chats, {delivered:,} deliveries to 1 {load[:-1]} reader"
     n = {"fanout1": 1, "fanout100": 100, "latency": 100}[load]
     pause = 0.0 if load == "latency" else fanout.READ_PAUSE_S[n]
     side = await fanout.connect_mind(mind, n, fanout.PROCS[n], pause)
@@ -149,7 +166,8 @@ async def main_async(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--load", choices=("fanout1", "fanout100", "resume", "latency"), default="fanout100"
+        "--load", choices=("fanout1", "fanout100", "resume", "latency", "sse1", "ws1"),
+        default="fanout100"
     )
     parser.add_argument("--profiler", choices=("cprofile", "py-spy"), default="cprofile")
     parser.add_argument("--seconds", type=float, default=6.0)

@@ -208,9 +208,9 @@ async def test_I7_slow_consumer_evicted_others_unaffected(
 def session_paused(mind: Any, face: RawFace) -> bool:
     """Whether the Mind has stopped writing to ``face`` (its transport backed up)."""
     port = face.sock.getsockname()[1]
-    for session in list(mind.sessions):
-        if peer_port(getattr(session, "transport", None)) == port:
-            return bool(session.paused)
+    for conn in mind.connections:
+        if peer_port(getattr(conn.framing, "transport", None)) == port:
+            return bool(conn.paused)
     raise AssertionError("no session for that socket")
 
 

@@ -9,9 +9,10 @@ when it reconnects, so a stream resumes exactly where its reader stopped,
 whichever event that was.
 
 A token is opaque and compact: the cursors in the stream's own conversation
-order (so conversation ids are not repeated), an optional *grant* (who may
-reconnect with it without a header, until when, in which detail mode: see
-``docs/protocol.md`` §17.4), and a keyed BLAKE2b tag that binds it to the
+order (so conversation ids are not repeated), then ``~`` and a sealed part
+in base64url — the version, an optional *grant* (who may reconnect with it
+without a header, until when, in which detail mode: see
+``docs/protocol.md`` §17.4) and a keyed BLAKE2b tag that binds it to the
 principal, the stream's conversations and the grant (the cursors are
 positions, not secrets: see :class:`Sealer`). A token that does not verify
 (another principal's, other conversations, malformed, altered, made with
@@ -35,7 +36,8 @@ import msgspec
 from halfpi.core.cursor import parse_cursor
 from halfpi.errors import InvalidRequest
 
-VERSION = "1"
+VERSION = "2"
+SEAL = "~"  # between the cursors (plain) and the sealed part (base64url)
 TAG_BYTES = 12  # 96 bits: a grant is a capability, forging one must not pay
 MAX_TOKEN = 4096  # characters: a stream names at most 100 conversations
 # Frame types that move a conversation's position: their cursor is where the
@@ -82,32 +84,36 @@ def _grant_text(grant: Grant | None) -> str:
 
 class Sealer:
     """Seals the tokens of one stream. The tag binds what must not be
-    forged — the principal, the conversations, the grant — and is made once
-    per grant; the cursors ride beside it unsigned: they are positions, not
-    secrets, and an altered one only moves where the stream resumes within
-    what its principal may read anyway (the Mind plans it as any cursor)."""
+    forged — the principal, the conversations, the grant — and is made
+    (and encoded) once per grant; the cursors ride beside it in plain text,
+    unsigned: they are positions, not secrets, and an altered one only
+    moves where the stream resumes within what its principal may read
+    anyway (the Mind plans it as any cursor). So an event's token costs a
+    join, not a hash or an encoding."""
 
-    __slots__ = ("_key", "_principal_id", "_tags", "conversations")
+    __slots__ = ("_key", "_principal_id", "_sealed", "conversations")
 
     def __init__(self, key: bytes, principal_id: str, conversations: tuple[str, ...]) -> None:
         self._key = key
         self._principal_id = principal_id
         self.conversations = conversations
-        self._tags: dict[str, bytes] = {}
+        self._sealed: dict[str, str] = {}
 
     def seal(self, cursors: Mapping[str, str], grant: Grant | None) -> str:
         grant_text = _grant_text(grant)
-        tag = self._tags.get(grant_text)
-        if tag is None:
-            self._tags.clear()  # one grant at a time
-            tag = self._tags[grant_text] = _tag(
-                self._key, self._principal_id, self.conversations, grant_text
+        sealed = self._sealed.get(grant_text)
+        if sealed is None:
+            self._sealed.clear()  # one grant at a time
+            tag = _tag(self._key, self._principal_id, self.conversations, grant_text)
+            head = VERSION if not grant_text else VERSION + "|" + grant_text
+            sealed = self._sealed[grant_text] = (
+                SEAL + base64.urlsafe_b64encode(head.encode() + tag).rstrip(b"=").decode()
             )
+        conversations = self.conversations
+        if len(conversations) == 1:
+            return cursors.get(conversations[0], "") + sealed
         get = cursors.get
-        body = VERSION + "|" + ",".join([get(c, "") for c in self.conversations])
-        if grant_text:
-            body += "|" + grant_text
-        return base64.urlsafe_b64encode(body.encode() + tag).rstrip(b"=").decode()
+        return ",".join([get(c, "") for c in conversations]) + sealed
 
 
 def seal_token(
@@ -131,30 +137,33 @@ def open_token(
     anything that does not verify."""
     if not token or len(token) > MAX_TOKEN or not token.isascii():
         return None
+    cursor_text, seal, sealed = token.rpartition(SEAL)
+    if not seal:
+        return None
     try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        raw = base64.urlsafe_b64decode(sealed + "=" * (-len(sealed) % 4))
     except (binascii.Error, ValueError):
         return None
     if len(raw) <= TAG_BYTES:
         return None
-    body, tag = raw[:-TAG_BYTES], raw[-TAG_BYTES:]
+    head, tag = raw[:-TAG_BYTES], raw[-TAG_BYTES:]
     try:
-        parts = body.decode().split("|")
+        parts = head.decode().split("|")
     except UnicodeDecodeError:
         return None
-    if parts[0] != VERSION or len(parts) not in (2, 3):
+    if parts[0] != VERSION or len(parts) not in (1, 2):
         return None
     grant = None
-    if len(parts) == 3:
-        fields = parts[2].split(",")
+    if len(parts) == 2:
+        fields = parts[1].split(",")
         if len(fields) != 3 or not (fields[1].isascii() and fields[1].isdigit()):
             return None
         grant = Grant(fields[0], int(fields[1]), fields[2])
     owner = principal_id if principal_id is not None else (grant and grant.principal_id)
-    expected = _tag(key, owner, conversations, parts[2] if grant else "") if owner else b""
+    expected = _tag(key, owner, conversations, parts[1] if grant else "") if owner else b""
     if not owner or not hmac.compare_digest(tag, expected):
         return None
-    texts = parts[1].split(",")
+    texts = cursor_text.split(",")
     if len(texts) != len(conversations):
         return None
     cursors: dict[str, str] = {}

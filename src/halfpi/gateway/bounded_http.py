@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 from typing import Any
 
 import h11
@@ -31,6 +32,7 @@ from uvicorn.server import ServerState
 
 from halfpi.core.throttle import worth_logging
 from halfpi.gateway.guard import MAX_REQUEST_LINE, TICKET, TOO_LONG, TOO_SLOW, Ticket
+from halfpi.gateway.http.sse_stream import BODY_WRITER
 
 # What uvicorn's HTTP protocol says about a peer's bad request (one line each).
 PEER_MISTAKES = frozenset({"Invalid HTTP request received.", "Unsupported upgrade request."})
@@ -72,6 +74,9 @@ class GuardedH11(H11Protocol):
     ) -> None:
         super().__init__(config, server_state, {**app_state, TICKET: ticket})
         self.ticket = ticket
+        # Each request's scope names where a streamed body may be written
+        # straight to the socket (``BodyWriter``).
+        self.app = partial(_with_body_writer, self, self.app)
         self.head_timer: asyncio.TimerHandle | None = None
         self.line = 0  # bytes of the request line read so far (-1: it is whole)
 
@@ -130,3 +135,50 @@ class GuardedH11(H11Protocol):
             self.head_timer.cancel()
             self.head_timer = None
         self.ticket.settle()
+
+
+class BodyWriter:
+    """Writes a streamed response's body chunks straight to the socket, as
+    h11 frames them (chunked for HTTP/1.1, as they are for 1.0) — without
+    the ASGI send chain (Starlette's wrappers, uvicorn's cycle, h11's event
+    machinery) that costs more than the write itself for a small SSE
+    event. Only while the response is under way and the transport takes
+    writes: otherwise :meth:`write` declines (False) and the response
+    sends through ASGI as usual (which waits for a drain). The response's
+    start and end always go through ASGI, so h11 keeps its state: it does
+    not count the body's bytes in either framing."""
+
+    __slots__ = ("cycle", "protocol")
+
+    def __init__(self, protocol: GuardedH11) -> None:
+        self.protocol = protocol
+        self.cycle = protocol.cycle
+
+    def write(self, data: bytes) -> bool:
+        if not data:
+            return True  # an empty chunk would end a chunked body
+        protocol = self.protocol
+        cycle = self.cycle
+        if (
+            cycle is not protocol.cycle
+            or protocol.flow.write_paused
+            or cycle.disconnected
+            or not cycle.response_started
+            or cycle.response_complete
+            or cycle.scope["method"] == "HEAD"
+            or protocol.transport.is_closing()
+        ):
+            return False
+        if protocol.conn.their_http_version == b"1.0":
+            protocol.transport.write(data)  # the body runs until the connection closes
+        else:
+            protocol.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        return True
+
+
+async def _with_body_writer(
+    protocol: GuardedH11, app: Any, scope: Any, receive: Any, send: Any
+) -> None:
+    if scope["type"] == "http":
+        scope.setdefault("extensions", {})[BODY_WRITER] = BodyWriter(protocol)
+    await app(scope, receive, send)

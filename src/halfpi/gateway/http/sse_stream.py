@@ -54,6 +54,10 @@ RETRY_MS = 2000  # EventSource's wait before it reconnects (the stream's first b
 HIGH_WATER = 128 * 1024
 LOW_WATER = 32 * 1024
 CLOSE_TIMEOUT_S = 10.0
+# The scope extension under which our own HTTP server (gateway/bounded_http.py)
+# gives a request a way to write body chunks straight to the socket: an
+# object whose ``write(data) -> bool`` declines when it cannot.
+BODY_WRITER = "halfpi.body_writer"
 
 
 class SseStream:
@@ -222,6 +226,7 @@ class SseResponse(Response):
         self.close_timeout_s = CLOSE_TIMEOUT_S
         # The write path (one write per loop turn, sent from the callback).
         self._send: Send | None = None
+        self._direct: Any = None  # the server's BodyWriter, when it gives one
         self._idle = False  # the ASGI call waits for something to write
         self._pumping = False  # a pump is due at the end of this loop turn
         self._suspended: tuple[Awaitable[Any], int] | None = None
@@ -233,7 +238,7 @@ class SseResponse(Response):
     # -- the stream's side ---------------------------------------------------------
 
     def write(self, data: bytes) -> None:
-        if self._gone or self._finishing:
+        if self._gone or self._finishing or not data:
             return
         self._buffer.append(data)
         self._buffered += len(data)
@@ -258,6 +263,9 @@ class SseResponse(Response):
         data = b"".join(buffer)
         buffer.clear()
         size = len(data)
+        if self._direct is not None and self._direct.write(data):
+            self._sent(size)  # straight to the socket: one write, no ASGI send
+            return
         sending = self._send({"type": "http.response.body", "body": data, "more_body": True})
         del data
         if not isinstance(sending, Coroutine):  # not a coroutine: the ASGI call awaits it
@@ -326,6 +334,7 @@ class SseResponse(Response):
                 {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
             )
             self._send = send
+            self._direct = scope.get("extensions", {}).get(BODY_WRITER)
             while not self._gone:
                 suspended = self._suspended
                 if suspended is not None:

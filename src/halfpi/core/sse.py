@@ -99,7 +99,9 @@ class Sealer:
         self.conversations = conversations
         self._sealed: dict[str, str] = {}
 
-    def seal(self, cursors: Mapping[str, str], grant: Grant | None) -> str:
+    def suffix(self, grant: Grant | None) -> str:
+        """What follows the cursors in every token of ``grant``: ``~`` and
+        the sealed part."""
         grant_text = _grant_text(grant)
         sealed = self._sealed.get(grant_text)
         if sealed is None:
@@ -109,6 +111,10 @@ class Sealer:
             sealed = self._sealed[grant_text] = (
                 SEAL + base64.urlsafe_b64encode(head.encode() + tag).rstrip(b"=").decode()
             )
+        return sealed
+
+    def seal(self, cursors: Mapping[str, str], grant: Grant | None) -> str:
+        sealed = self.suffix(grant)
         conversations = self.conversations
         if len(conversations) == 1:
             return cursors.get(conversations[0], "") + sealed

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections import deque
 from collections.abc import Awaitable, Coroutine
 from typing import TYPE_CHECKING, Any
@@ -121,6 +122,13 @@ class SseStream:
         """``frames`` as events, each with the token of the stream after it.
         A door that carries another protocol over the same stream frames it
         its own way (``durable.py``: Durable Streams events; ``agui.py``)."""
+        if len(self.conversations) == 1:
+            return self._encode_one(frames)
+        return self.encode_each(frames)
+
+    def encode_each(self, frames: list[bytes]) -> bytes:
+        """:meth:`encode`, each frame's position read and its token sealed
+        on its own (any stream; the reference for :meth:`_encode_one`)."""
         cursors = self.cursors
         out = []
         for frame in frames:
@@ -138,6 +146,45 @@ class SseStream:
                 cursors.update(_decode_evicted(frame).payload.cursors)
                 self._token = None
             out.append(event_bytes(frame, type_, self.token))
+        return b"".join(out)
+
+    def _encode_one(self, frames: list[bytes]) -> bytes:
+        """:meth:`encode_each` for a stream of one conversation, in bytes:
+        its token is the cursor, then the sealed part made once per grant,
+        so an event costs a few slices (a replay of thousands of events is
+        one pass). Snapshots, resets and evictions take the general path."""
+        cid = self.conversations[0]
+        cid_b = cid.encode()
+        suffix = self._sealer.suffix(self.grant).encode()
+        known = self.cursors.get(cid)
+        cursor = b"" if known is None else known.encode()
+        token = cursor + suffix
+        out: list[bytes] = []
+        append = out.append
+        for frame in frames:
+            head = _HEAD.match(frame)
+            if head is not None:  # an event, a delta, progress: at its own place
+                type_b, at, moved = head.groups()
+                if moved != cursor and at == cid_b:
+                    cursor = moved
+                    token = cursor + suffix
+            else:
+                type_b = frame[_TYPE_AT : frame.index(b'"', _TYPE_AT)]
+                if type_b in _REPLACING or type_b in _MOVING:  # a snapshot, a reset, …
+                    if cursor:
+                        self.cursors[cid] = cursor.decode()
+                    self._token = None
+                    append(self.encode_each([frame]))
+                    known = self.cursors.get(cid)
+                    cursor = b"" if known is None else known.encode()
+                    token = cursor + suffix
+                    continue
+            append(b"event: %b\ndata: %b\nid: %b\n\n" % (type_b, frame, token))
+        if cursor:
+            text = cursor.decode()
+            if self.cursors.get(cid) != text:
+                self.cursors[cid] = text
+                self._token = None
         return b"".join(out)
 
     # -- the Framing -----------------------------------------------------------------
@@ -183,6 +230,22 @@ class SseStream:
         """The reader is gone (or the response ended)."""
         if self._conn is not None:
             self._conn.gone()
+
+
+# Frame types (as the frame spells them) whose position is their own
+# conversation_id and cursor, read where they stand; and those that set
+# the position another way (a snapshot's cursor, an eviction's cursors).
+_TYPE_AT = len(b'{"type":"')
+_CID = b'"conversation_id":"'
+_CURSOR = b'"cursor":"'
+_MOVING = frozenset(t.encode() for t in POSITIONED - {"face.snapshot", "face.reset"})
+# How the Mind frames those: type, event_seq, conversation_id, seq, cursor
+# first (ids and cursors need no escaping), read in one match.
+_HEAD = re.compile(
+    rb'\{"type":"(%b)","payload":\{"event_seq":\d+,"conversation_id":"([^"\\]*)",'
+    rb'"seq":\d+,"cursor":"([^"\\]*)"' % b"|".join(re.escape(t) for t in sorted(_MOVING))
+)
+_REPLACING = frozenset({b"face.snapshot", b"face.reset", b"face.evicted"})
 
 
 class _Cursors(msgspec.Struct):

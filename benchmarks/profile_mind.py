@@ -9,7 +9,7 @@ down roughly twofold, so read its figures as shares) or ``py-spy`` (sampling,
 low overhead; used only if a ``py-spy`` executable is on PATH or beside this
 Python).
 
-    python benchmarks/profile_mind.py [--load fanout1|fanout100|resume|latency|sse1|ws1]
+    python benchmarks/profile_mind.py [--load fanout1|fanout100|resume|latency|sse1|ws1|sse-resume]
                                       [--profiler cprofile|py-spy] [--seconds S] [--top N]
                                       [--server native|asgi]
 """
@@ -59,6 +59,18 @@ async def drive(mind: MindServer, load: str, seconds: float) -> str:
             await resume.resume_lean(mind, prep, decode=False)
             done += 1
         return f"{done} resumes of {resume.MISSED:,} events"
+    if load == "sse-resume":  # door_cpu.py's SSE resume, over and over
+        import door_cpu
+        from _client import face
+
+        driver = await face(mind.url, mind.token)
+        try:
+            while time.perf_counter() < deadline:
+                await door_cpu.resume_sse(mind, driver)
+                done += 1
+        finally:
+            driver.close()
+        return f"{done} SSE resumes of {door_cpu.MISSED:,} events"
     if load in ("sse1", "ws1"):  # one reader through one door (door_cpu.py's rounds)
         import door_cpu
         from _client import face
@@ -166,7 +178,8 @@ async def main_async(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--load", choices=("fanout1", "fanout100", "resume", "latency", "sse1", "ws1"),
+        "--load",
+        choices=("fanout1", "fanout100", "resume", "latency", "sse1", "ws1", "sse-resume"),
         default="fanout100"
     )
     parser.add_argument("--profiler", choices=("cprofile", "py-spy"), default="cprofile")

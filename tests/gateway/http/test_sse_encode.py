@@ -70,3 +70,17 @@ async def test_the_fast_encoding_is_the_general_one(seed: int, grant: Grant | No
         batch = frames(rng, rng.randrange(1, 60))
         assert fast.encode(batch) == general.encode_each(batch)
         assert fast.cursors == general.cursors and fast.token == general.token
+
+
+@pytest.mark.parametrize("grant", [None, Grant("p_1", 1_000_600, "summary")])
+async def test_a_replay_batch_of_one_conversation_is_framed_in_one_pass_alike(
+    grant: Grant | None,
+) -> None:
+    rng = random.Random(7)
+    batch = [f for f in frames(rng, 400)
+             if b'"conversation_id":"c_a"' in f[:80]
+             and (b'"type":"face.event"' in f[:20] or b'"type":"face.chat.delta"' in f[:26])]
+    assert len(batch) > 200
+    fast, general = stream(grant, {}), stream(grant, {})
+    assert fast.encode(batch) == general.encode_each(batch)
+    assert fast.cursors == general.cursors and fast.token == general.token

@@ -397,3 +397,19 @@ async def test_cluster_metrics_count_leases_replicas_forwards_take_overs_and_ste
     assert b["halfpi_cluster_replicas"] == 0
     assert a["halfpi_cluster_malformed_messages_total"] == 0
     await follower.close()
+
+
+async def test_two_takes_of_one_conversation_on_one_node_share_one_lease(
+    two_nodes: tuple[tuple[Mind, str], tuple[Mind, str], str],
+) -> None:
+    """A command and the outbox (say) asking for a conversation at once on
+    one node: the second waits for the first take, never meets its own
+    node as another owner (``unavailable``, or a forward to itself)."""
+    (_, url_a), (mind_b, _), token = two_nodes
+    face = await FaceClient.connect(url_a, token)
+    cid = await face.create_conversation()
+    cluster = mind_b.cluster
+    assert cluster is not None
+    first, second = await asyncio.gather(cluster.take(cid), cluster.take(cid))
+    assert first is second
+    await face.close()

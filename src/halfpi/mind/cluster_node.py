@@ -43,6 +43,7 @@ import secrets
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
@@ -213,6 +214,7 @@ class ClusterNode:
         self.leases = Leases(journal.client, self.node_id, config.lease_ms)
         self.bus = Bus(journal.client)
         self.held: dict[str, Lease] = {}
+        self._taking: dict[str, asyncio.Future[Lease]] = {}  # takes under way
         self.replicas: dict[str, Replica] = {}
         self._making: dict[str, asyncio.Future[Replica]] = {}
         self._forwards: dict[str, _Forward] = {}
@@ -262,10 +264,27 @@ class ClusterNode:
     async def take(self, conversation_id: str) -> Lease:
         """Own the conversation: its lease, with a token above every earlier
         one (the Store's included). Raises :class:`NotOwner` when another
-        node holds it."""
+        node holds it. Takes of one conversation at once share one: a
+        second never meets the first's lease as another owner's."""
         held = self.held.get(conversation_id)
         if held is not None:
             return held
+        taking = self._taking.get(conversation_id)
+        if taking is None:
+            taking = self._taking[conversation_id] = asyncio.ensure_future(
+                self._take(conversation_id)
+            )
+            taking.add_done_callback(partial(self._taken, conversation_id))
+        # Shielded: a caller that gives up does not drop a lease half taken.
+        return await asyncio.shield(taking)
+
+    def _taken(self, conversation_id: str, taking: asyncio.Future[Lease]) -> None:
+        if self._taking.get(conversation_id) is taking:
+            del self._taking[conversation_id]
+        if not taking.cancelled():
+            taking.exception()  # its callers re-raise it; none left: not an orphan
+
+    async def _take(self, conversation_id: str) -> Lease:
         at_least = await self.mind.store.fence_of(conversation_id)
         lease = await self.leases.acquire(conversation_id, at_least)
         if lease is None:

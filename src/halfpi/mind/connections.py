@@ -172,8 +172,12 @@ class Connections:
                 conn.close(CloseCode.REVOKED, "credential revoked")
 
     def close_all(self, code: int, reason: str) -> None:
+        """Close every connection (a drain) but the one-shot callers: each
+        waits for its own command's outcome, which the drain gives it (an
+        interrupted chat's result, I11), and ends with its request."""
         for conn in list(self.live):
-            conn.close(code, reason)
+            if conn.collect is None:
+                conn.close(code, reason)
 
     def live_of(self, principal_id: str) -> int:
         """How many capped connections ``principal_id`` has open."""

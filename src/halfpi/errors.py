@@ -191,3 +191,14 @@ class FencedOut(StoreError):
 
 class IllegalTransition(InternalError):
     """A state machine was asked for a transition its table does not allow."""
+
+
+class Refused(HalfpiError):
+    """A refusal that came as a ``face.error`` (a command forwarded to
+    another node, say), raised again with its own code."""
+
+    def __init__(self, code: ErrorCode, message: str, *, field: str | None = None,
+                 retryable: bool = False) -> None:
+        self.code = code
+        self.retryable = retryable
+        super().__init__(message, field=field)

@@ -20,9 +20,9 @@ import pytest
 from halfpi.agents.scripted import ScriptedAgent
 from halfpi.config import Config, JournalLimits
 from halfpi.core import wire
-from halfpi.core.events import ToolCalled
+from halfpi.core.events import Outbound, ToolCalled, to_message
 from halfpi.core.limits import QueueLimits
-from halfpi.core.outbound import Message, OutboundQueue
+from halfpi.core.outbound import Message, OutboundQueue, message
 from halfpi.errors import Forbidden, InvalidRequest, RequestConflict, Unavailable
 from halfpi.journal.base import JournalEntry
 from halfpi.journal.memory import MemoryJournal
@@ -55,8 +55,17 @@ class FakeCaller:
         if not self.closed:
             self.sent.append(message)
 
+    def reply(self, value: Outbound) -> None:
+        self.send(to_message(value))
+
+    def reply_stored(self, type_: str, body: dict[str, Any]) -> None:
+        self.send(message(type_, body))
+
     def wake(self) -> None:
         self.woken += 1
+
+    def close(self, code: int, reason: str) -> None:
+        self.closed = True
 
     # -- reading what it was sent --------------------------------------------------
 

@@ -4,19 +4,19 @@ clock and with no socket — the Connection is Sans-I/O."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 import pytest
 
+from halfpi.core.events import Error, Pong, Result, to_message
 from halfpi.core.limits import QueueLimits
 from halfpi.core.outbound import Message, OutboundQueue
-from halfpi.errors import CloseCode
+from halfpi.errors import CloseCode, ErrorCode, HalfpiError
 from halfpi.journal.memory import MemoryJournal
 from halfpi.mind.auth import Credential
-from halfpi.mind.connection import TIME_UP, Connection, Liveness
+from halfpi.mind.connection import TIME_UP, Connection, Liveness, Replies
 from halfpi.mind.subscriptions import Subscriptions
 
 KINDS = ("websocket", "hand", "sse", "agui", "durable_sse", "durable", "http")
@@ -103,7 +103,7 @@ LIMITS = QueueLimits(reliable_messages=4, reliable_bytes=1 << 20,
 
 
 def make(kind: str, hub: Hub | None = None, now: float = 0.0,
-         collect: Callable[[Message], None] | None = None) -> tuple[Connection, Framing, Hub]:
+         collect: Replies | None = None) -> tuple[Connection, Framing, Hub]:
     hub = hub or Hub()
     framing = Framing(kind)
     conn = Connection(hub, framing, LIVENESS[kind], OutboundQueue(LIMITS), now, collect)
@@ -237,13 +237,33 @@ def test_a_long_poll_ends_at_its_lifetime() -> None:
     assert framing.closes == [(CloseCode.NORMAL, TIME_UP)]
 
 
-def test_a_one_shot_caller_collects_replies_whole() -> None:
-    got: list[Message] = []
-    conn, framing, _ = make("http", collect=got.append)
+def test_a_one_shot_caller_collects_its_replies_typed() -> None:
+    replies = Replies()
+    conn, framing, _ = make("http", collect=replies)
     conn.welcome(credential(), capped=False)
-    conn.send(event(1))
-    assert [m.type for m in got] == ["face.event"] and framing.written == []
+    conn.send(event(1))  # not a reply: a one-shot caller follows nothing
+    conn.reply(Pong(request_id="r_1"))
+    conn.reply_stored("face.result", {"request_id": "r_2", "status": "succeeded",
+                                      "data": {"conversation_id": "c_1"}})
+    assert replies.items == [
+        Pong(request_id="r_1"),
+        Result(request_id="r_2", status="succeeded", data={"conversation_id": "c_1"}),
+    ]
+    assert framing.written == [] and replies.final() == Pong(request_id="r_1")
     assert conn.tick(1e9) is None or not framing.closes  # no liveness of its own
+
+
+def test_a_refusal_that_came_encoded_is_raised_with_its_code() -> None:
+    replies = Replies()
+    conn, _, _ = make("http", collect=replies)
+    conn.welcome(credential(), capped=False)
+    # A command forwarded to another node: its face.error comes back as bytes.
+    conn.send(to_message(Error(code="conversation_not_found", message="no such",
+                               retryable=False, field="conversation_id")))
+    with pytest.raises(HalfpiError) as refused:
+        replies.outcome("face.chat")
+    assert refused.value.code is ErrorCode.CONVERSATION_NOT_FOUND
+    assert refused.value.field == "conversation_id"
 
 
 def test_close_writes_what_is_queued_before_the_close() -> None:

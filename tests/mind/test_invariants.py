@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from halfpi.config import Config
-from halfpi.core.outbound import Message
+from halfpi.core.outbound import Message, message
 from halfpi.core.requests import RequestRecord
 from halfpi.mind.service import Mind
 from halfpi.mind.subscriptions import Subscription
@@ -58,6 +58,9 @@ class Recorder:
 
     def send(self, message: Message) -> None:
         self.messages.append(message)
+
+    def reply_stored(self, type_: str, body: dict[str, Any]) -> None:
+        self.send(message(type_, body))
 
 
 @pytest.fixture

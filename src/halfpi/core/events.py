@@ -674,6 +674,13 @@ class Empty(Outbound, frozen=True, kw_only=True):
     pass
 
 
+# What a command is answered with (a one-shot caller's typed replies).
+Reply = Accepted | Result | Snapshot | Pong | Error
+REPLIES: dict[str, type[Reply]] = {
+    cls.TYPE: cls for cls in (Accepted, Result, Snapshot, Pong, Error)
+}
+
+
 def to_message(payload: Outbound) -> Message:
     """A reliable session-level message (no conversation position) of a
     payload that names its own type (``Accepted``, ``Result``, ``Reset`` …)."""

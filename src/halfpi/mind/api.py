@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from halfpi.config import PROTOCOL_VERSION
 from halfpi.core import wire
 from halfpi.core.cursor import encode_cursor
-from halfpi.core.events import Limits, Welcome
+from halfpi.core.events import Accepted, Limits, Pong, Result, Snapshot, Welcome
 from halfpi.core.scopes import authorize
 from halfpi.errors import NotOwner, Unavailable
 from halfpi.logs import bind, unbind
@@ -29,6 +29,7 @@ from halfpi.mind.caller import Caller
 
 if TYPE_CHECKING:
     from halfpi.mind.auth import Credential
+    from halfpi.mind.connection import Connection
     from halfpi.mind.service import Mind
 
 Handler = Callable[["Mind", Caller, Any], Awaitable[None]]
@@ -102,7 +103,7 @@ FORWARDED = frozenset(
     }
 )
 
-__all__ = ["authorize", "dispatch", "handle", "welcome"]
+__all__ = ["authorize", "call", "dispatch", "handle", "welcome"]
 
 
 async def handle(mind: Mind, caller: Caller, type_: str, payload: Any) -> None:
@@ -163,6 +164,17 @@ async def start_cursor(mind: Mind, conversation_id: str) -> str:
     where a reader that asks for the whole log subscribes from (the Durable
     Streams offset ``-1``). ``conversation_not_found`` for an unknown id."""
     return encode_cursor((await mind.view(conversation_id)).epoch, 0)
+
+
+async def call(
+    mind: Mind, conn: Connection, type_: str, payload: Any
+) -> Accepted | Result | Snapshot | Pong:
+    """Run one command for a one-shot connection (made with ``collect``):
+    its final reply as a typed value — or its ``face.accepted`` when it
+    still runs —, a refusal raised as the project's exception."""
+    assert conn.collect is not None, "a one-shot connection collects its replies"
+    await handle(mind, conn, type_, payload)
+    return conn.collect.outcome(type_)
 
 
 def disconnected(mind: Mind, caller: Caller) -> None:

@@ -10,8 +10,9 @@ subscriptions and approvals.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
+from halfpi.core.events import Outbound
 from halfpi.core.outbound import Message
 from halfpi.mind.subscriptions import Subscriptions
 
@@ -47,6 +48,13 @@ class Caller(Protocol):
     def send(self, message: Message) -> None:
         """Queue one message on the connection's bounded queue (I7); a
         closed connection drops it."""
+
+    def reply(self, value: Outbound) -> None:
+        """A reply to its command (``face.result``, a snapshot, a pong), as
+        a struct: framed for a connection, kept typed for a one-shot caller."""
+
+    def reply_stored(self, type_: str, body: dict[str, Any]) -> None:
+        """A reply as the request registry stored it."""
 
     def wake(self) -> None:
         """Replayed messages wait: flush (pulling them) when writes flow."""

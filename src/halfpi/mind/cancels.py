@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 from halfpi.core import wire
 from halfpi.core.events import Accepted, CancelOutcome, Result, builtins
-from halfpi.core.outbound import message
 from halfpi.core.requests import RequestRecord, Tombstone
 from halfpi.errors import ErrorCode, NotFound
 from halfpi.mind.caller import Caller
@@ -144,9 +143,9 @@ async def _admit(
     outcome = await mind.store.write(WriteTx(admit=record))
     if outcome.existing is not None:
         return outcome.existing
-    caller.send(message("face.accepted", record.accepted))
+    caller.reply_stored("face.accepted", record.accepted)
     if record.result is not None:
-        caller.send(message("face.result", record.result))
+        caller.reply_stored("face.result", record.result)
         return record
     assert terminal is not None and stop is not None
     mind.registry.attach((record.principal_id, record.request_id), caller)

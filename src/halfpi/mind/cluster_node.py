@@ -52,8 +52,8 @@ from halfpi.cluster.bus import Bus, decoded
 from halfpi.cluster.lease import Lease, Leases
 from halfpi.core import wire
 from halfpi.core.cluster_keys import NEWS_CHANNEL, fanout_channel, node_channel
-from halfpi.core.events import Snapshot
-from halfpi.core.outbound import Message
+from halfpi.core.events import Outbound, Snapshot, to_message
+from halfpi.core.outbound import Message, message
 from halfpi.core.scopes import authorize
 from halfpi.errors import (
     ErrorCode,
@@ -196,6 +196,12 @@ class RemoteCaller:
         self._node.reply(self._origin, Envelope(
             "msg", self._id, type=message.type, body=bytes(message.encoded_body())
         ))
+
+    def reply(self, value: Outbound) -> None:
+        self.send(to_message(value))
+
+    def reply_stored(self, type_: str, body: dict[str, Any]) -> None:
+        self.send(message(type_, body))
 
     def wake(self) -> None:
         """Nothing is pulled: a forwarded command never subscribes."""

@@ -26,9 +26,7 @@ from halfpi.core.events import (
     Result,
     TaskPage,
     builtins,
-    to_message,
 )
-from halfpi.core.outbound import message
 from halfpi.core.requests import RequestRecord, Tombstone
 from halfpi.core.scopes import default_detail_mode
 from halfpi.core.titles import clean_name
@@ -55,18 +53,18 @@ def detail_mode_for(caller: Caller, requested: str | None, *, keep: bool = True)
 
 def succeeded(caller: Caller, request_id: str, data: Outbound) -> None:
     """The ``face.result`` of a read."""
-    caller.send(to_message(Result(request_id=request_id, status="succeeded", data=data)))
+    caller.reply(Result(request_id=request_id, status="succeeded", data=data))
 
 
 def answered(caller: Caller, record: RequestRecord) -> None:
     """An instant mutation: its ``face.accepted`` and its ``face.result``."""
-    caller.send(message("face.accepted", record.accepted))
+    caller.reply_stored("face.accepted", record.accepted)
     assert record.result is not None
-    caller.send(message("face.result", record.result))
+    caller.reply_stored("face.result", record.result)
 
 
 async def ping(mind: Mind, caller: Caller, p: wire.Ping) -> None:
-    caller.send(to_message(Pong(request_id=p.request_id or UNSET)))
+    caller.reply(Pong(request_id=p.request_id or UNSET))
 
 
 async def conversation_create(mind: Mind, caller: Caller, p: wire.ConversationCreate) -> None:
@@ -113,7 +111,7 @@ async def conversation_snapshot(mind: Mind, caller: Caller, p: wire.Conversation
     mode = detail_mode_for(caller, p.detail_mode, keep=False)
     limit = p.messages_limit or mind.config.snapshot_messages
     snap = await actor.snapshot(limit, mode)
-    caller.send(to_message(snap.answering(p.request_id)))
+    caller.reply(snap.answering(p.request_id))
 
 
 async def conversation_messages(mind: Mind, caller: Caller, p: wire.ConversationMessages) -> None:
@@ -147,7 +145,7 @@ async def chat(mind: Mind, caller: Caller, p: wire.Chat) -> None:
 
     def accepted(record: RequestRecord) -> None:
         mind.registry.attach((record.principal_id, record.request_id), caller)
-        caller.send(message("face.accepted", record.accepted))
+        caller.reply_stored("face.accepted", record.accepted)
 
     # I9: the detail mode of the admitting connection is frozen into the chat.
     mode = caller.detail_mode or default_detail_mode(caller.profile)

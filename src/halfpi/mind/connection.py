@@ -23,12 +23,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+import msgspec
 from msgspec import UNSET
 
-from halfpi.core.events import Error, Evicted, Ping, to_message
-from halfpi.core.outbound import Message, OutboundQueue
+from halfpi.core.events import (
+    REPLIES,
+    Accepted,
+    Error,
+    Evicted,
+    Outbound,
+    Ping,
+    Pong,
+    Reply,
+    Result,
+    Snapshot,
+    to_message,
+)
+from halfpi.core.outbound import Message, OutboundQueue, message
 from halfpi.core.states import CONNECTION
-from halfpi.errors import CloseCode, HalfpiError
+from halfpi.errors import CloseCode, ErrorCode, HalfpiError, InternalError, Refused
 
 if TYPE_CHECKING:
     from halfpi.mind.auth import Credential
@@ -137,10 +150,10 @@ class Connection:
 
     def __init__(
         self, hub: Hub, framing: Framing, liveness: Liveness, queue: OutboundQueue, now: float,
-        collect: Callable[[Message], None] | None = None,
+        collect: Replies | None = None,
     ) -> None:
         self.hub = hub
-        # A one-shot caller's replies go here, whole, not through the queue.
+        # A one-shot caller's replies go here, typed, not through the queue.
         self.collect = collect
         self.framing = framing
         self.kind = framing.kind
@@ -198,7 +211,11 @@ class Connection:
         if self.closed:
             return
         if self.collect is not None:
-            self.collect(m)
+            # Only a reply that came encoded (from another node) reaches a
+            # one-shot caller this way: read once, with its struct.
+            kind = REPLIES.get(m.type)
+            if kind is not None:
+                self.collect.add(msgspec.json.decode(m.encoded_body(), type=kind))
             return
         if not (
             self.paused or self._scheduled or self.subscriptions.replaying or len(self.queue)
@@ -211,6 +228,22 @@ class Connection:
         if not self._scheduled and not self.paused:
             self._scheduled = True
             self.hub.ready(self)
+
+    def reply(self, value: Outbound) -> None:
+        """A reply to this connection's command, as the Mind made it."""
+        if self.collect is not None:
+            if isinstance(value, Accepted | Result | Snapshot | Pong | Error):
+                self.collect.add(value)
+            return
+        self.send(to_message(value))
+
+    def reply_stored(self, type_: str, body: dict[str, object]) -> None:
+        """A reply as the request registry stored it (``face.accepted``,
+        ``face.result``): typed for a one-shot caller, framed for the rest."""
+        if self.collect is not None:
+            self.collect.add(msgspec.convert(body, REPLIES[type_]))
+            return
+        self.send(message(type_, body))
 
     def send_error(self, exc: HalfpiError, request_id: str | None) -> None:
         """The ``face.error`` that refuses a command (or a hello)."""
@@ -376,3 +409,52 @@ class Connection:
 
 # A door's liveness, from the Mind's configuration (see ``Mind.liveness``).
 LivenessOf = Callable[[str], Liveness]
+
+Final = Result | Snapshot | Pong | Error
+
+
+class Replies:
+    """A one-shot caller's replies to its one command, as typed values —
+    structs as the Mind made them, or as the request registry stored them;
+    never the Mind's own bytes read back."""
+
+    __slots__ = ("items", "on_reply")
+
+    def __init__(self) -> None:
+        self.items: list[Reply] = []
+        self.on_reply: Callable[[], None] | None = None  # the door's wake-up
+
+    def add(self, reply: Reply) -> None:
+        self.items.append(reply)
+        if self.on_reply is not None:
+            self.on_reply()
+
+    def final(self) -> Final | None:
+        """The reply that ends the command (a result, a snapshot, a pong, an error)."""
+        for reply in self.items:
+            if not isinstance(reply, Accepted):
+                return reply
+        return None
+
+    def accepted(self) -> Accepted | None:
+        for reply in self.items:
+            if isinstance(reply, Accepted):
+                return reply
+        return None
+
+    def outcome(self, type_: str) -> Accepted | Result | Snapshot | Pong:
+        """The final reply, else ``face.accepted`` (it still runs); an error
+        raised as the refusal it is."""
+        reply = self.final() or self.accepted()
+        if reply is None:
+            raise InternalError(f"{type_} sent no reply")
+        if isinstance(reply, Error):
+            raise refusal(reply)
+        return reply
+
+
+def refusal(error: Error) -> HalfpiError:
+    """A ``face.error`` as the exception it stands for."""
+    return Refused(ErrorCode(error.code), error.message,
+                   field=None if error.field is UNSET else str(error.field),
+                   retryable=error.retryable)

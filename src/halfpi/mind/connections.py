@@ -19,11 +19,11 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
-from halfpi.core.outbound import Message, OutboundQueue
+from halfpi.core.outbound import OutboundQueue
 from halfpi.core.throttle import worth_logging
 from halfpi.core.timers import Deadlines
 from halfpi.errors import CloseCode
-from halfpi.mind.connection import Connection, Framing, Liveness
+from halfpi.mind.connection import Connection, Framing, Liveness, Replies
 
 if TYPE_CHECKING:
     from halfpi.config import Config
@@ -81,7 +81,7 @@ class Connections:
     # -- opening -----------------------------------------------------------------------
 
     def open(self, framing: Framing, liveness: Liveness,
-             collect: Callable[[Message], None] | None = None) -> Connection:
+             collect: Replies | None = None) -> Connection:
         """A new connection, not yet welcomed; its first visit is due now."""
         mind = self.mind
         conn = Connection(self, framing, liveness, OutboundQueue(mind.config.queue), mind.now(),

@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
-from halfpi.core.outbound import Message, message
+from halfpi.core.outbound import Message
 from halfpi.core.requests import (
     Decision,
     RequestRecord,
@@ -39,6 +39,9 @@ class Replier(Protocol):
     def principal_id(self) -> str | None: ...
 
     def send(self, message: Message) -> None: ...
+
+    def reply_stored(self, type_: str, body: dict[str, Any]) -> None:
+        """A reply as the registry stored it (``face.accepted``, ``face.result``)."""
 
 
 class _Lock:
@@ -110,7 +113,7 @@ class Registry:
             )
         self.replayed += 1
         for type_, body in replay_frames(existing):
-            caller.send(message(type_, dict(body)))
+            caller.reply_stored(type_, dict(body))
         if isinstance(existing, RequestRecord) and not existing.terminal:
             # Attach for the terminal result, then re-read: if it finished in
             # between and was not delivered to us, deliver it now (once).
@@ -118,7 +121,7 @@ class Registry:
             fresh = await self.store.get_request(*key)
             if fresh is not None and fresh.result is not None and self.is_attached(key, caller):
                 self.detach_key(key, caller)
-                caller.send(message("face.result", dict(fresh.result)))
+                caller.reply_stored("face.result", dict(fresh.result))
 
     # -- who waits for a terminal result ----------------------------------------
 
@@ -142,10 +145,7 @@ class Registry:
                 del self._attached[key]
 
     def deliver(self, principal_id: str, request_id: str, payload: dict[str, Any]) -> None:
-        """A request's terminal ``face.result``, to everyone attached to it
-        (encoded once, shared)."""
+        """A request's terminal ``face.result``, to everyone attached to it."""
         callers = self._attached.pop((principal_id, request_id), ())
-        if callers:
-            result = message("face.result", payload)
-            for caller in callers:
-                caller.send(result)
+        for caller in callers:
+            caller.reply_stored("face.result", payload)

@@ -46,7 +46,7 @@ from halfpi.mind.actors import Actors, Ownership
 from halfpi.mind.approvals import Approvals
 from halfpi.mind.auth import CredentialCache
 from halfpi.mind.chat import ChatDriver
-from halfpi.mind.connection import Connection, Framing, Liveness
+from halfpi.mind.connection import Connection, Framing, Liveness, Replies
 from halfpi.mind.connections import NO_NEWS, Connections
 from halfpi.mind.credentials import Credentials
 from halfpi.mind.hands import HandRegistry
@@ -485,7 +485,7 @@ class Mind:
 
     def connect(
         self, credential: Credential | None, framing: Framing, liveness: Liveness,
-        *, capped: bool = True, collect: Callable[[Message], None] | None = None,
+        *, capped: bool = True, collect: Replies | None = None,
     ) -> Connection:
         r"""A new connection through ``framing``, kept alive by ``liveness``.
         With a ``credential`` (a door that authenticates per request) it is
@@ -493,7 +493,7 @@ class Mind:
         ``capped`` (a one-shot request): :class:`RateLimited` when the cap
         is full, :class:`Unauthorized` for a credential revoked meanwhile.
         Without one it awaits its hello (``Connection.welcome``). A one-shot
-        caller ``collect``\ s its replies whole instead of having them framed."""
+        caller ``collect``\ s its replies, typed, instead of having them framed."""
         conn = self.connections.open(framing, liveness, collect)
         if credential is None:
             return conn

@@ -36,6 +36,7 @@ from starlette.routing import BaseRoute, Route
 
 from halfpi.core import wire
 from halfpi.core.agui import Mark, RunTranslator
+from halfpi.core.events import Accepted, Pong, Result, Snapshot
 from halfpi.core.sse import Sealer, open_token, position_of, type_of
 from halfpi.errors import (
     ErrorCode,
@@ -51,7 +52,6 @@ from halfpi.gateway.http.sse_stream import SseStream
 from halfpi.mind import api
 
 if TYPE_CHECKING:
-    from halfpi.core.outbound import Message
     from halfpi.mind.auth import Credential
     from halfpi.mind.service import Mind
 
@@ -114,31 +114,13 @@ class AguiRun:
 # -- helpers --------------------------------------------------------------------------------
 
 
-async def one(mind: Mind, credential: Credential, type_: str, raw: dict[str, Any]) -> Message:
+async def one(mind: Mind, credential: Credential, type_: str, raw: dict[str, Any]
+              ) -> Accepted | Result | Snapshot | Pong:
     """Run one command for a one-shot caller: its final reply or its
-    ``face.accepted``; its error raised as the HalfpiError it names."""
+    ``face.accepted``, typed; its error raised as the HalfpiError it names."""
     api.authorize(credential.scopes, type_)
     with one_shot(mind, credential) as caller:
-        await api.handle(mind, caller.conn, type_, decode(type_, raw))
-        reply = caller.final() or caller.accepted()
-    if reply is None:
-        raise InternalError(f"{type_} sent no reply")
-    if reply.type == "face.error":
-        error = msgspec.json.decode(reply.encoded_body())
-        raise Refused(ErrorCode(error["code"]), error["message"], field=error.get("field"))
-    return reply
-
-
-class Refused(HalfpiError):
-    """A command's ``face.error``, carried to the HTTP answer with its code."""
-
-    def __init__(self, code: ErrorCode, message: str, *, field: str | None = None) -> None:
-        self.code = code
-        super().__init__(message, field=field)
-
-
-def body_of(message: Message) -> dict[str, Any]:
-    return msgspec.json.decode(message.encoded_body())  # type: ignore[no-any-return]
+        return await api.call(mind, caller.conn, type_, decode(type_, raw))
 
 
 async def conversation_of(mind: Mind, credential: Credential, thread_id: str) -> str:
@@ -156,13 +138,14 @@ async def conversation_of(mind: Mind, credential: Credential, thread_id: str) ->
                              f"{128 - len(THREAD_PREFIX)} characters", field="threadId")
     reply = await one(mind, credential, "face.conversation.create",
                       {"request_id": THREAD_PREFIX + thread_id, "name": thread_id[:200]})
-    return str(body_of(reply)["data"]["conversation_id"])
+    assert isinstance(reply, Result)
+    return str(msgspec.to_builtins(reply.data)["conversation_id"])
 
 
 async def snapshot_of(mind: Mind, credential: Credential, cid: str) -> dict[str, Any]:
     reply = await one(mind, credential, "face.conversation.snapshot",
                       {"request_id": "agui-snapshot", "conversation_id": cid})
-    return body_of(reply)
+    return msgspec.to_builtins(reply)  # type: ignore[no-any-return]  # the translator's input
 
 
 def active_chat(snapshot: dict[str, Any]) -> str | None:

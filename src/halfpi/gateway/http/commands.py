@@ -39,12 +39,11 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from halfpi.core import wire
-from halfpi.core.events import Accepted, Pong, Result, Snapshot
-from halfpi.core.outbound import Message
+from halfpi.core.events import Accepted, Error, Pong, Reply, Result, Snapshot
 from halfpi.errors import (
     ErrorCode,
     HalfpiError,
@@ -54,8 +53,10 @@ from halfpi.errors import (
     Unauthorized,
 )
 from halfpi.gateway.http import spec
-from halfpi.gateway.http.door import STATUS, Door, error_response, preflight
+from halfpi.gateway.http.door import Door, error_response, preflight
 from halfpi.mind import api
+from halfpi.mind.connection import Final, Replies
+from halfpi.mind.connection import refusal as refused
 
 if TYPE_CHECKING:
     from halfpi.mind.auth import Credential
@@ -75,32 +76,28 @@ MAX_KEY = 128  # a request_id's bound (core/wire.py)
 # other characters can be used over the WebSocket only).
 KEY_PATTERN = "^[!-~]{1,128}$"
 KEY = re.compile(KEY_PATTERN)
-FINAL = frozenset({"face.result", "face.snapshot", "face.pong"})
 NO_STORE = {"Cache-Control": "no-store"}
 
 
 class HttpCaller:
     """A one-shot caller: the connection (kind ``http``) of one HTTP
-    request, whose replies to its one command are kept whole (a few
-    messages: it follows no conversation, so nothing else is sent to it)."""
+    request, whose replies to its one command are kept as typed values (a
+    few: it follows no conversation, so nothing else is sent to it)."""
 
     kind = "http"
     budget = 0
 
     def __init__(self, mind: Mind, credential: Credential) -> None:
-        self.replies: list[Message] = []
+        self.replies = Replies()
         self.arrived = asyncio.Event()
+        self.replies.on_reply = self.arrived.set
         self.conn = mind.connect(credential, self, mind.liveness("once"), capped=False,
-                                 collect=self._take)
-
-    def _take(self, message: Message) -> None:
-        self.replies.append(message)
-        self.arrived.set()
+                                 collect=self.replies)
 
     # -- the Framing: nothing is framed for a one-shot caller ----------------------------
 
     def write(self, frames: list[bytes]) -> None:
-        """Never called: replies are collected whole."""
+        """Never called: replies are collected typed."""
 
     def ping(self) -> None:
         """A request is answered within its wait: nothing to keep alive."""
@@ -109,18 +106,12 @@ class HttpCaller:
         """Revoked or drained meanwhile: the replies so far are the answer."""
         self.arrived.set()
 
-    def final(self) -> Message | None:
+    def final(self) -> Final | None:
         """The reply that ends the command (a result, a snapshot, a pong, an error)."""
-        for m in self.replies:
-            if m.type in FINAL or m.type == "face.error":
-                return m
-        return None
+        return self.replies.final()
 
-    def accepted(self) -> Message | None:
-        for m in self.replies:
-            if m.type == "face.accepted":
-                return m
-        return None
+    def accepted(self) -> Accepted | None:
+        return self.replies.accepted()
 
     async def wait_final(self, timeout: float, gone: asyncio.Future[Any],
                          scheduler: Scheduler) -> None:
@@ -140,16 +131,13 @@ class HttpCaller:
                 waiter.cancel()
 
 
-def answer(message: Message) -> Response:
+def answer(reply: Reply) -> Response:
     """One reply as the HTTP answer: its payload, with the status of its kind."""
-    body = message.encoded_body()
-    if message.type == "face.error":
-        error = msgspec.json.decode(body)
-        code = ErrorCode(error["code"])
-        detail = {k: error[k] for k in ("code", "message", "field") if k in error}
-        return JSONResponse({"error": detail}, status_code=STATUS[code], headers=NO_STORE)
-    status = 202 if message.type == "face.accepted" else 200
-    return Response(body, status_code=status, media_type="application/json", headers=NO_STORE)
+    if isinstance(reply, Error):
+        return refusal(refused(reply))
+    status = 202 if isinstance(reply, Accepted) else 200
+    return Response(msgspec.json.encode(reply), status_code=status,
+                    media_type="application/json", headers=NO_STORE)
 
 
 def refusal(exc: HalfpiError, status: int | None = None) -> Response:

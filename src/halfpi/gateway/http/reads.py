@@ -20,6 +20,7 @@ from types import UnionType
 from typing import TYPE_CHECKING, Any, Union, get_args, get_origin
 
 import msgspec
+from msgspec import UNSET
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
@@ -28,13 +29,14 @@ from halfpi.core import wire
 from halfpi.core.events import (
     ApprovalPage,
     ConversationPage,
+    Error,
     HandPage,
     MessagePage,
     Outbound,
+    Result,
     Snapshot,
     Welcome,
 )
-from halfpi.core.outbound import Message
 from halfpi.errors import ErrorCode, HalfpiError, InternalError, InvalidRequest
 from halfpi.gateway.http import spec
 from halfpi.gateway.http.commands import (
@@ -47,6 +49,7 @@ from halfpi.gateway.http.commands import (
 )
 from halfpi.gateway.http.door import Door, preflight
 from halfpi.mind import api
+from halfpi.mind.connection import Final
 
 if TYPE_CHECKING:
     pass
@@ -181,15 +184,17 @@ class ReadRoute:
             return self.answer(reply)
 
     @staticmethod
-    def answer(reply: Message) -> Response:
+    def answer(reply: Final) -> Response:
         """A result's ``data``, or the snapshot without the request_id it answered."""
-        if reply.type == "face.error":
+        value: object
+        if isinstance(reply, Error):
             return answer(reply)
-        value = msgspec.json.decode(reply.encoded_body())
-        if reply.type == "face.result":
-            value = value.get("data", {})
+        if isinstance(reply, Result):
+            value = {} if reply.data is UNSET else reply.data
+        elif isinstance(reply, Snapshot):
+            value = msgspec.structs.replace(reply, request_id=UNSET)
         else:
-            value.pop("request_id", None)
+            value = reply
         return Response(msgspec.json.encode(value), media_type="application/json",
                         headers=NO_STORE)
 

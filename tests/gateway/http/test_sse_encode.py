@@ -28,9 +28,8 @@ def stream(grant: Grant | None, cursors: dict[str, str]) -> SseStream:
 
 def frames(rng: random.Random, n: int) -> list[bytes]:
     out: list[bytes] = []
-    seq = 0
     for i in range(n):
-        seq += 1
+        seq = i + 1
         cid = CID if rng.random() < 0.9 else "c_other"
         cursor = f"e{seq // 50}.{seq}"
         pick = rng.random()

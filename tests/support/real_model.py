@@ -70,7 +70,14 @@ def llama_server(log: Path, timeout: float = 180.0) -> Iterator[str]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "llama_cpp.server", "--model", str(model),
              "--chat_format", "chatml-function-calling", "--host", "127.0.0.1",
-             "--port", str(port), "--n_ctx", "2048", "--seed", "7", "--verbose", "False"],
+             "--port", str(port), "--n_ctx", "2048", "--seed", "7", "--verbose", "False",
+             # One token per batch: llama.cpp's batched CPU kernels, as pip
+             # builds them (natively, for whichever CPU built the cached
+             # wheel), crash with a segmentation fault on some CPUs (seen on
+             # one with AMX) as soon as a prompt is decoded in batches; one
+             # token at a time they are not used, and SmolLM2-135M reads a
+             # 400-token prompt in about 2.5 s.
+             "--n_batch", "1", "--n_ubatch", "1"],
             stdout=out, stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"

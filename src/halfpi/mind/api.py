@@ -25,7 +25,7 @@ from halfpi.core.scopes import authorize
 from halfpi.errors import NotOwner, Unavailable
 from halfpi.logs import bind, unbind
 from halfpi.mind import cancels, commands
-from halfpi.mind.caller import Caller
+from halfpi.mind.caller import Caller, gone
 
 if TYPE_CHECKING:
     from halfpi.mind.auth import Credential
@@ -178,7 +178,6 @@ async def call(
 
 
 def disconnected(mind: Mind, caller: Caller) -> None:
-    """The caller's connection is gone: it follows nothing and waits for no
-    result any more. What it started runs on (I1); a replay re-attaches."""
-    caller.subscriptions.drop_all()
-    mind.registry.detach(caller)
+    """The caller's connection is gone (``caller.gone``): it follows nothing
+    and waits for no result any more. What it started runs on (I1)."""
+    gone(caller, mind.registry)

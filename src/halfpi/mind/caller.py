@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from halfpi.core.events import Outbound
 from halfpi.core.outbound import Message
+from halfpi.mind.registry import Registry
 from halfpi.mind.subscriptions import Subscriptions
 
 
@@ -58,3 +59,10 @@ class Caller(Protocol):
 
     def wake(self) -> None:
         """Replayed messages wait: flush (pulling them) when writes flow."""
+
+
+def gone(caller: Caller, registry: Registry) -> None:
+    """The caller's connection is gone: it follows nothing and waits for no
+    result any more. What it started runs on (I1); a replay re-attaches."""
+    caller.subscriptions.drop_all()
+    registry.detach(caller)

@@ -23,6 +23,7 @@ from halfpi.core.outbound import OutboundQueue
 from halfpi.core.throttle import worth_logging
 from halfpi.core.timers import Deadlines
 from halfpi.errors import CloseCode
+from halfpi.mind.caller import gone
 from halfpi.mind.connection import Connection, Framing, Liveness, Replies
 
 if TYPE_CHECKING:
@@ -134,8 +135,7 @@ class Connections:
 
     def release(self, conn: Connection) -> None:
         mind = self.mind
-        conn.subscriptions.drop_all()
-        mind.registry.detach(conn)
+        gone(conn, mind.registry)
         if conn in self.live:
             mind.env.metrics.connection_closed(conn.queue, transport_of(conn))
         self.live.discard(conn)

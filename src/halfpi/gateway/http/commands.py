@@ -21,7 +21,7 @@ retried POST is admitted once, I5). The route only moves the command:
    final result.
 
 When the HTTP request ends — answered, or the client went away while it
-waited — the caller is disconnected (``api.disconnected``): it waits for
+waited — the caller is disconnected (its connection is gone): it waits for
 nothing any more, and what it started runs on (I1); a retry with the same
 key re-attaches.
 """

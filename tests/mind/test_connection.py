@@ -169,7 +169,7 @@ def test_an_idle_connection_writes_at_once_and_a_busy_one_once_per_turn() -> Non
     assert framing.writes == 2 and len(framing.written) == 3  # two frames, one write
 
 
-def test_overflow_evicts_with_the_cursors_then_closes_4008() -> None:
+def test_I7_overflow_evicts_with_the_cursors_then_closes_4008() -> None:
     conn, framing, _ = make("websocket")
     conn.welcome(credential())
     conn.pause(0.0)
@@ -219,7 +219,7 @@ def test_a_stream_pings_every_heartbeat_and_never_dies_of_silence() -> None:
     assert framing.pings == 9 and not framing.closes  # 150 s and never a word from it
 
 
-def test_a_stream_whose_writes_stay_blocked_is_evicted() -> None:
+def test_I7_a_stream_whose_writes_stay_blocked_is_evicted() -> None:
     conn, framing, _ = make("sse")
     conn.welcome(credential())
     conn.pause(3.0)

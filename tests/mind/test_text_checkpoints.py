@@ -14,7 +14,7 @@ from halfpi.core.events import HandConnected
 from halfpi.mind.service import Mind
 from halfpi.store.base import WriteTx
 from tests.support.rig import Peer, Rig, fake_time_mind
-from tests.support.store import HeldCommits
+from tests.support.store import FailingWrites, HeldCommits
 from tests.support.wait import until
 
 
@@ -179,3 +179,76 @@ async def test_a_stream_waiting_behind_a_commit_does_not_redo_its_checkpoint_per
         result = await rig.reply(face, request_id)
         assert result["payload"]["content"] == "shown " + ("z" * 63 + " ") * 300
         await wait_saved(rig.mind, cid, request_id, result["payload"]["content"])
+
+
+class Writes:
+    """Wraps the Mind's store and keeps every write it is given."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+        self.seen: list[WriteTx] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def write(self, tx: WriteTx) -> asyncio.Future[object]:
+        self.seen.append(tx)
+        return self.inner.write(tx)  # type: ignore[attr-defined,no-any-return]
+
+    def checkpoints(self) -> list[WriteTx]:
+        return [tx for tx in self.seen if tx.chat_runs or tx.run_text]
+
+
+async def test_a_checkpoint_carries_only_the_text_shown_since_the_last_one(
+    tmp_path: Path,
+) -> None:
+    # O(new text) per checkpoint: a long reply is not joined and written
+    # whole every second, only what was shown since the previous save.
+    agent = PushedAgent()
+    async with fake_time_mind(tmp_path / "home", agent) as rig:
+        face, cid, request_id = await started(rig, agent)
+        writes = Writes(rig.mind.store)
+        rig.mind.store = writes  # type: ignore[assignment]
+        first = "a" * 4096
+        agent.said.put_nowait(first)
+        await shown(rig, face, request_id, first)
+        await wait_saved(rig.mind, cid, request_id, first)
+        second = "b" * 4096
+        agent.said.put_nowait(second)
+        await shown(rig, face, request_id, first + second)
+        await wait_saved(rig.mind, cid, request_id, first + second)
+        later = writes.checkpoints()[1:]
+        assert later and all(not tx.chat_runs for tx in later), later
+        assert "".join(t.text for tx in later for t in tx.run_text) == second
+        rig.mind.store = writes.inner  # type: ignore[assignment]
+        agent.said.put_nowait(None)
+        result = await rig.reply(face, request_id)
+        assert result["payload"]["content"] == first + second
+
+
+async def test_after_a_lost_checkpoint_the_next_one_saves_the_whole_text(
+    tmp_path: Path,
+) -> None:
+    # An append on top of a save that never landed would leave a hole in
+    # the saved text: after a failure the next checkpoint rewrites it whole.
+    agent = PushedAgent()
+    async with fake_time_mind(tmp_path / "home", agent) as rig:
+        face, cid, request_id = await started(rig, agent)
+        agent.said.put_nowait("a" * 4096)
+        await shown(rig, face, request_id, "a" * 4096)
+        await wait_saved(rig.mind, cid, request_id, "a" * 4096)
+        failing = FailingWrites(rig.mind.store)
+        rig.mind.store = failing
+        failing.fail(lambda tx: bool(tx.chat_runs or tx.run_text))
+        agent.said.put_nowait("b" * 4096)
+        await shown(rig, face, request_id, "a" * 4096 + "b" * 4096)
+        await failing.refusal.wait()
+        failing.heal()
+        agent.said.put_nowait("c" * 4096)
+        whole = "a" * 4096 + "b" * 4096 + "c" * 4096
+        await shown(rig, face, request_id, whole)
+        await wait_saved(rig.mind, cid, request_id, whole)
+        rig.mind.store = failing.inner
+        agent.said.put_nowait(None)
+        result = await rig.reply(face, request_id)
+        assert result["payload"]["content"] == whole

@@ -43,6 +43,7 @@ from halfpi.store.base import (
     StoredEvent,
     TaskRow,
     TaskUpdate,
+    TextAppend,
     ToolCallRow,
     ToolRunRow,
     TxOutcome,
@@ -521,6 +522,19 @@ async def test_chat_run_round_trip_and_upsert(store: Any) -> None:
     await commit(store, WriteTx(chat_runs=[done]))
     assert await store.chat_run_for_request("c_1", "r_1") == done
     assert await store.open_chat_runs() == []
+
+
+async def test_run_text_goes_on_the_end_of_the_saved_content(store: Any) -> None:
+    # A text checkpoint after the first carries only the new text (DESIGN §5).
+    await commit(store, WriteTx(chat_runs=[chat_run_row("run_1")]))
+    await commit(store, WriteTx(run_text=[TextAppend("run_1", "héllo ")]))
+    await commit(store, WriteTx(run_text=[TextAppend("run_1", "wörld")]))
+    row = await store.chat_run_for_request("c_1", "r_1")
+    assert (row.status, row.content) == ("running", "héllo wörld")
+    # the run's end writes its whole text, as it always did
+    done = ChatRunRow("run_1", "c_1", "r_1", "p_1", "succeeded", 100.0, 150.0, "all", None)
+    await commit(store, WriteTx(chat_runs=[done]))
+    assert await store.chat_run_for_request("c_1", "r_1") == done
 
 
 async def test_chat_run_for_request_is_the_newest_of_any_principal(store: Any) -> None:

@@ -88,6 +88,7 @@ from halfpi.store.base import (
     FinishedRequest,
     Store,
     StoredEvent,
+    TextAppend,
     TxOutcome,
     WriteTx,
 )
@@ -181,6 +182,8 @@ class ChatRun:
         "save_timer",
         "saved_at",
         "saved_chars",
+        "saved_pieces",
+        "saving",
         "started_at",
         "state",
         "stop_reason",
@@ -231,6 +234,10 @@ class ChatRun:
         # the timer that saves what a stalled stream showed since.
         self.saved_at = began
         self.saved_chars = 0
+        self.saved_pieces = 0  # of visible_text: the rest is what the next save appends
+        # A save in flight: the next one appends on top of it only once it
+        # committed (one at a time; after a failure the next saves it whole).
+        self.saving = False
         self.save_timer: Timer | None = None
         # Resolves with the terminal status once it is committed.
         self.done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
@@ -711,17 +718,44 @@ class ConversationActor:
             run.save_timer = self.env.call_later(
                 self.env.checkpoint_s, self._checkpoint_due, run
             )
-        if visible == run.saved_chars:
-            return
-        text = "".join(run.visible_text)
+        if visible == run.saved_chars or run.saving:
+            return  # nothing new, or the save in flight re-checks when it is done
+        pieces = len(run.visible_text)
+        if run.saved_chars == 0:
+            # The first save (or the first after a lost one) writes it whole.
+            row = ChatRunRow(
+                run.run_id, self.id, run.request_id, run.principal_id, "running",
+                run.started_at, content="".join(run.visible_text),
+            )
+            tx = WriteTx(chat_runs=[row], fence=self.fence)
+        else:
+            # O(new text): only what was shown since the last save.
+            text = "".join(run.visible_text[run.saved_pieces:pieces])
+            tx = WriteTx(run_text=[TextAppend(run.run_id, text)], fence=self.fence)
         run.saved_chars = visible
-        row = ChatRunRow(
-            run.run_id, self.id, run.request_id, run.principal_id, "running", run.started_at
-        )
-        row = dataclasses.replace(row, content=text)
-        future = self.env.store.write(WriteTx(chat_runs=[row], fence=self.fence))
-        # A lost checkpoint costs only text a crash would lose: log, go on.
-        future.add_done_callback(_log_checkpoint_failure)
+        run.saved_pieces = pieces
+        run.saving = True
+        future = self.env.store.write(tx)
+        future.add_done_callback(partial(self._checkpoint_done, run))
+
+    def _checkpoint_done(self, run: ChatRun, future: asyncio.Future[TxOutcome]) -> None:
+        run.saving = False
+        if future.cancelled() or future.exception() is not None:
+            # A lost checkpoint costs only text a crash would lose: log, and
+            # let the next save write the text whole.
+            _log_checkpoint_failure(future)
+            run.saved_chars = run.saved_pieces = 0
+            return
+        if run.visible_chars == run.saved_chars or run.ending is not None:
+            return
+        # Text was shown while this one saved: due now by size, else by time.
+        env = self.env
+        unsaved = run.visible_chars - run.saved_chars
+        if unsaved >= env.checkpoint_chars and unsaved >= run.saved_chars >> 3:
+            self._checkpoint(run, env.monotonic())
+        elif run.save_timer is None and env.call_later is not None and env.checkpoint_s:
+            delay = max(0.0, run.saved_at + env.checkpoint_s - env.monotonic())
+            run.save_timer = env.call_later(delay, self._checkpoint_due, run)
 
     def emit_progress(
         self, run: ChatRun, tool_call_id: str, kind: str, text: str, gap: bool, call_seq: int

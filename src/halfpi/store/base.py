@@ -126,6 +126,17 @@ class ChatRunRow:
 
 
 @dataclass(frozen=True, slots=True)
+class TextAppend:
+    """A text checkpoint after the first (DESIGN §5): ``text`` goes on the
+    end of the run's saved ``content``. Only what was shown since the last
+    save travels, so a long reply costs the Mind O(new text) per save; the
+    Mind sends one at a time per run, each on a save that committed."""
+
+    run_id: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class ToolCallRow:
     """The persisted display record of one tool call (DESIGN §6), written in
     two steps: at the call (args projection) and at completion (result
@@ -318,6 +329,8 @@ class WriteTx:
     events: Sequence[StoredEvent] = ()
     messages: Sequence[MessageRow] = ()
     chat_runs: Sequence[ChatRunRow] = ()
+    # text appended to runs' saved content (applied after ``chat_runs``)
+    run_text: Sequence[TextAppend] = ()
     finished: Sequence[FinishedRequest] = ()
     tool_calls: Sequence[ToolCallRow] = ()
     approvals: Sequence[ApprovalRow] = ()

@@ -354,6 +354,11 @@ async def apply_tx(conn: Conn, tx: WriteTx) -> TxOutcome:
                 for r in tx.chat_runs
             ],
         )
+    if tx.run_text:
+        await conn.executemany(
+            "UPDATE runs SET content = coalesce(content, '') || $1 WHERE run_id = $2",
+            [(t.text, t.run_id) for t in tx.run_text],
+        )
     if tx.finished:
         await conn.executemany(
             "UPDATE requests SET status = $1, result = $2, finished_at = $3"

@@ -312,6 +312,11 @@ def apply_tx(conn: sqlite3.Connection, tx: WriteTx) -> TxOutcome:
                 for r in tx.chat_runs
             ],
         )
+    if tx.run_text:
+        conn.executemany(
+            "UPDATE runs SET content = coalesce(content, '') || ? WHERE run_id = ?",
+            [(t.text, t.run_id) for t in tx.run_text],
+        )
     if tx.finished:
         conn.executemany(
             "UPDATE requests SET status = ?, result = ?, finished_at = ?"

@@ -9,13 +9,13 @@ overrides; used by the idle benchmark to hold heartbeats off.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import json
 import logging
 import sys
 
+from halfpi import loop
 from halfpi.config import Config, default_home, env_delta_ms
 from halfpi.process import serve
 
@@ -27,7 +27,7 @@ def main() -> None:
     config = dataclasses.replace(config, **overrides)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(config))
+        loop.run(serve(config))  # the loop `halfpi mind` runs on
 
 
 if __name__ == "__main__":

@@ -47,6 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from websockets.frames import Frame, Opcode
+
+from halfpi import loop
 from websockets.http11 import Request
 from websockets.protocol import State
 from websockets.server import ServerProtocol
@@ -255,4 +257,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    loop.run(main())  # the loop the Mind runs on (HALFPI_LOOP), for a fair pair

@@ -231,6 +231,7 @@ def cmd_mind(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    from halfpi import loop
     from halfpi.errors import HomeInUse
     from halfpi.logs import configure
 
@@ -238,7 +239,7 @@ def cmd_mind(args: argparse.Namespace) -> int:
 
     try:
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(serve(config))
+            loop.run(serve(config))  # uvloop where installed (halfpi.loop)
     except HomeInUse as exc:  # another Mind owns this home (DESIGN §12)
         print(f"halfpi: {exc}", file=sys.stderr)
         return 1

@@ -23,7 +23,7 @@ import asyncio
 import logging
 import ssl
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Request
@@ -186,7 +186,8 @@ class WebSocketConnection(asyncio.Protocol):
     # -- asyncio.Protocol ---------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # asyncio's or uvloop's (not a subclass of asyncio.Transport): duck-typed
+        transport = cast("asyncio.Transport", transport)
         self.transport = transport
         if self.ticket is not None:
             self.ticket.attach(transport)

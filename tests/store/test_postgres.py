@@ -168,6 +168,49 @@ async def test_a_take_over_waits_for_the_old_owners_transaction_then_fences_it_o
     assert await new.head_seq("c_1") == 2
 
 
+async def until_blocked_on_a_lock(conn: Any) -> None:
+    """Poll until some session of this database waits for a lock."""
+    deadline = time.monotonic() + 30
+    while not await conn.fetchval(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    ):
+        assert time.monotonic() < deadline, "nobody waited for a lock"
+        await asyncio.sleep(0.01)  # polling a condition with a deadline
+
+
+@pytest.mark.parametrize("taken", [True, False], ids=["take-over-commits", "take-over-rolls-back"])
+async def test_an_append_racing_an_uncommitted_take_over_waits_for_its_outcome(
+    nodes: tuple[PostgresStore, PostgresStore],
+    pg_url: str,  # noqa: F811
+    taken: bool,
+) -> None:
+    """The new owner has raised the fence but not committed yet when the old
+    owner's append arrives: the append waits on the fence row, then is
+    refused if the take-over committed, or lands if it rolled back — never
+    written against the fence it read before the take-over ended."""
+    old, _ = nodes
+    await old.write(WriteTx(events=[event("c_1", 1)], fence=Fence("c_1", 1)))
+    taker = await asyncpg.connect(pg_url)
+    try:
+        take_over = taker.transaction()
+        await take_over.start()
+        await taker.execute("SELECT halfpi_fence('c_1', 2)")
+        append = old.write(WriteTx(events=[event("c_1", 2)], fence=Fence("c_1", 1)))
+        await until_blocked_on_a_lock(taker)
+        assert not append.done()
+        await (take_over.commit() if taken else take_over.rollback())
+        if taken:
+            with pytest.raises(FencedOut):
+                await append
+        else:
+            assert (await append).committed
+    finally:
+        await taker.close()
+    assert await old.head_seq("c_1") == (1 if taken else 2)
+    assert await old.fence_of("c_1") == (2 if taken else 1)
+
+
 def test_fenced_out_is_a_store_error_no_retry_can_fix() -> None:
     assert issubclass(FencedOut, StoreError)
     assert FencedOut.retryable is False

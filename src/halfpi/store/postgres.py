@@ -4,11 +4,15 @@ One writer task owns one connection. :meth:`PostgresStore.write` queues a
 :class:`WriteTx`; the writer takes everything queued, applies it in one
 transaction (plain event appends merged into one INSERT, every other write
 in its own SAVEPOINT so that its failure undoes only itself), commits once,
-and resolves every caller's future. Reads run on a small pool of their own.
+and resolves every caller's future. A batch of plain appends only (the
+usual one) is a single statement instead, fences checked in it: one round
+trip, no BEGIN or COMMIT. Reads run on a small pool of their own.
 
 Fencing: a write carrying a :class:`~halfpi.store.base.Fence` has it checked
 and raised by the database (``halfpi_fence``) in the same transaction as the
-write, so a stale owner's write fails in PostgreSQL with
+write (in the usual batch, where every token is already its conversation's,
+read with its row locked FOR SHARE by the appending statement itself), so
+a stale owner's write fails in PostgreSQL with
 :class:`~halfpi.errors.FencedOut` however late it arrives.
 
 asyncpg is imported when the Store opens: the embedded default never needs it.
@@ -193,11 +197,42 @@ class PostgresStore:
         if isinstance(self._conn, _Broken):
             await self._reconnect()
         try:
+            if all(_plain_append(tx) for tx, _ in batch):
+                done = await self._append_at_once(batch)
+                if done is not None:
+                    return done
             return await self._apply_batch(batch, careful=False)
         except _RetryCarefully:
             # A merged append (or its fence) failed: redo the batch with
             # every write in its own savepoint, so only the offending ones fail.
             return await self._apply_batch(batch, careful=True)
+
+    async def _append_at_once(self, batch: list[tuple[WriteTx, Any]]) -> _Outcomes | None:
+        """The usual batch, (fenced) plain appends only, as one statement and
+        so one round trip: a single statement is a transaction of its own,
+        no BEGIN or COMMIT to wait for. None when a fence is not its
+        conversation's fence now (nothing was written): the batch then goes
+        the transactional way, which claims a new token or refuses a stale
+        one. A refused row raises _RetryCarefully (write by write)."""
+        import asyncpg
+
+        events = [e for tx, _ in batch for e in tx.events]
+        # A conversation's writes in one batch carry the same token: checked
+        # once (dict: insertion order, no quadratic scan).
+        fences = list(dict.fromkeys(tx.fence for tx, _ in batch if tx.fence is not None))
+        started = time.perf_counter()
+        try:
+            if fences:
+                if not await sql.insert_fenced(self._conn, events, fences):
+                    return None
+            elif events:
+                await sql.insert_events(self._conn, events)
+        except asyncpg.PostgresError as exc:
+            raise _RetryCarefully from exc
+        self.last_commit_failed = False
+        self.batches += 1
+        self.commit_seconds.observe(time.perf_counter() - started)
+        return [(future, COMMITTED) for _, future in batch]
 
     async def _apply_batch(self, batch: list[tuple[WriteTx, Any]], *, careful: bool) -> _Outcomes:
         import asyncpg
@@ -205,7 +240,7 @@ class PostgresStore:
         conn = self._conn
         outcomes: _Outcomes = []
         merged: list[StoredEvent] = []
-        fences: list[Fence] = []
+        fences: dict[Fence, None] = {}
         started = time.perf_counter()
         tr = conn.transaction()
         await tr.start()
@@ -215,8 +250,8 @@ class PostgresStore:
                     merged.extend(tx.events)
                     # A conversation's writes in one batch carry the same
                     # token: checked once (the check is the fencing's cost).
-                    if tx.fence is not None and tx.fence not in fences:
-                        fences.append(tx.fence)
+                    if tx.fence is not None:
+                        fences[tx.fence] = None
                     outcomes.append((future, COMMITTED))
                     continue
                 await _insert_merged(conn, merged, fences)
@@ -374,13 +409,15 @@ def _line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-async def _insert_merged(conn: Any, merged: list[StoredEvent], fences: list[Fence]) -> None:
+async def _insert_merged(
+    conn: Any, merged: list[StoredEvent], fences: dict[Fence, None]
+) -> None:
     import asyncpg
 
     if not merged and not fences:
         return
     try:
-        await sql.check_fences(conn, fences)
+        await sql.check_fences(conn, list(fences))
         if merged:
             await sql.insert_events(conn, merged)
     except asyncpg.PostgresError as exc:

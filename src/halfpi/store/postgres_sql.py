@@ -52,6 +52,7 @@ __all__ = [
     "fence_of",
     "head_seq",
     "insert_events",
+    "insert_fenced",
     "list_tasks",
     "lookup_request",
     "message_page",
@@ -419,18 +420,62 @@ _UPDATE_TASK = (
 )
 
 
-async def insert_events(conn: Conn, events: Sequence[StoredEvent]) -> None:
-    """One INSERT for any number of events (columns passed as arrays)."""
-    await conn.execute(
-        "INSERT INTO events (conversation_id, seq, type, data, ts, terminal_of)"
-        " SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[],"
-        " $5::float8[], $6::text[])",
+def _event_columns(events: Sequence[StoredEvent]) -> tuple[list[Any], ...]:
+    return (
         [e.conversation_id for e in events],
         [e.seq for e in events],
         [e.type for e in events],
         [e.data.decode() for e in events],
         [e.ts for e in events],
         [terminal_of(e) if e.type in TERMINAL_EVENT_TYPES else None for e in events],
+    )
+
+
+async def insert_events(conn: Conn, events: Sequence[StoredEvent]) -> None:
+    """One INSERT for any number of events (columns passed as arrays)."""
+    await conn.execute(
+        "INSERT INTO events (conversation_id, seq, type, data, ts, terminal_of)"
+        " SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[],"
+        " $5::float8[], $6::text[])",
+        *_event_columns(events),
+    )
+
+
+# The fenced append's usual case in one statement (one round trip): every
+# fence of the batch is the one its conversation's row holds now, so the
+# events go in. ``held`` locks each fence row FOR SHARE: a take-over's
+# raise (halfpi_fence, an UPDATE of the row) waits until this transaction
+# ends, and a raise committed while this one waited is what ``held`` reads
+# (READ COMMITTED re-reads a row it had to wait for). Anything else — a
+# missing row (a first claim), a newer token (a claim), an older one (a
+# stale owner) — inserts nothing and answers false: the caller then runs
+# check_fences, which claims or refuses (FencedOut).
+_FENCED_INSERT = (
+    "WITH held AS (SELECT conversation_id, fence FROM conversation_fences"
+    " WHERE conversation_id = ANY($7::text[]) FOR SHARE),"
+    " ok AS (SELECT count(*) = cardinality($7::text[]) AS ok FROM held"
+    " JOIN unnest($7::text[], $8::bigint[]) AS u(c, t)"
+    " ON held.conversation_id = u.c AND held.fence = u.t),"
+    " ins AS (INSERT INTO events (conversation_id, seq, type, data, ts, terminal_of)"
+    " SELECT e.* FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[],"
+    " $5::float8[], $6::text[]) AS e, ok WHERE ok.ok)"
+    " SELECT ok FROM ok"
+)
+
+
+async def insert_fenced(
+    conn: Conn, events: Sequence[StoredEvent], fences: Sequence[Fence]
+) -> bool:
+    """Insert ``events`` if every one of ``fences`` (one per conversation
+    and token) is its conversation's fence now; False, inserting nothing,
+    if not. One statement: atomic on its own, outside a transaction too."""
+    return bool(
+        await conn.fetchval(
+            _FENCED_INSERT,
+            *_event_columns(events),
+            [f.conversation_id for f in fences],
+            [f.token for f in fences],
+        )
     )
 
 

@@ -101,6 +101,24 @@ async def test_an_owner_publishes_each_batch_it_appends_on_the_conversation_chan
     assert heard == [entry(s) for s in range(1, 6)]  # in seq order, each once
 
 
+async def test_fenced_appends_go_on_after_redis_forgot_its_scripts(
+    pair: tuple[RedisJournal, RedisJournal],
+) -> None:
+    """The fenced append is sent by its SHA (no SCRIPT EXISTS per batch):
+    when Redis no longer holds the script (restarted, SCRIPT FLUSH) the
+    NOSCRIPT answer loads it and the same appends are sent again, once."""
+    owner, _ = pair
+    c = conv()
+    lease = await Leases(owner.client, "a", ttl_ms=60_000).acquire(c)
+    assert lease is not None
+    await owner.open(c, None, 0)
+    owner.fence(c, lease.fence)
+    await appended(owner, c, range(1, 4))
+    await owner.client.script_flush()
+    await appended(owner, c, range(4, 7))
+    assert await owner.read_after(c, 0, 10) == [entry(s) for s in range(1, 7)]
+
+
 async def test_a_follower_learns_the_epoch_and_head_from_redis(
     pair: tuple[RedisJournal, RedisJournal],
 ) -> None:

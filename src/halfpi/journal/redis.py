@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -114,6 +115,13 @@ return (#ARGV - 3) / 2
 """
 
 
+# Sent by its SHA1 (EVALSHA): a pipeline holding a registered script would
+# ask Redis ``SCRIPT EXISTS`` first, one more round trip on every batch.
+# Redis answers NOSCRIPT when it does not hold it (the first append since
+# it started, or after SCRIPT FLUSH): it is loaded then and those sent again.
+_FENCED_APPEND_SHA = hashlib.sha1(_FENCED_APPEND.encode()).hexdigest()
+
+
 class FencedAppendError(JournalLostError):
     """A stale owner's append, refused: another node owns the conversation."""
 
@@ -144,7 +152,6 @@ class RedisJournal:
         # node steps down and opens it again (a new epoch, an honest reset).
         self.on_lost: Callable[[str], None] | None = None
         self.settle_on_open = False
-        self._fenced_append: Any = None
         # Read by GET /metrics: the encoded entries sent to Redis (a refused
         # write's included), in bytes.
         self.written_bytes = 0
@@ -380,6 +387,23 @@ class RedisJournal:
             else:
                 future.set_result(None)
 
+    async def _unless_noscript(self, results: list[Any], scripts: dict[int, list[Any]]) -> None:
+        """Redis did not hold the fenced script (NOSCRIPT: nothing of those
+        appends ran): load it, send them again, put their answers in
+        ``results``. Each is one conversation's whole batch, so its entries
+        stay in seq order."""
+        from redis.exceptions import NoScriptError
+
+        again = [i for i in scripts if isinstance(results[i], NoScriptError)]
+        if not again:
+            return
+        await self.client.script_load(_FENCED_APPEND)
+        pipe = self.client.pipeline(transaction=False)
+        for i in again:
+            pipe.evalsha(*scripts[i])
+        for i, result in zip(again, await pipe.execute(raise_on_error=False), strict=True):
+            results[i] = result
+
     def _xadd(self, pipe: Any, conversation_id: str, entry: JournalEntry) -> None:
         body = _encode(entry)
         self.written_bytes += len(body)
@@ -396,14 +420,13 @@ class RedisJournal:
     ) -> None:
         """One fenced script per conversation of the batch (its entries in seq
         order), all in one pipeline; unfenced ones as plain ``XADD``."""
-        if self._fenced_append is None:
-            self._fenced_append = self.client.register_script(_FENCED_APPEND)
         groups: dict[str, list[tuple[JournalEntry, asyncio.Future[None]]]] = {}
         for conversation_id, entry, future in batch:
             groups.setdefault(conversation_id, []).append((entry, future))
         pipe = self.client.pipeline(transaction=False)
         maxlen = self.limits.events
         order: list[tuple[str, list[asyncio.Future[None]], int | None]] = []
+        scripts: dict[int, list[Any]] = {}  # index in ``order`` -> EVALSHA's arguments
         for conversation_id, items in groups.items():
             token = self._fences.get(conversation_id)
             futures = [f for _, f in items]
@@ -414,22 +437,25 @@ class RedisJournal:
                 continue
             encoded = [_encode(entry) for entry, _ in items]  # each entry once
             self.written_bytes += sum(len(body) for body in encoded)
-            args: list[Any] = [token, maxlen, msgpack_array(encoded)]
+            args: list[Any] = [
+                _FENCED_APPEND_SHA,
+                3,
+                stream_key(conversation_id),
+                fence_key(conversation_id),
+                fanout_channel(conversation_id),
+                token,
+                maxlen,
+                msgpack_array(encoded),
+            ]
             for (entry, _), body in zip(items, encoded, strict=True):
                 args.append(f"{entry.seq}-0")
                 args.append(body)
-            await self._fenced_append(  # queued on the pipeline
-                keys=[
-                    stream_key(conversation_id),
-                    fence_key(conversation_id),
-                    fanout_channel(conversation_id),
-                ],
-                args=args,
-                client=pipe,
-            )
+            scripts[len(order)] = args
+            pipe.evalsha(*args)
             order.append((conversation_id, futures, token))
         try:
             results: list[Any] = await pipe.execute(raise_on_error=False)
+            await self._unless_noscript(results, scripts)
         except Exception as exc:  # the connection: every entry of the batch failed
             error = JournalLostError(f"redis journal write failed: {exc}")
             for conversation_id, futures, _ in order:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -82,12 +81,20 @@ def read_agent_file(home: Path) -> tuple[str | None, dict[str, Any]]:
     not what it must be."""
     path = home / AGENT_FILE
     try:
-        data = tomllib.loads(path.read_text())
+        text = path.read_text()
     except (FileNotFoundError, NotADirectoryError):
         return None, {}  # (a home that is not a directory is said when it is opened)
     except OSError as exc:
         raise ValueError(f"cannot read {path}: {exc.strerror}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path} is not valid TOML: {exc}") from None
+    # Imported only when there is a file: a home without one (the embedded
+    # default's) never loads the parser (docs/performance.md, "Start-up").
+    import tomllib
+
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{path} is not valid TOML: {exc}") from None
     unknown = sorted(set(data) - {"agent", "openai"})
     if unknown:

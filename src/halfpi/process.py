@@ -15,24 +15,26 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from functools import partial
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from halfpi.agents.base import Agent
-from halfpi.client.transport import Connector, pinned_tls_context, tls_connector
 from halfpi.config import Config
-from halfpi.core.policy import parse_rule
 from halfpi.errors import StoreError
-from halfpi.hand.node import HandNode
-from halfpi.hand.policy import HandPolicy
-from halfpi.mind import api
 from halfpi.mind.home import Address, CannotStart, prepare_home, remove_address, write_address
 from halfpi.mind.home_lock import HomeLock
-from halfpi.mind.redaction import configured_secrets
 from halfpi.mind.service import Mind
 from halfpi.undumpable import make_undumpable
 from halfpi.wiring import make_journal, make_store
 
+if TYPE_CHECKING:
+    from halfpi.client.transport import Connector
+    from halfpi.hand.node import HandNode
+
 log = logging.getLogger("halfpi.mind")
+
+# Imported where they are used, not here (docs/performance.md, "Start-up"):
+# the local Hand (``local_hand``: not with --no-local-hand), the cluster node
+# (``build_mind``), the server and the agent (by name, below).
 
 # The servers that carry /v1/face and /v1/hand (``--server``), side by side
 # with one interface and imported by name, so that a Mind served natively
@@ -93,6 +95,7 @@ def build_mind(config: Config, agent: Agent | None = None) -> Mind:
     )
     if config.cluster:  # several nodes on one PostgreSQL and one Redis
         from halfpi.journal.redis import RedisJournal
+        from halfpi.mind import api
         from halfpi.mind.cluster_node import ClusterNode
 
         assert isinstance(journal, RedisJournal)
@@ -106,6 +109,8 @@ def start_local_hand(mind: Mind, url: str) -> None:
     serves TLS itself (whatever names the certificate carries)."""
     config = mind.config
     if url.startswith("wss://") and config.tls_cert is not None:
+        from halfpi.client.transport import pinned_tls_context, tls_connector
+
         mind.start_local_hand(url, tls_connector(pinned_tls_context(config.tls_cert)))
     else:
         mind.start_local_hand(url)
@@ -115,6 +120,11 @@ def local_hand(config: Config, url: str, connector: Connector | None = None) -> 
     """The embedded set-up's Hand, dialling the Mind at ``url``. In this
     process: the Mind's home and its database (wherever ``--store`` put it)
     are this Hand's own, and never reachable by a tool."""
+    from halfpi.core.policy import parse_rule
+    from halfpi.hand.node import HandNode
+    from halfpi.hand.policy import HandPolicy
+    from halfpi.mind.redaction import configured_secrets
+
     rules = {tool: parse_rule(rule) for tool, rule in config.hand_approval}
     hand = HandNode(
         url,

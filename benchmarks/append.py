@@ -125,7 +125,7 @@ async def chats_halfpi(home: Path, writers: int, per_writer: int) -> dict[str, A
                     record = RequestRecord(principal, key[1], "face.chat", _rawsql.DIGEST,
                                            "accepted", mind.wall())
                     await actor.admit_chat(record, CONTENT, lambda _r: None)
-                    run = actor.run
+                    run = actor.chat_run
                 assert run is not None
                 if await run.done != "succeeded":
                     raise RuntimeError(f"chat {key} did not succeed")

@@ -456,8 +456,11 @@ class ConversationActor:
         if tx is None:
             tx = WriteTx(events=events, fence=self.fence)
         else:
-            assert not tx.events, "events are appended staged, never as rows"
-            tx = dataclasses.replace(tx, events=events, fence=self.fence)
+            # Completed in place (a copy costs more than the rest of the
+            # call): ``tx`` is the caller's, built for this commit.
+            assert not tx.events or tx.events == events, "events come staged, never as rows"
+            tx.events = events
+            tx.fence = self.fence
         future = self.env.store.write(tx)
         for entry in staged:
             self._outbox.append((entry.message, future, entry))

@@ -4,7 +4,8 @@ One writer thread owns the write connection. Callers hand it
 :class:`WriteTx` objects; it takes everything queued, applies it in one
 transaction (each tx that can fail in its own SAVEPOINT, plain event appends
 merged into one ``executemany``), commits once, and resolves every caller's
-future in a single hop back to the event loop. Throughput stays near the raw
+future in a single hop back to the event loop. Writes reach it a turn of the
+loop at a time, so what one turn admits commits together. Throughput stays near the raw
 batched-insert limit while I3 holds: nothing is shown before its commit.
 
 Reads run on a small pool of reader threads, each with its own connection;
@@ -73,11 +74,17 @@ class SQLiteStore:
         self.synchronous = synchronous
         self.own_folder = own_folder
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # Writes of this turn of the loop, handed to the writer together at
+        # its end (one queue item, one wake-up): see ``write``.
+        self._turn: list[tuple[WriteTx, asyncio.Future[TxOutcome]]] = []
         self._writer: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._readers = ThreadPoolExecutor(readers, thread_name_prefix="halfpi-sqlite-read")
         self._local = threading.local()
         self._reader_conns: list[sqlite3.Connection] = []
+        # The loop thread's own connection, for point reads on the hot path
+        # (the registry's lookup of a request key): see ``get_request``.
+        self._here: sqlite3.Connection | None = None
         self._lock = threading.Lock()
         self.batches = 0  # commits made, for tests and metrics
         # Time of each group commit (written by the writer thread only).
@@ -96,16 +103,23 @@ class SQLiteStore:
             target=self._writer_main, args=(conn,), name="halfpi-sqlite-writer", daemon=True
         )
         self._writer.start()
+        here = connect(self.path, synchronous=self.synchronous)
+        here.execute("PRAGMA busy_timeout=0")  # never wait on the loop: a thread does
+        self._here = here
 
     async def close(self) -> None:
         """Commit everything queued, then stop the writer and readers."""
         if self.closed:
             return
         self.closed = True
+        self._hand_over()
         self._queue.put(_STOP)
         if self._writer is not None:
             await asyncio.to_thread(self._writer.join)
         self._readers.shutdown(wait=True)
+        if self._here is not None:
+            self._here.close()
+            self._here = None
         with self._lock:
             for conn in self._reader_conns:
                 conn.close()
@@ -119,8 +133,20 @@ class SQLiteStore:
         if self.closed:
             raise StoreError("store is closed")
         future: asyncio.Future[TxOutcome] = self._loop.create_future()
-        self._queue.put((tx, future))
+        turn = self._turn
+        turn.append((tx, future))
+        if len(turn) == 1:
+            # Handed over once this turn's callbacks ran: a hundred chats
+            # admitted in one turn go into one commit, not a first commit of
+            # one and a second of the rest (docs/performance.md, "Durable
+            # chats"). Costs at most one turn of the loop.
+            self._loop.call_soon(self._hand_over)
         return future
+
+    def _hand_over(self) -> None:
+        if self._turn:
+            turn, self._turn = self._turn, []
+            self._queue.put(turn)
 
     def _writer_main(self, conn: sqlite3.Connection) -> None:
         # Group commit: each round takes everything queued and commits it at
@@ -132,7 +158,7 @@ class SQLiteStore:
             item = q.get()
             if item is _STOP:
                 break
-            batch = [item]
+            batch = list(item)  # one turn's writes
             while len(batch) < MAX_BATCH:
                 try:
                     nxt = q.get_nowait()
@@ -141,7 +167,7 @@ class SQLiteStore:
                 if nxt is _STOP:
                     stopping = True
                     break
-                batch.append(nxt)
+                batch.extend(nxt)
             self._commit_batch(conn, batch)
         conn.close()
 
@@ -218,9 +244,21 @@ class SQLiteStore:
     async def get_request(
         self, principal_id: str, request_id: str
     ) -> RequestRecord | Tombstone | None:
-        return await self._read(
-            partial(sql.lookup_request, principal_id=principal_id, request_id=request_id)
-        )
+        """Every command's first read (the registry, I5): two primary-key
+        probes, answered on the loop's thread from SQLite's page cache —
+        a few µs, where a reader thread costs two hops and the GIL twice
+        (docs/performance.md, "Durable chats"). Should the database be
+        busy (WAL recovery), a reader thread waits for it instead."""
+        lookup = partial(sql.lookup_request, principal_id=principal_id, request_id=request_id)
+        here = self._here
+        if here is not None:
+            try:
+                return lookup(here)
+            except sqlite3.OperationalError:
+                pass  # busy: wait for it on a reader thread, not on the loop
+            except sqlite3.Error as exc:
+                raise StoreError(f"read failed: {exc}") from exc
+        return await self._read(lookup)
 
     async def prune_requests(self, now: float, retention: RequestRetention) -> int:
         """Move terminal records past retention to tombstones; expire old tombstones."""

@@ -102,6 +102,7 @@ XADD_BATCH = 256
 MAXLEN = 10_000  # the Redis journal's retention (journal.events)
 LEASE_MS = 2_000
 TARGET = 0.5
+CPU_TARGET = 1.1  # serving CPU per delivery, cluster against one plain Mind
 DEFAULT_VALUE_BYTES = 150  # the journal entry of a delta when no Mind ran to measure it
 # The subscribers' spreads: node names; "b+c" is (b).
 SPREADS = {"a": ("a",), "b": ("b",), "b+c": ("b", "c"), "a+b+c": ("a", "b", "c"),
@@ -435,6 +436,15 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace,
             "cluster_fanout", f"cluster (Faces on B+C) / single node, {args.faces} Faces",
             "events/s", spread_out, alone, "chat_eps",
             note="what cluster mode costs on one machine: the same chat to the same Faces",
+        ))
+        summary.append(figure(
+            "cluster_fanout",
+            f"serving CPU per delivery, cluster (Faces on B+C) / single node, {args.faces} Faces",
+            "µs", spread_out, alone, "server_us", lower_is_better=True,
+            refuse_when_load_bound=False, target=f"≤ {CPU_TARGET:g}x single node",
+            judge=lambda _m, ratio: None if ratio is None else ratio <= CPU_TARGET,
+            note="paired round by round: the three nodes, Redis and PostgreSQL against the "
+                 "plain Mind, the same chat to the same Faces",
         ))
     print()
     print(summary_table(summary, "Cluster fan-out summary (medians; ratio = median of per-round "

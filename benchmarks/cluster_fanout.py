@@ -233,6 +233,16 @@ class ClusterSide:
         a = self.nodes["a"]
         self.driver = await face(a.url, a.token)
         self.conversation_id = await create_conversation(self.driver, f"cluster-{self.spread}")
+        # The driver follows the conversation first (reliable events only, no
+        # deltas), so that A takes its lease and owns it, as (b) says: else
+        # the first node a subscriber reached would own it.
+        request_id = rid("sub")
+        self.driver.send("face.subscribe", {"request_id": request_id,
+                                            "conversation_ids": [self.conversation_id],
+                                            "transient_types": []})
+        reply = await self.driver.expect(is_reply(request_id, "face.accepted", "face.error"))
+        if reply["type"] != "face.accepted":
+            raise RuntimeError(f"{self.name}: the driver's subscribe failed: {reply}")
         names = SPREADS[self.spread]
         procs = max(1, PROCS // len(names))
         for i, name in enumerate(names):

@@ -14,7 +14,9 @@ from halfpi.agents.completions import (
     MODEL_NOT_FOUND,
     PROVIDER_ERROR,
     PROVIDER_UNAUTHORIZED,
+    AnswerDecoder,
     EventStream,
+    StreamError,
     ToolCallAssembler,
     assistant_message,
     classify,
@@ -255,6 +257,50 @@ def test_a_chunk_is_read_for_what_a_chat_needs_and_nothing_more() -> None:
 def test_something_that_is_not_a_chunk_says_so() -> None:
     with pytest.raises(ValueError, match="not a chunk"):
         decode_chunk(b"<html>502 Bad Gateway</html>")
+
+
+def _sse(*chunks: object) -> bytes:
+    return b"".join(b"data: " + (c if isinstance(c, bytes) else json.dumps(c).encode()) + b"\n\n"
+                    for c in chunks)
+
+
+def _text(content: str, finish: str | None = None) -> dict[str, object]:
+    return {"choices": [{"index": 0, "delta": {"content": content}, "finish_reason": finish}]}
+
+
+def test_the_text_of_the_chunks_fed_together_is_taken_as_one() -> None:
+    answer = AnswerDecoder(ToolCallAssembler())
+    answer.feed(_sse(_text("Hel"), _text("lo")) + b'data: {"choices": [{"delta": {"con')
+    assert answer.take_text() == "Hello"
+    assert answer.take_text() == ""
+    answer.feed(b'tent": " there"}}]}\n\n' + _sse(_text("", "stop")))
+    assert (answer.take_text(), answer.finish) == (" there", "stop")
+
+
+def test_an_answer_assembles_its_calls_and_counts_its_tokens() -> None:
+    calls = ToolCallAssembler()
+    answer = AnswerDecoder(calls)
+    fragment = {"index": 0, "id": "c1", "function": {"name": "f", "arguments": '{"a"'}}
+    answer.feed(_sse(
+        {"choices": [{"delta": {"tool_calls": [fragment]}}]},
+        {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]}}]},
+        {"choices": [{"delta": {}, "finish_reason": "tool_calls"}]},
+        {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}},
+        DONE,
+        _text("after the end"),
+    ))
+    [call] = calls.calls(0)
+    assert (call.id, call.name, call.arguments) == ("c1", "f", '{"a": 1}')
+    assert answer.finish == "tool_calls" and answer.done
+    assert [u.total_tokens for u in answer.take_usage()] == [7]
+    assert answer.take_text() == "" and answer.take_usage() == []
+
+
+def test_an_answer_that_is_not_a_reply_says_why() -> None:
+    with pytest.raises(StreamError, match="overloaded"):
+        AnswerDecoder(ToolCallAssembler()).feed(_sse({"error": {"message": "overloaded"}}))
+    with pytest.raises(StreamError, match="not a chunk"):
+        AnswerDecoder(ToolCallAssembler()).feed(_sse(b"<html>502</html>"))
 
 
 # -- which model lists say what a server refuses ---------------------------------------

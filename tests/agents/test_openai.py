@@ -82,10 +82,16 @@ async def collect(brain: OpenAIAgent, input: ChatInput) -> tuple[str, list[Usage
 
 
 async def test_text_streams_as_deltas_in_the_order_it_came(model: FakeModel) -> None:
-    model.script(Reply(text("Hel", "lo", " there")))
+    gate = Gate()  # opened once the first delta is out: the rest comes in a later read
+    model.script(Reply([*text("Hel", "lo", finish=None), gate, *text(" there")]))
     brain, _ = agent(model)
-    deltas = [out.text async for out in brain.reply(chat()) if isinstance(out, Delta)]
-    assert deltas == ["Hel", "lo", " there"]
+    deltas = []
+    async for out in brain.reply(chat()):
+        if isinstance(out, Delta):
+            deltas.append(out.text)
+            gate.event.set()
+    # The chunks one read brought are one delta; a later read, another.
+    assert deltas == ["Hello", " there"]
     [request] = model.requests
     assert request.path == "/v1/chat/completions"
     assert request.headers["authorization"] == f"Bearer {KEY}"
@@ -367,6 +373,7 @@ async def test_a_cancel_mid_stream_closes_the_connection_at_once(model: FakeMode
         await task
     await asyncio.wait_for(model.requests[0].gone.wait(), 5)
     assert not gate.event.is_set()
+    assert not [t for t in asyncio.all_tasks() if "_pump" in repr(t.get_coro())]
 
 
 async def test_an_error_the_server_reports_mid_stream_fails_the_chat_with_its_message(

@@ -5,7 +5,8 @@ as plain functions with no I/O (docs/agent.md, "Models").
   ``text/event-stream`` of ``data: {chunk}`` lines ending with ``data:
   [DONE]``; the parts of a chunk a chat needs, decoded with msgspec (the
   SDK's typed chunks cost more per token than the rest of the Mind: see
-  docs/agent.md, "Why the raw stream").
+  docs/agent.md, "Why the raw stream"). :class:`AnswerDecoder` puts them
+  together: the text of all the chunks one network read brought, as one.
 - :class:`ToolCallAssembler`: streamed tool calls arrive in fragments (a
   call's id and name first, its JSON arguments in pieces, several calls
   interleaved by ``index``); it puts them together.
@@ -141,6 +142,81 @@ def stream_error(error: Any) -> str:
     if isinstance(error, dict) and isinstance(error.get("message"), str):
         return str(error["message"])
     return str(error)
+
+
+class StreamError(ValueError):
+    """The answer says it is not a whole reply: something that is not a
+    chunk, or an error the server reported mid-stream."""
+
+
+class AnswerDecoder:
+    """One streamed answer's bytes in, what a chat needs of them out: the
+    text not yet taken, tool-call fragments (into ``calls``), token counts,
+    the finish reason.
+
+    The text of every chunk fed before :meth:`take_text` comes out as one
+    string, so the chunks of one network read cost the Mind one delta, not
+    one each (a fast model's chunks arrive many to a read). Chunks after
+    ``[DONE]`` are ignored (the body is still read to its end: the
+    connection is reused)."""
+
+    __slots__ = ("_events", "_text", "calls", "done", "finish", "usage")
+
+    def __init__(self, calls: ToolCallAssembler) -> None:
+        self._events = EventStream()
+        self._text: list[str] = []
+        self.calls = calls
+        self.usage: list[TokenCounts] = []
+        self.finish: str | None = None
+        self.done = False
+
+    def feed(self, data: bytes) -> None:
+        """Raises :class:`StreamError` when the answer is not a whole reply."""
+        for event in self._events.feed(data):
+            if self.done or event == DONE:
+                self.done = True
+                continue
+            try:
+                chunk = _chunk(event)
+            except msgspec.DecodeError as exc:
+                raise StreamError(
+                    f"the model server sent something that is not a chunk ({exc})"
+                ) from None
+            if chunk.error is not None:
+                raise StreamError(stream_error(chunk.error))
+            if chunk.usage is not None:
+                self.usage.append(chunk.usage)
+            if not chunk.choices:
+                continue
+            choice = chunk.choices[0]
+            delta = choice.delta
+            if delta is not None:
+                text = delta.content or delta.refusal
+                if text:
+                    self._text.append(text)
+                if delta.tool_calls:
+                    for fragment in delta.tool_calls:
+                        function = fragment.function
+                        self.calls.feed(
+                            fragment.index,
+                            fragment.id,
+                            function.name if function is not None else None,
+                            function.arguments if function is not None else None,
+                        )
+            if choice.finish_reason:
+                self.finish = choice.finish_reason
+
+    def take_text(self) -> str:
+        """The text fed since the last take, as one string ("" if none)."""
+        parts = self._text
+        if not parts:
+            return ""
+        self._text = []
+        return parts[0] if len(parts) == 1 else "".join(parts)
+
+    def take_usage(self) -> list[TokenCounts]:
+        usage, self.usage = self.usage, []
+        return usage
 
 
 # -- tool calls -------------------------------------------------------------------

@@ -42,22 +42,20 @@ import openai
 
 from halfpi.agents.base import AgentFailed, ChatInput, Delta, Output, ToolSpec, Usage
 from halfpi.agents.completions import (
-    DONE,
     PROVIDER_ERROR,
     STEP_LIMIT,
-    EventStream,
+    AnswerDecoder,
     Failure,
+    StreamError,
     ToolCall,
     ToolCallAssembler,
     assistant_message,
     classify,
-    decode_chunk,
     function_tools,
     parse_arguments,
     refuses_unlisted,
     request_messages,
     scrub,
-    stream_error,
     tool_choice,
     tool_error,
     tool_result_content,
@@ -173,16 +171,44 @@ class _Broken(Exception):
     ended without a finish reason, or the server reported an error in it."""
 
 
-async def _read(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """The answer's bytes; a transport failure while reading them (the
-    connection dropped, a read timed out) becomes :class:`_Broken`."""
+async def _pump(chunks: AsyncIterator[bytes], answer: AnswerDecoder, ready: asyncio.Event) -> None:
+    """Feeds the answer's bytes to ``answer`` as they arrive, setting
+    ``ready`` after each piece and at the end. A transport failure while
+    reading (the connection dropped, a read timed out) or an answer that is
+    not a whole reply becomes :class:`_Broken`.
+
+    The HTTP client hands over one piece per HTTP chunk (a chunk per model
+    chunk, from most servers); the pieces of one network read come without
+    the loop running in between, and the pieces after the first are shown
+    together once this task waits for the network again. The first piece
+    of a read is shown at once, before that wait: getting ready to wait
+    for the network costs the HTTP client more than a token's whole way
+    through the Mind, and a token at a person's pace must not wait for
+    it (``waited``: the loop ran since the last piece, so this one came
+    after a wait)."""
+    loop = asyncio.get_running_loop()
+    waited = True
+
+    def wake() -> None:
+        nonlocal waited
+        waited = True
+
     try:
         async for data in chunks:
-            yield data
+            answer.feed(data)
+            ready.set()
+            if waited:
+                await asyncio.sleep(0)  # the reader shows it before the next wait
+                waited = False
+                loop.call_soon(wake)  # runs once this task waits again
     except openai.APIError:
         raise
+    except StreamError as exc:
+        raise _Broken(str(exc)) from None
     except Exception as exc:  # the HTTP client's own errors: only the stream broke
         raise _Broken(f"the connection broke mid-reply ({type(exc).__name__}: {exc})") from exc
+    finally:
+        ready.set()
 
 
 # The model's way to start a background task (DESIGN §8): one of the Hand's
@@ -375,52 +401,45 @@ class OpenAIAgent:
     async def _attempt(self, params: dict[str, Any], step: _Step) -> AsyncIterator[Output]:
         """One streamed request. The SDK sends it (base URL, key, status
         errors as its exceptions) and hands over the raw event stream, which
-        is decoded here (``completions.decode_chunk``): the SDK's typed
-        chunks would cost more per token than everything else the Mind does."""
+        is decoded here (``completions.AnswerDecoder``): the SDK's typed
+        chunks would cost more per token than everything else the Mind does.
+
+        A task of its own reads the stream while this generator yields: the
+        chunks one network read brings (many, from a fast model) are decoded
+        in one go and shown as one delta, so the Mind's work per token (a
+        seq, the journal, each Face's frame) is paid once per read. A model
+        at a person's pace sends a chunk per read: a delta per chunk, as
+        soon as it comes."""
         completions = self.client.chat.completions.with_streaming_response
         # Leaving this block — at the end, on a failure, on a cancel — closes
         # the response: a cancelled reply costs no more tokens.
         async with completions.create(**params) as response:
-            events = EventStream()
-            done = False
-            async for data in _read(response.iter_bytes()):
-                for event in events.feed(data):
-                    if done or event == DONE:
-                        done = True  # read on to the end: the connection is reused
-                        continue
-                    try:
-                        chunk = decode_chunk(event)
-                    except ValueError as exc:
-                        raise _Broken(str(exc)) from None
-                    if chunk.error is not None:
-                        raise _Broken(stream_error(chunk.error))
-                    usage = chunk.usage
-                    if usage is not None:
-                        yield Usage(
-                            usage.prompt_tokens or 0,
-                            usage.completion_tokens or 0,
-                            usage.total_tokens or 0,
-                        )
-                    if not chunk.choices:
-                        continue
-                    choice = chunk.choices[0]
-                    delta = choice.delta
-                    if delta is not None:
-                        text = delta.content or delta.refusal
-                        if text:
-                            step.text.append(text)
-                            yield Delta(text)
-                        if delta.tool_calls:
-                            for fragment in delta.tool_calls:
-                                function = fragment.function
-                                step.calls.feed(
-                                    fragment.index,
-                                    fragment.id,
-                                    function.name if function is not None else None,
-                                    function.arguments if function is not None else None,
-                                )
-                    if choice.finish_reason:
-                        step.finish = choice.finish_reason
+            answer = AnswerDecoder(step.calls)
+            ready = asyncio.Event()
+            reader = asyncio.create_task(_pump(response.http_response.aiter_bytes(), answer, ready))
+            try:
+                ended = False
+                while not ended:
+                    await ready.wait()
+                    ready.clear()
+                    ended = reader.done()  # before the take: nothing is fed after it
+                    text = answer.take_text()
+                    if text:
+                        step.text.append(text)
+                        yield Delta(text)
+                    if answer.usage:
+                        for usage in answer.take_usage():
+                            yield Usage(
+                                usage.prompt_tokens or 0,
+                                usage.completion_tokens or 0,
+                                usage.total_tokens or 0,
+                            )
+                reader.result()  # the stream's failure, after the text it showed
+            finally:
+                if not reader.done():  # cancelled, or the caller went away
+                    reader.cancel()
+                    await asyncio.wait({reader})
+        step.finish = answer.finish
         if step.finish is None:
             raise _Broken("the model server ended the stream before the reply finished")
         if step.finish == "content_filter":

@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from halfpi.core.events import Error, Pong, Result, to_message
+from halfpi.core.events import Error, Ping, Pong, Result, to_message
 from halfpi.core.limits import QueueLimits
 from halfpi.core.outbound import Message, OutboundQueue
 from halfpi.errors import CloseCode, ErrorCode, HalfpiError
@@ -86,6 +86,9 @@ class Hub:
 
     def wall(self) -> float:
         return 1_700_000_000.0
+
+    def heartbeat(self, now: float) -> Message:
+        return to_message(Ping(ts=self.wall()))
 
 
 def _no_spawn(coro: Any, name: str) -> None:
@@ -274,3 +277,56 @@ def test_close_writes_what_is_queued_before_the_close() -> None:
     conn.close(CloseCode.RESTARTING, "mind restarting")
     assert framing.types() == ["face.event"]
     assert framing.closes == [(CloseCode.RESTARTING, "mind restarting")]
+
+
+@dataclass
+class BeatingFraming(Framing):
+    """A framing that sends a heartbeat as one write (the WebSocket's does)."""
+
+    beats: list[bytes] = field(default_factory=list)
+
+    def beat(self, frame: bytes) -> None:
+        self.beats.append(frame)
+
+
+def test_a_heartbeat_is_one_write_its_ping_and_face_ping_together() -> None:
+    hub = Hub()
+    framing = BeatingFraming("websocket")
+    conn = Connection(hub, framing, FACE, OutboundQueue(LIMITS), 0.0)
+    conn.welcome(credential())
+    assert conn.tick(15.0) == 30.0
+    assert len(framing.beats) == 1 and framing.pings == 0 and framing.writes == 0
+    assert msgspec.json.decode(framing.beats[0])["type"] == "face.ping"
+    # The pong comes back a moment later: the transport ping would next be
+    # due 15 s after it, the face.ping 15 s after the last one. They still
+    # leave together, in one write, at one visit — not two, 2 ms apart.
+    conn.heard(15.002)
+    assert conn.tick(30.0) == 45.0
+    assert len(framing.beats) == 2 and framing.pings == 0 and framing.writes == 0
+    assert [msgspec.json.decode(b)["payload"]["event_seq"] for b in framing.beats] == [1, 2]
+
+
+def test_a_heartbeat_behind_queued_frames_keeps_their_order() -> None:
+    hub = Hub()
+    framing = BeatingFraming("websocket")
+    conn = Connection(hub, framing, FACE, OutboundQueue(LIMITS), 0.0)
+    conn.welcome(credential())
+    conn.pause(1.0)
+    conn.send(event(1))  # held back: the face.ping must not overtake it
+    conn.resume()
+    conn.tick(15.0)
+    assert framing.beats == [] and framing.pings == 1  # the ping alone, at once
+    hub.turn()
+    assert framing.types() == ["face.event", "face.ping"]
+
+
+def test_only_pings_go_early_a_close_waits_for_its_time() -> None:
+    conn, framing, _ = make("websocket")
+    conn.welcome(credential())
+    conn.heard(0.5)
+    assert conn.tick(15.0) == 30.0  # face.ping due, the wire ping 0.5 s later: both now
+    assert framing.pings == 1
+    assert conn.tick(45.49) is not None  # silent since 0.5: dead at 45.5, not before
+    assert not framing.closes
+    assert conn.tick(45.5) is None
+    assert framing.closes == [(CloseCode.GOING_AWAY, "no traffic: connection presumed dead")]

@@ -7,7 +7,9 @@ production (``mind/scheduler.py``), a test's fake clock otherwise, so a
 two-minute TTL is tested in microseconds (aioquic's ``get_timer()`` /
 ``handle_timer(now)``).
 
-:class:`Deadlines` is one deadline per key: what the maintenance round visits.
+:class:`Deadlines` is one deadline per key (the actors' unload times);
+:class:`Wheel` the same in coarse slots: what the maintenance round visits
+(every connection's next heartbeat, hello timeout or presumed death).
 
 Every connection has a next moment at which something may be due for it
 (hello timeout, heartbeat ping, presumed dead). Sweeping every connection on
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -179,3 +182,103 @@ class Deadlines(Generic[K]):
         order = self._order
         self._heap = [(at, next(order), key) for key, at in self._due.items()]
         heapq.heapify(self._heap)
+
+
+# The slot of a deadline of minus infinity ("due at once"), below any real one.
+_AT_ONCE = -(2**62)
+
+
+class Wheel(Generic[K]):
+    """Keys with a deadline each, kept in coarse slots of ``slot_s`` seconds
+    (a timing wheel; DESIGN §11: heartbeats "timed by one wheel, not per
+    connection").
+
+    The maintenance round asks for what is due at its ``now``: every slot
+    that ended before ``now`` is handed over whole (no comparison, no heap
+    operation per key), and only the slot ``now`` falls in is looked at key
+    by key. So a deadline is never early and never later than the round
+    that follows it, and setting or moving a key is a dict operation, not
+    ``O(log n)`` on a heap that keeps a stale entry per move — what 10,000
+    idle connections each do once per heartbeat. Only the slots in use are
+    kept (a small heap of slot numbers); a slot emptied by ``discard``
+    stays, empty, until its time passes.
+    """
+
+    __slots__ = ("_due", "_order", "_slots", "slot_s")
+
+    def __init__(self, slot_s: float = 1.0) -> None:
+        self.slot_s = slot_s
+        self._due: dict[K, float] = {}
+        self._slots: dict[int, dict[K, None]] = {}  # slot number -> its keys (ordered)
+        self._order: list[int] = []  # heap of the slot numbers in _slots
+
+    def _slot(self, at: float) -> int:
+        if at == -math.inf:
+            return _AT_ONCE
+        if at == math.inf:
+            return -_AT_ONCE
+        return int(at // self.slot_s)
+
+    def set(self, key: K, at: float) -> None:
+        """``key`` is next due at ``at`` (replacing any earlier setting)."""
+        due = self._due
+        old = due.get(key)
+        if old == at:
+            return
+        slot = self._slot(at)
+        if old is not None:
+            was = self._slot(old)
+            if was == slot:
+                due[key] = at
+                return
+            self._slots[was].pop(key, None)
+        due[key] = at
+        bucket = self._slots.get(slot)
+        if bucket is None:
+            bucket = self._slots[slot] = {}
+            heapq.heappush(self._order, slot)
+        bucket[key] = None
+
+    def discard(self, key: K) -> None:
+        """Forget ``key``."""
+        at = self._due.pop(key, None)
+        if at is not None:
+            self._slots[self._slot(at)].pop(key, None)
+
+    def pop_due(self, now: float) -> list[K]:
+        """Remove and return every key due at ``now`` (slot by slot; within a
+        slot in the order they were set)."""
+        due, slots, order = self._due, self._slots, self._order
+        current = self._slot(now)
+        out: list[K] = []
+        while order and order[0] < current:
+            bucket = slots.pop(heapq.heappop(order))
+            for key in bucket:
+                del due[key]
+            out.extend(bucket)
+        if order and order[0] == current:
+            bucket = slots[current]
+            ripe = [key for key in bucket if due[key] <= now]
+            for key in ripe:
+                del bucket[key]
+                del due[key]
+            out.extend(ripe)
+        return out
+
+    def next_at(self) -> float | None:
+        """The earliest live deadline, or None (a scan of the first slot in use)."""
+        for slot in sorted(self._order):
+            bucket = self._slots[slot]
+            if bucket:
+                return min(self._due[key] for key in bucket)
+        return None
+
+    def slots(self) -> int:
+        """Slots in use, empty ones waiting for their time included."""
+        return len(self._slots)
+
+    def __len__(self) -> int:
+        return len(self._due)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._due

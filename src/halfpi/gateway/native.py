@@ -23,11 +23,11 @@ import asyncio
 import logging
 import ssl
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Request
-from websockets.protocol import State
+from websockets.protocol import Protocol, State
 from websockets.server import ServerProtocol
 from websockets.typing import Origin
 
@@ -53,6 +53,12 @@ _FACE_PATH = FACE_PATH.encode()
 _HAND_PATH = HAND_PATH.encode()
 # FIN + text opcode, then a 7-bit length: the header of every small frame.
 _HEADERS = [bytes((0x81, size)) for size in range(126)]
+# A server's ping with no payload (FIN + ping opcode, length 0, unmasked):
+# what ``ServerProtocol.send_ping(b"")`` serialises, written without making
+# a Frame each heartbeat.
+PING_FRAME = b"\x89\x00"
+# A client's answer to it: FIN + pong, masked, length 0, then the 4-byte mask.
+_PONG_HEAD = b"\x8a\x80"
 
 
 def server_tls_context(cert: Path, key: Path) -> ssl.SSLContext:
@@ -77,6 +83,29 @@ class LatestPongProtocol(ServerProtocol):
             self.events.append(frame)
             return
         super().recv_frame(frame)
+
+    def at_frame_start(self) -> bool:
+        """The parser waits for the first byte of a frame (nothing of one was
+        consumed): its innermost wait is the reader's ``at_eof``, which it
+        enters only between frames (generators' ``gi_yieldfrom``)."""
+        gen: Any = self.parser
+        while gen is not None:
+            if gen.gi_code.co_name == "at_eof":
+                return True
+            gen = gen.gi_yieldfrom
+        return False
+
+    def restart_parser(self) -> None:
+        """Let go of what the parser's locals hold. websockets' server parser
+        reads the handshake's request into a local and then delegates to the
+        frame parser for the connection's life, which in turn keeps its last
+        frame: an idle connection kept its request with all its headers
+        (~2 KiB) and its hello (with the token) for good. Between frames the
+        frame parser alone, started afresh, is in the same state without
+        them; mid-frame nothing is done."""
+        if self.state is State.OPEN and not self.reader.eof and self.at_frame_start():
+            self.parser = Protocol.parse(self)
+            next(self.parser)  # to its first wait, as the one it replaces was
 
 
 class FaceServer:
@@ -202,6 +231,20 @@ class WebSocketConnection(asyncio.Protocol):
         )
 
     def data_received(self, data: bytes) -> None:
+        session = self.session
+        if (
+            len(data) == 6
+            and data.startswith(_PONG_HEAD)
+            and session is not None
+            and self.ws.state is State.OPEN
+            and self.ws.at_frame_start()
+        ):
+            # The answer to a heartbeat, whole and alone: what the parser
+            # would do with it is nothing (RFC 6455 §5.5.3) but note the
+            # traffic, so it is not parsed — an idle connection's one
+            # inbound frame per heartbeat costs a check, not a Frame.
+            session.on_traffic()
+            return
         if self._head is not None:
             data = self._head + data
             if not self._upgrade(data):
@@ -209,9 +252,11 @@ class WebSocketConnection(asyncio.Protocol):
             self._head = None
         ws = self.ws
         ws.receive_data(data)
+        opened = False
         for event in ws.events_received():
             if isinstance(event, Request):
                 self._handshake(event)
+                opened = True
                 continue
             session = self.session
             if session is None or not isinstance(event, Frame):
@@ -236,6 +281,8 @@ class WebSocketConnection(asyncio.Protocol):
                     self._fragments = None
             else:  # ping, pong, close: the protocol answers; we note the traffic
                 session.on_traffic()
+        if opened:
+            ws.restart_parser()  # the request goes
         self._answer_ping()
         self._write_pending()
 
@@ -346,6 +393,7 @@ class WebSocketConnection(asyncio.Protocol):
             # is the principal's now, no longer counted as unauthenticated.
             self.ticket.settle()
             self.ticket = None
+            self.ws.restart_parser()  # the hello (and its token) goes
         self._write_pending()  # anything the protocol queued (a pong) goes first
         out: list[bytes] = []
         for frame in frames:
@@ -361,9 +409,26 @@ class WebSocketConnection(asyncio.Protocol):
 
     def ping(self) -> None:
         """A WebSocket ping: any client library answers it by itself."""
-        if self.ws.state is State.OPEN:
-            self.ws.send_ping(b"")
-            self._write_pending()
+        transport = self.transport
+        if self.ws.state is State.OPEN and transport is not None:
+            self._write_pending()  # anything the protocol queued (a pong) goes first
+            transport.write(PING_FRAME)
+
+    def beat(self, frame: bytes) -> None:
+        """A heartbeat: the text ``frame`` (a ``face.ping``) and a ping, one
+        write (one system call) for both."""
+        transport = self.transport
+        if self.ws.state is not State.OPEN or transport is None or self.ticket is not None:
+            self.write_frames([frame])
+            self.ping()
+            return
+        self._write_pending()
+        size = len(frame)
+        if size < 126:
+            transport.write(b"%b%b%b" % (_HEADERS[size], frame, PING_FRAME))
+        else:
+            self.write_frames([frame])
+            transport.write(PING_FRAME)
 
     def close(self, code: int, reason: str) -> None:
         ws = self.ws

@@ -81,6 +81,17 @@ class WebSocketFraming:
     def ping(self) -> None:
         self.transport.ping()
 
+    def beat(self, frame: bytes) -> None:
+        """A heartbeat (``mind/connection.py``, ``Beats``): the ``face.ping``
+        ``frame`` and the ping in one write where the transport can
+        (the native server's ``beat``), else one after the other."""
+        beat = getattr(self.transport, "beat", None)
+        if beat is not None:
+            beat(frame)
+            return
+        self.transport.write_frames([frame])
+        self.transport.ping()
+
     def close(self, code: int, reason: str) -> None:
         self.transport.close(code, reason)
 
@@ -88,13 +99,18 @@ class WebSocketFraming:
 class FaceSession:
     """The WebSocket door of one Face: the hello, the inbox's order and the
     transport's frames; the connection's life is its :attr:`conn`'s (it is
-    that connection's :class:`~halfpi.mind.connection.Framing`)."""
+    that connection's :class:`~halfpi.mind.connection.Framing`).
+
+    Slotted, and its inbox made on the first command: an idle Face is
+    thousands of these (an empty deque alone is ~760 bytes)."""
+
+    __slots__ = ("_inbox", "_worker", "conn", "invalid_streak", "loop", "mind", "transport")
 
     def __init__(self, mind: Mind, transport: Transport) -> None:
         self.mind = mind
         self.transport = transport
         self.loop = asyncio.get_running_loop()
-        self._inbox: deque[bytes] = deque()
+        self._inbox: deque[bytes] | None = None  # made by the first frame
         self._worker: asyncio.Task[None] | None = None
         self.invalid_streak = 0
         framing = WebSocketFraming(transport, "websocket")
@@ -156,13 +172,16 @@ class FaceSession:
             return
         conn.heard(self.mind.now())
         limit = MAX_INBOX if conn.state == "open" else MAX_INBOX_BEFORE_HELLO
-        if len(self._inbox) >= limit:
+        inbox = self._inbox
+        if inbox is None:
+            inbox = self._inbox = deque()
+        if len(inbox) >= limit:
             self.send_error(RateLimited("too many commands in flight"), wire.request_id_of(data))
             return
         if len(data) > self.mind.config.max_frame_bytes:
             # Refused in order, but not kept: an oversized frame costs no memory.
             data = OVERSIZED + str(len(data)).encode()
-        self._inbox.append(data)
+        inbox.append(data)
         if self._worker is None:
             self._worker = self.loop.create_task(self._work())
 
@@ -179,14 +198,17 @@ class FaceSession:
         return self._worker is not None or bool(self._inbox)
 
     async def _work(self) -> None:
+        inbox = self._inbox
         try:
-            while self._inbox and not self.closed:
-                await self._handle(self._inbox.popleft())
+            while inbox and not self.closed:
+                await self._handle(inbox.popleft())
                 # Let the replies flush between commands: a pipelining Face
                 # that reads promptly must never look like a slow one.
                 await asyncio.sleep(0)
         finally:
             self._worker = None
+            if not inbox and self._inbox is inbox:
+                self._inbox = None  # idle again: the deque goes
 
     async def _handle(self, data: bytes) -> None:
         config = self.mind.config
@@ -301,4 +323,6 @@ class FaceSession:
         # The command in progress (if any) runs to its end: a chat admitted on
         # a connection that closes meanwhile must still start (I1). Replies
         # to a closed connection are dropped; a replay re-attaches.
-        self._inbox.clear()
+        if self._inbox is not None:
+            self._inbox.clear()
+            self._inbox = None

@@ -32,7 +32,6 @@ from halfpi.core.events import (
     Error,
     Evicted,
     Outbound,
-    Ping,
     Pong,
     Reply,
     Result,
@@ -72,6 +71,14 @@ class Framing(Protocol):
         """End the transport (what was written before is delivered first)."""
 
 
+class Beats(Protocol):
+    """What a framing may add (the WebSocket's does): a heartbeat — the
+    encoded ``face.ping`` frame and the transport's ping — as one write.
+    Without it a heartbeat is ``write`` then ``ping``."""
+
+    def beat(self, frame: bytes) -> None: ...
+
+
 class Hub(Protocol):
     """What a connection needs of the Mind (``mind/connections.py``)."""
 
@@ -87,6 +94,10 @@ class Hub(Protocol):
     def subscriptions(self, conn: Connection) -> Subscriptions: ...
 
     def wall(self) -> float: ...
+
+    def heartbeat(self, now: float) -> Message:
+        """The ``face.ping`` of the round at ``now``: one message (its frame's
+        tail encoded once) shared by every connection whose heartbeat is due."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +127,12 @@ class Liveness:
 
 INF = float("inf")
 TIME_UP = "time is up"  # the reason a connection ends at its lifetime
+# A heartbeat carries every ping of the connection due within this much
+# (the maintenance wheel's slot): its ``face.ping`` and its transport ping
+# leave together, in one write, instead of drifting a pong's round trip
+# apart into two wake-ups and two writes. Only pings are sent early; a
+# close (hello timeout, presumed dead, lifetime) happens when due, never before.
+BEAT_SLACK_S = 1.0
 
 
 class Connection:
@@ -363,21 +380,41 @@ class Connection:
                 self.close(CloseCode.GOING_AWAY, "no traffic: connection presumed dead")
                 return None
             deadline = min(deadline, dead_at)
-        if rule.ping_s is not None:
-            ping_at = max(self.last_inbound, self.last_wire_ping) + rule.ping_s
-            if now >= ping_at:
-                self.last_wire_ping = now
-                self.framing.ping()
-                ping_at = now + rule.ping_s
-            deadline = min(deadline, ping_at)
-        if rule.news_ping_s is not None and self.welcomed:
-            news_at = self.last_news_ping + rule.news_ping_s
-            if now >= news_at:
-                self.last_news_ping = now
-                self.send(to_message(Ping(ts=self.hub.wall())))  # shown: wall time
-                news_at = now + rule.news_ping_s
-            deadline = min(deadline, news_at)
+        ping_s = rule.ping_s
+        wire_at = INF if ping_s is None else max(self.last_inbound, self.last_wire_ping) + ping_s
+        news_s = rule.news_ping_s if self.welcomed else None
+        news_at = INF if news_s is None else self.last_news_ping + news_s
+        if now >= wire_at or now >= news_at:
+            # A heartbeat: whatever of it is due within the slack goes now.
+            soon = now + BEAT_SLACK_S
+            wire, news = wire_at <= soon, news_at <= soon
+            self._beat(now, wire, news)
+            if wire and ping_s is not None:
+                wire_at = now + ping_s
+            if news and news_s is not None:
+                news_at = now + news_s
+        deadline = min(deadline, wire_at, news_at)
         return None if deadline == INF else deadline
+
+    def _beat(self, now: float, wire: bool, news: bool) -> None:
+        """Send the heartbeat: the transport's ping (``wire``), the shared
+        ``face.ping`` (``news``; shown: wall time), as one write when the
+        framing can and nothing waits ahead of it."""
+        if wire:
+            self.last_wire_ping = now
+        if news:
+            self.last_news_ping = now
+            m = self.hub.heartbeat(now)
+            if wire and not (
+                self.paused or self._scheduled or self.subscriptions.replaying or len(self.queue)
+            ):
+                beat = getattr(self.framing, "beat", None)
+                if beat is not None:
+                    beat(self.queue.emit_now(m))
+                    return
+            self.send(m)
+        if wire:
+            self.framing.ping()
 
     # -- the end -----------------------------------------------------------------------
 

@@ -5,7 +5,9 @@ It registers a connection and counts it against its principal's cap
 (DESIGN §11), writes what each connection has ready once per loop turn
 (one call for all of them: a thousand readers of one event cost one
 callback, not a thousand), visits a connection when its liveness deadline
-comes (a heap: an idle connection costs nothing per round), closes the
+comes (a timing wheel of 1 s slots: an idle connection costs nothing per
+round, and one round serves every heartbeat due in it, all sharing one
+encoded ``face.ping``), closes the
 connections of revoked credentials (I8: one mechanism for every door),
 and releases a closed one exactly once (its subscriptions dropped, its
 waits for results detached, its queue's counts kept for ``/metrics``).
@@ -19,12 +21,13 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
-from halfpi.core.outbound import OutboundQueue
+from halfpi.core.events import Ping, to_message
+from halfpi.core.outbound import Message, OutboundQueue
 from halfpi.core.throttle import worth_logging
-from halfpi.core.timers import Deadlines
+from halfpi.core.timers import Wheel
 from halfpi.errors import CloseCode
 from halfpi.mind.caller import gone
-from halfpi.mind.connection import Connection, Framing, Liveness, Replies
+from halfpi.mind.connection import BEAT_SLACK_S, Connection, Framing, Liveness, Replies
 
 if TYPE_CHECKING:
     from halfpi.config import Config
@@ -39,6 +42,9 @@ log = logging.getLogger("halfpi.mind")
 TRANSPORT = {"hand": "websocket"}
 # Kinds told no session-level news (``Mind.announce``): a Hand, a request.
 NO_NEWS = frozenset({"hand", "http"})
+# The maintenance wheel's slot: deadlines are kept per second, a heartbeat
+# takes along what else of it is due within one (``BEAT_SLACK_S``).
+SLOT_S = BEAT_SLACK_S
 
 
 class Host(Protocol):
@@ -63,12 +69,14 @@ class Connections:
         self.live: set[Connection] = set()
         # When each connection next needs a visit (hello timeout, heartbeat,
         # presumed dead, a long-poll's end).
-        self.deadlines: Deadlines[Connection] = Deadlines()
+        self.deadlines: Wheel[Connection] = Wheel(SLOT_S)
         self._per_principal: Counter[str] = Counter()  # capped live connections
         self._cap_refusals: Counter[str] = Counter()
         self._ready: list[Connection] = []
         self._flushing = False
         self._call_soon: Callable[[Callable[[], None]], object] | None = None
+        self._beat: tuple[float, Message] | None = None  # the round's face.ping
+        self._rules: dict[Liveness, Liveness] = {}
 
     def __len__(self) -> int:
         return len(self.live)
@@ -85,6 +93,8 @@ class Connections:
              collect: Replies | None = None) -> Connection:
         """A new connection, not yet welcomed; its first visit is due now."""
         mind = self.mind
+        # One Liveness value per rule, shared (each door makes its own per call).
+        liveness = self._rules.setdefault(liveness, liveness)
         conn = Connection(self, framing, liveness, OutboundQueue(mind.config.queue), mind.now(),
                           collect)
         self.live.add(conn)
@@ -98,6 +108,12 @@ class Connections:
 
     def wall(self) -> float:
         return self.mind.wall()
+
+    def heartbeat(self, now: float) -> Message:
+        beat = self._beat
+        if beat is None or beat[0] != now:
+            beat = self._beat = (now, to_message(Ping(ts=self.mind.wall())))  # shown: wall time
+        return beat[1]
 
     def bind(self, conn: Connection, credential: Credential) -> bool:
         principal_id = credential.principal_id

@@ -32,6 +32,17 @@ RECHECK_TIMEOUT_S = 1.0
 # handshake) costs at most ten reads a second, not one each
 # (benchmarks/http_requests.py).
 RECHECK_FRESH_S = 0.1
+# A revocation closes live connections within a second (I8; docs/operations.md,
+# Store.credentials_version). The maintenance round (every credential_poll_s,
+# 0.25 s) polls the version through ``poll``, which reads it only when no read
+# began within POLL_S: a revocation committed just after a read began is seen
+# by the read that begins at most POLL_S plus one round later (0.75 s, plus
+# the read itself), and an idle Mind hops to the Store's reader thread twice a
+# second instead of four times (each hop ~0.3 to 0.5 ms of CPU on a busy
+# machine: most of what an idle Mind spends). Reads that must see the Store
+# as it is now (a handshake's recheck, an unknown token, the start) are
+# ``refresh``, never skipped.
+POLL_S = 0.5
 
 
 class Credentials:
@@ -79,6 +90,14 @@ class Credentials:
             revoked = self.cache.load(await store.credentials(), version)
             self._read_at = began
         return set(revoked)
+
+    async def poll(self) -> set[str]:
+        """The maintenance round's re-read: :meth:`refresh` unless a read began
+        less than ``POLL_S`` ago (any read: a handshake's recheck counts).
+        Returns the principals revoked since the last read."""
+        if self.monotonic() - self._read_at < POLL_S:
+            return set()
+        return await self.refresh()
 
     async def authenticate(
         self, token: str, kind: str, address: str, *, label: str | None = None

@@ -231,6 +231,16 @@ def test_events_split_anywhere_come_out_whole() -> None:
         assert got == [b'{"a": 1}', b'{"b": 2}', DONE], cut
 
 
+def test_events_of_plain_newlines_split_anywhere_come_out_whole() -> None:
+    wire = (b'data: {"a": 1}\n\n: a comment\n\nevent: x\ndata: y\ndata: z\n\n\n'
+            b"data:{}\n\ndata: [DONE]\n\n")
+    want = [b'{"a": 1}', b"y\nz", b"{}", DONE]
+    for cut in range(1, len(wire)):
+        for tail in (wire[cut:], wire[cut:].replace(b"\n", b"\r\n")):
+            events = EventStream()
+            assert events.feed(wire[:cut]) + events.feed(tail) == want, (cut, tail)
+
+
 def test_the_data_lines_of_one_event_are_joined() -> None:
     assert EventStream().feed(b"data: {\"a\":\ndata: 1}\n\n") == [b'{"a":\n1}']
     assert EventStream().feed(b"data:{}\n\n") == [b"{}"]

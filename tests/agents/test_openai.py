@@ -104,6 +104,13 @@ async def test_text_streams_as_deltas_in_the_order_it_came(model: FakeModel) -> 
     assert request.body["tool_choice"] == "auto"
 
 
+async def test_a_compressed_stream_is_read_as_plain_text(model: FakeModel) -> None:
+    model.script(Reply(text("zip", "ped"), gzip=True))
+    brain, _ = agent(model)
+    said, _ = await collect(brain, chat())
+    assert said == "zipped"
+
+
 async def test_the_history_that_fits_comes_before_the_message(model: FakeModel) -> None:
     model.script(Reply(text("ok")))
     brain, _ = agent(model, context_budget=256)

@@ -38,6 +38,7 @@ import json
 import re
 import sys
 import time
+import zlib
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -79,6 +80,8 @@ class Reply:
     code: str | None = None
     retry_after: float | None = None
     before: Gate | Pause | None = None
+    # Compress the stream (``content-encoding: gzip``), each event flushed.
+    gzip: bool = False
 
 
 @dataclass
@@ -286,8 +289,10 @@ class FakeModel:
             return True
         writer.write(
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-            b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n"
+            + (b"content-encoding: gzip\r\n" if reply.gzip else b"")
+            + b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n"
         )
+        sse = _Gzipped().sse if reply.gzip else _sse
         for event in reply.events:
             if isinstance(event, Cut):
                 await writer.drain()
@@ -301,12 +306,12 @@ class FakeModel:
             data = event.get("_stamp")
             if data is not None:  # a chunk whose content is the wall clock, at sending
                 event = chunk({"content": f"{data}{time.time_ns()}"})
-            writer.write(_sse(json.dumps(event)))
+            writer.write(sse(json.dumps(event)))
             if writer.transport.get_write_buffer_size() > 65536:
                 await writer.drain()
             if record.gone.is_set():
                 return False
-        writer.write(_sse("[DONE]") + b"0\r\n\r\n")
+        writer.write(sse("[DONE]", end=True) + b"0\r\n\r\n")
         await writer.drain()
         return True
 
@@ -367,9 +372,21 @@ async def _forward(upstream: str, head: bytes, body: bytes, writer: asyncio.Stre
         up_writer.close()
 
 
-def _sse(data: str) -> bytes:
+def _sse(data: str, end: bool = False) -> bytes:
     payload = f"data: {data}\n\n".encode()
     return b"%x\r\n%s\r\n" % (len(payload), payload)
+
+
+class _Gzipped:
+    """One gzip stream over the whole body, flushed after every event."""
+
+    def __init__(self) -> None:
+        self.zip = zlib.compressobj(wbits=31)
+
+    def sse(self, data: str, end: bool = False) -> bytes:
+        payload = self.zip.compress(f"data: {data}\n\n".encode())
+        payload += self.zip.flush(zlib.Z_FINISH if end else zlib.Z_SYNC_FLUSH)
+        return b"%x\r\n%s\r\n" % (len(payload), payload)
 
 
 async def _json(

@@ -71,7 +71,25 @@ class EventStream:
 
     def feed(self, data: bytes) -> list[bytes]:
         buf = self._rest + data if self._rest else data
-        events: list[bytes] = []
+        if self._data or b"\r" in buf:
+            events: list[bytes] = []
+            self._rest = buf[self._lines(buf, events):]
+            return events
+        # What servers send: events of one ``data: `` line each, ``\n\n``
+        # after each; split whole (one C call for a read of many events).
+        *blocks, self._rest = buf.split(b"\n\n")
+        events = []
+        for block in blocks:
+            if block.startswith(b"data: ") and b"\n" not in block:
+                events.append(block[6:])
+            elif block:
+                self._lines(block + b"\n\n", events)
+        return events
+
+    def _lines(self, buf: bytes, events: list[bytes]) -> int:
+        """Line by line (several ``data:`` lines, other fields, ``\r\n``):
+        the events of ``buf`` onto ``events``; returns where its last
+        complete line ends."""
         start = 0
         while (end := buf.find(b"\n", start)) >= 0:
             line = buf[start:end]
@@ -84,8 +102,7 @@ class EventStream:
                     self._data = []
             elif line.startswith(b"data:"):
                 self._data.append(line[6:] if line.startswith(b"data: ") else line[5:])
-        self._rest = buf[start:]
-        return events
+        return start
 
 
 class FunctionDelta(msgspec.Struct):

@@ -32,10 +32,10 @@ import logging
 import os
 import random
 import stat
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import openai
@@ -169,6 +169,25 @@ class _Step:
 class _Broken(Exception):
     """The answer broke off: the connection failed mid-stream, the stream
     ended without a finish reason, or the server reported an error in it."""
+
+
+class _Response(Protocol):
+    """What is read of the HTTP client's response (the SDK's ``http_response``)."""
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    def aiter_raw(self) -> AsyncIterator[bytes]: ...
+
+    def aiter_bytes(self) -> AsyncIterator[bytes]: ...
+
+
+def _body(response: _Response) -> AsyncIterator[bytes]:
+    """The body's bytes as they come: raw when the server did not compress
+    it (what model servers do with an event stream), which skips the HTTP
+    client's decoder and re-chunker, a cost per chunk."""
+    encoding = response.headers.get("content-encoding", "").strip().lower()
+    return response.aiter_raw() if encoding in ("", "identity") else response.aiter_bytes()
 
 
 async def _pump(chunks: AsyncIterator[bytes], answer: AnswerDecoder, ready: asyncio.Event) -> None:
@@ -416,7 +435,7 @@ class OpenAIAgent:
         async with completions.create(**params) as response:
             answer = AnswerDecoder(step.calls)
             ready = asyncio.Event()
-            reader = asyncio.create_task(_pump(response.http_response.aiter_bytes(), answer, ready))
+            reader = asyncio.create_task(_pump(_body(response.http_response), answer, ready))
             try:
                 ended = False
                 while not ended:

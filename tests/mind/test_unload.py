@@ -22,6 +22,7 @@ from halfpi.core.events import ToolCalled
 from halfpi.errors import Unavailable
 from halfpi.journal.memory import MemoryJournal
 from halfpi.mind.service import Mind
+from halfpi.mind.trim import Trimmer
 from tests.support.frames import Frame
 from tests.support.rig import Peer, Rig, fake_time_mind
 from tests.support.store import HeldReads
@@ -364,3 +365,36 @@ async def test_a_subscribe_racing_an_unload_lands_on_the_loaded_actor(rig: Rig) 
     await until(lambda: any(
         f["payload"]["type"] == "chat.completed" for f in face_events(face, cid)
     ))
+
+
+# -- memory given back -------------------------------------------------------------------
+
+
+async def test_unloading_gives_the_memory_back_at_most_every_few_seconds(rig: Rig) -> None:
+    """After an unload the allocator is asked to return the freed pages
+    (``malloc_trim`` on glibc, ``mind/trim.py``): once something was
+    unloaded, never in a round that unloaded nothing since the last trim,
+    and at most once per ``every_s`` however many rounds unload."""
+    mind = rig.mind
+    trims: list[float] = []
+    mind.actors.trimmer = Trimmer(lambda: trims.append(rig.clock.now), every_s=5.0)
+    face = await rig.face()
+    first, second = await created(rig, face), await created(rig, face)
+    await chat(rig, face, first)
+    assert await unload_after(rig, 1) == 0
+    assert trims == []  # nothing unloaded: nothing to give back
+    await chat(rig, face, second)  # idle 1 s later than the first
+    assert await unload_after(rig, IDLE_S - 1) == 1
+    assert trims == [rig.clock.now]  # the first unload: given back in that round
+    assert await unload_after(rig, 1) == 1
+    assert len(trims) == 1  # 1 s after the last trim: it waits
+    assert await unload_after(rig, 4) == 0
+    assert trims[-1] == rig.clock.now and len(trims) == 2  # owed, in a later round
+    assert await unload_after(rig, 60) == 0
+    assert len(trims) == 2  # nothing unloaded since: never again
+
+
+def test_without_glibc_nothing_is_called() -> None:
+    trimmer = Trimmer(None)
+    trimmer.unloaded(10)
+    assert not trimmer.maybe_trim(100.0)

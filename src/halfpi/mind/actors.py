@@ -18,6 +18,7 @@ from halfpi.errors import ErrorCode, FencedOut, NotFound, NotOwner, Unavailable
 from halfpi.journal.base import Journal
 from halfpi.mind.actor import ActorEnv, ConversationActor
 from halfpi.mind.counters import ClusterCounts
+from halfpi.mind.trim import Trimmer, malloc_trim
 from halfpi.store.base import Fence, Store, WriteTx
 
 if TYPE_CHECKING:
@@ -93,6 +94,8 @@ class Actors:
         self._idle: Deadlines[ConversationActor] = Deadlines()
         # Journal windows being dropped: a load of the same conversation waits.
         self._releasing: dict[str, asyncio.Task[None]] = {}
+        # The allocator asked to give back what unloading freed (mind/trim.py).
+        self.trimmer = Trimmer(malloc_trim())
 
     def __len__(self) -> int:
         return len(self._actors)
@@ -271,6 +274,10 @@ class Actors:
             releases.append(self._release(actor.id))
         if releases:
             await asyncio.wait(releases)
+            self.trimmer.unloaded(len(releases))
+        # After the windows were dropped: the pages they held go back to the
+        # system (at most every few seconds, only after an unload).
+        self.trimmer.maybe_trim(now)
         return len(releases)
 
     def _release(self, conversation_id: str) -> asyncio.Task[None]:

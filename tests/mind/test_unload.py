@@ -380,6 +380,8 @@ async def test_unloading_gives_the_memory_back_at_most_every_few_seconds(rig: Ri
     mind.actors.trimmer = Trimmer(lambda: trims.append(rig.clock.now), every_s=5.0)
     face = await rig.face()
     first, second = await created(rig, face), await created(rig, face)
+    kept = await created(rig, face)
+    await subscribe(rig, face, kept)  # followed: it stays loaded, the Mind is not idle
     await chat(rig, face, first)
     assert await unload_after(rig, 1) == 0
     assert trims == []  # nothing unloaded: nothing to give back
@@ -392,6 +394,21 @@ async def test_unloading_gives_the_memory_back_at_most_every_few_seconds(rig: Ri
     assert trims[-1] == rig.clock.now and len(trims) == 2  # owed, in a later round
     assert await unload_after(rig, 60) == 0
     assert len(trims) == 2  # nothing unloaded since: never again
+
+
+async def test_the_last_unload_gives_the_memory_back_at_once(rig: Rig) -> None:
+    mind = rig.mind
+    trims: list[float] = []
+    mind.actors.trimmer = Trimmer(lambda: trims.append(rig.clock.now), every_s=5.0)
+    face = await rig.face()
+    first, second = await created(rig, face), await created(rig, face)
+    await chat(rig, face, first)
+    rig.clock.now += 1
+    await chat(rig, face, second)
+    assert await unload_after(rig, IDLE_S - 1) == 1
+    assert await unload_after(rig, 1) == 1  # the last one: nothing is loaded now
+    assert len(mind.actors) == 0
+    assert len(trims) == 2 and trims[-1] == rig.clock.now  # not 5 s later
 
 
 def test_without_glibc_nothing_is_called() -> None:

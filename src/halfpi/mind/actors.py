@@ -277,7 +277,7 @@ class Actors:
             self.trimmer.unloaded(len(releases))
         # After the windows were dropped: the pages they held go back to the
         # system (at most every few seconds, only after an unload).
-        self.trimmer.maybe_trim(now)
+        self.trimmer.maybe_trim(now, idle=not self._actors)
         return len(releases)
 
     def _release(self, conversation_id: str) -> asyncio.Task[None]:

@@ -10,7 +10,9 @@ size comes back to that of a Mind which never loaded them.
 
 It walks every arena, so it is not free: :class:`Trimmer` runs it only
 when something was unloaded since the last trim, and at most once every
-``every_s`` seconds (time passed in). Elsewhere than glibc (musl, macOS)
+``every_s`` seconds (time passed in) — at once, though, when the last
+loaded actor went (the Mind is idle: the moment it matters, and no work
+to slow). Elsewhere than glibc (musl, macOS)
 there is nothing to call and nothing is done.
 """
 
@@ -57,10 +59,13 @@ class Trimmer:
     def unloaded(self, count: int) -> None:
         self.pending += count
 
-    def maybe_trim(self, now: float) -> bool:
+    def maybe_trim(self, now: float, *, idle: bool = False) -> bool:
         """Trim if something was unloaded since the last trim and the last
-        one was at least ``every_s`` ago; True if it did."""
-        if not self.pending or now - self.trimmed_at < self.every_s or self._trim is None:
+        one was at least ``every_s`` ago, or nothing is loaded any more
+        (``idle``); True if it did."""
+        if not self.pending or self._trim is None:
+            return False
+        if not idle and now - self.trimmed_at < self.every_s:
             return False
         self.pending = 0
         self.trimmed_at = now

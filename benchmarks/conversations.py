@@ -14,6 +14,14 @@ has ever served. The first reading comes after ``--warm`` conversations
 allocator's pools have filled: what grows before that is bounded, not per
 conversation.
 
+**Memory given back.** The Mind's RSS is also read before any
+conversation (its Faces connected: the *empty Mind*); the figure is the
+RSS after the first step — ``--warm`` plus 10,000 conversations served,
+every one unloaded (no actor loaded) — against that: target within 10 %
+(``≤ 1.10x``). What stays is the allocator's and the SQLite page caches'
+(bounded), not the conversations' (``mind/trim.py`` returns the pages
+unloading freed).
+
 ``--without-unloading`` runs the same first two steps against a Mind that
 never unloads (an idle window of a day), for comparison: there every
 conversation keeps its actor and journal window for the life of the
@@ -38,10 +46,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _bench import MindServer, rss_kib, stop_all, table, workdir, write_json
+from _bench import (
+    MindServer,
+    figure,
+    rss_kib,
+    stop_all,
+    summary_table,
+    table,
+    workdir,
+    write_json,
+)
 from _client import chat_to_end, close_all, create_conversation, face
 
 SETTLE_S = 1.0
+# RSS after the first step's conversations were all unloaded, against the
+# empty Mind: at most this (memory follows the work, not the history).
+GIVEN_BACK_TARGET = 1.10
 
 
 async def settled_rss(pid: int) -> int:
@@ -85,6 +105,8 @@ async def run(
     rows: list[dict[str, Any]] = []
     try:
         clients = [await face(mind.url, mind.token) for _ in range(faces)]
+        rows.append({"conversations": -1, "rss_kib": await settled_rss(mind.pid),
+                     "seconds": 0.0})  # the empty Mind (not a step: see given_back)
         await serve(clients, 0, warm)
         await asyncio.sleep(min(idle_s, 30.0) + 0.5)
         done = 0
@@ -109,8 +131,24 @@ async def run(
     return rows
 
 
+def given_back(runs: list[dict[str, Any]], warm: int) -> dict[str, Any]:
+    """The figure: RSS after the first step (all unloaded) / the empty Mind's."""
+    empty, after = runs[0]["rss_kib"], runs[2]["rss_kib"]
+    served = warm + runs[2]["conversations"]
+    row = figure(
+        "conversations", f"RSS after {runs[2]['conversations']:,} conversations unloaded "
+        "vs the empty Mind", "MiB", [{"mib": after / 1024}], [{"mib": empty / 1024}], "mib",
+        lower_is_better=True, target=f"≤ {GIVEN_BACK_TARGET:.2f}x",
+        judge=lambda _m, ratio: ratio is not None and ratio <= GIVEN_BACK_TARGET,
+        note=f"{(after - empty) * 1024 / served:.0f} B kept per conversation served "
+        f"({served:,}, warm-up included); baseline: the same Mind before any conversation",
+    )
+    return row
+
+
 def report(name: str, rows: list[dict[str, Any]]) -> list[list[Any]]:
     out = []
+    rows = [r for r in rows if r["conversations"] >= 0]  # the steps
     for prev, row in itertools.pairwise(rows):
         added = row["conversations"] - prev["conversations"]
         growth = row["rss_kib"] - prev["rss_kib"]
@@ -145,6 +183,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         f"RSS of a Mind after N conversations with one chat each, gone idle "
         f"(idle window {args.idle_s:g} s; {args.warm:,} warm-up conversations first)",
     ))
+    summary = [given_back(results["unloading"], args.warm)]
+    print()
+    print(summary_table(summary, "Memory given back (lower is better)"))
+    results["summary"] = summary
     return results
 
 

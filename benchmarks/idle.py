@@ -18,7 +18,16 @@ the same run:
 Clients are the lean client in this process (it answers WebSocket pings
 with pongs and ignores ``face.ping``).
 
+``--against BASE_SRC`` (another tree's ``src``, e.g. the commit before a
+change) measures this tree's Mind against that one instead, paired: both
+Minds run at once, each holding ``max(--counts)`` connections, and every
+window reads both servers' CPU over the same seconds (so the machine's load
+falls on both alike); ``--rounds`` windows between heartbeats, then as many
+of 15 s with the default heartbeat. The ratio of each window's pair is the
+figure (median and spread).
+
     python benchmarks/idle.py [--counts 50 1000 3000 10000] [--window S]
+    python benchmarks/idle.py --against /tmp/before/src --counts 3000 [--rounds 3]
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ from _bench import (
     Server,
     figure,
     median,
+    python_of,
     raise_nofile,
     stop_all,
     summary_table,
@@ -114,6 +124,50 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
     return report(ours, base, beat, args)
 
 
+async def paired(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """This tree's Mind and the one at ``--against``, at once, window by window."""
+    n = max(args.counts)
+    raise_nofile(n * 4 + 1024)
+    summary = []
+    with workdir("halfpi-idle-against-") as tmp:
+        for phase, overrides, seconds in (("between heartbeats", QUIET, args.window),
+                                          ("with heartbeats", {}, HEARTBEAT_S)):
+            if phase == "with heartbeats" and args.no_heartbeat:
+                continue
+            tag = "beat" if overrides == {} else "quiet"
+            this = MindServer(tmp / f"this-{tag}", delta_ms=0, overrides=overrides).start()
+            base = MindServer(tmp / f"base-{tag}", delta_ms=0, overrides=overrides,
+                              python=python_of(args.against)).start()
+            clients: list[WsClient] = []
+            ours: list[dict[str, Any]] = []
+            theirs: list[dict[str, Any]] = []
+            try:
+                for server in (this, base):
+                    token = server.token
+                    clients += await many(lambda s=server, t=token: face(s.url, t), n,
+                                          batch=200)
+                await asyncio.sleep(0.5)
+                for _ in range(args.rounds):
+                    with CpuWindow(this.pid) as a, CpuWindow(base.pid) as b:
+                        await asyncio.sleep(seconds)
+                    for side, window in ((ours, a), (theirs, b)):
+                        row = window.as_dict()
+                        row["cpu_pct"] = row["server_util"] * 100
+                        row["us_per_conn_s"] = window.server / n / window.wall * 1e6
+                        side.append(row)
+            finally:
+                await close_all(clients, timeout=30)
+                await stop_all(this, base)
+            summary.append(figure(
+                "idle", f"idle CPU, {n:,} connections, {phase}, vs {args.against}", "% core",
+                ours, theirs, "cpu_pct", lower_is_better=True,
+                note=f"both Minds at once, {args.rounds} windows of {seconds:g} s; "
+                f"rest of the machine {median([r['others_util'] for r in ours]):.0%}",
+            ))
+    print(summary_table(summary, "Idle CPU against another tree (lower is better)"))
+    return summary
+
+
 def report(ours: dict[int, list[dict[str, Any]]], base: dict[int, list[dict[str, Any]]],
            beat: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
@@ -166,12 +220,15 @@ def main() -> None:
     parser.add_argument("--no-heartbeat", action="store_true", help="skip phase 2")
     parser.add_argument("--quick", action="store_true", help="up to 3,000, no phase 2")
     parser.add_argument("--json", help="write the summary rows to this file")
+    parser.add_argument("--against", metavar="BASE_SRC",
+                        help="pair this tree's Mind with the one in BASE_SRC (see above)")
+    parser.add_argument("--rounds", type=int, default=3, help="paired windows (--against)")
     args = parser.parse_args()
     if args.quick:
         args.counts = [c for c in args.counts if c <= 3000]
         args.no_heartbeat = True
         args.windows = 2
-    rows = asyncio.run(main_async(args))
+    rows = asyncio.run(paired(args) if args.against else main_async(args))
     write_json(args.json, rows, {"bench": "idle"})
 
 

@@ -26,7 +26,12 @@ anyone follows it (idle ones are unloaded: ``benchmarks/conversations.py``
 shows RSS flat across 10,000 → 50,000 conversations served). No baseline: a
 raw server has no conversations.
 
+``--against BASE_SRC`` adds, in each round, the same measurement of a Mind
+running another tree's ``src`` (e.g. the commit before a change): the
+per-connection figure against it is paired round by round.
+
     python benchmarks/memory.py [--connections N] [--rounds R] [--json PATH]
+                                [--against BASE_SRC]
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from _bench import (
     WsServer,
     figure,
     median,
+    python_of,
     raise_nofile,
     rss_kib,
     spread,
@@ -92,6 +98,16 @@ async def measure(server: Server, connect: Any, n: int) -> dict[str, Any]:
     after = await settled_rss(server.pid)
     await close_all([*warm, *clients])
     return {"before_kib": before, "after_kib": after, "per_conn_kib": (after - before) / n}
+
+
+async def against_round(tmp: Path, index: int, n: int, src: str) -> dict[str, Any]:
+    """The same idle connections on a Mind running the tree at ``src``."""
+    mind = MindServer(tmp / f"mind-against-{index}", delta_ms=0, python=python_of(src)).start()
+    try:
+        token = mind.token
+        return await measure(mind, lambda: face(mind.url, token), n)
+    finally:
+        await stop_all(mind)
 
 
 async def one_round(tmp: Path, index: int, n: int, sizes: dict[str, int],
@@ -189,6 +205,9 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
         for index in range(args.rounds):
             rounds.append(await one_round(tmp, index, args.connections, sizes,
                                           "asgi" in args.servers))
+            if args.against:
+                rounds[-1]["against"] = await against_round(tmp, index, args.connections,
+                                                            args.against)
             convs.append(await conversations(tmp, index, args.conversations))
     return report(rounds, convs, args, sizes)
 
@@ -236,6 +255,13 @@ def report(rounds: list[dict[str, Any]], convs: list[dict[str, Any]], args: argp
                convs, None, "chatted_kib", lower_is_better=True,
                note="a one-word chat: 4 events kept in the journal window, request record"),
     ]
+    if args.against:
+        summary.insert(1, figure(
+            "memory", f"RSS per idle connection ({n:,}), vs {args.against}", "KiB",
+            [r["halfpi"] for r in rounds], [r["against"] for r in rounds], "per_conn_kib",
+            lower_is_better=True, target="≤ 7 KiB", judge=lambda m, _r: m <= 7.0,
+            note="the same measurement on a Mind running the other tree, each round",
+        ))
     for row in summary:
         row["adapter"] = "native"
     if "halfpi-asgi" in rounds[0]:
@@ -266,6 +292,8 @@ def main() -> None:
                         default=["native", "asgi"],
                         help="asgi: also halfpi --server asgi and the raw ASGI server")
     parser.add_argument("--quick", action="store_true", help="one round")
+    parser.add_argument("--against", metavar="BASE_SRC",
+                        help="also a Mind running the tree in BASE_SRC, paired per round")
     parser.add_argument("--json", help="write the summary rows to this file")
     args = parser.parse_args()
     if args.quick:

@@ -417,6 +417,7 @@ def figure(
     judge: Any = None,
     note: str = "",
     refuse_when_load_bound: bool = True,
+    not_judged: str = "",
 ) -> dict[str, Any]:
     """One figure: medians of both sides, the median of the per-round ratios
     (round i of halfpi against round i of the baseline, run next to each
@@ -426,7 +427,12 @@ def figure(
     server, would then set the pace. ``judge(halfpi_median, ratio_median)``
     says whether the target is met (None: no target, or not judged). A
     figure of server CPU per unit of work is not bent by a saturated client
-    (``refuse_when_load_bound=False``)."""
+    (``refuse_when_load_bound=False``). ``not_judged`` (e.g. ``"quick"``):
+    this run cannot measure the ratio honestly (a ``--quick`` run whose
+    work differs from the full run's); both medians are kept, the ratio is
+    printed as "not judged (…)" instead of a number (kept in the JSON as
+    ``ratio_unjudged``) and no target is judged. run_all.py lists such
+    rows but does not fail on them."""
     ours_v = [r[key] for r in ours]
     ours_med = median(ours_v)
     row: dict[str, Any] = {
@@ -464,9 +470,15 @@ def figure(
         )
         if load_bound and refuse_when_load_bound:
             row["refused"] = f"load saturated in {load_bound} of {len(ours) + len(base)} rounds"
+        elif not_judged:
+            row["ratio_unjudged"] = median(ratios)
         else:
             row["ratio"] = median(ratios)
             row["spread"] = spread(ratios)
+    if not_judged:
+        row["not_judged"] = not_judged
+        row["best_ratio"] = None
+        return row  # no verdict: the medians are shown, nothing is judged
     if judge is not None:
         verdict = judge(ours_med, row["ratio"])
         row["met"] = verdict
@@ -498,8 +510,10 @@ def summary_table(rows: Sequence[dict[str, Any]], title: str = "") -> str:
         ratio: Any = r["ratio"]
         if ratio is None and r.get("refused"):
             ratio = "refused"
+        elif ratio is None and r.get("not_judged"):
+            ratio = f"not judged ({r['not_judged']})"
         met = "" if r["met"] is None else r["met"]
-        if r.get("refused") and r["met"] is None and r["target"]:
+        if (r.get("refused") or r.get("not_judged")) and r["met"] is None and r["target"]:
             met = "not judged"
         body.append(
             [

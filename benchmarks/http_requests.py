@@ -100,8 +100,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--quick", action="store_true",
+                        help="3 rounds; each round's requests as in the full run")
     parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args()
+    if args.quick:  # fewer rounds only: a round's work is what the figure means
+        args.rounds = min(args.rounds, 3)
     rows = asyncio.run(main_async(args))
     print(summary_table(rows, "Authenticated HTTP requests (ratio = this tree / baseline)"))
     write_json(args.json, rows, {"against": args.against})

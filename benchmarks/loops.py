@@ -12,6 +12,8 @@ of per-round ratios, spread), and halfpi against the raw server on each
 loop. This is the figure behind uvloop being the default where it is
 installed (``halfpi.loop``, docs/performance.md).
 
+``--quick``: 3 rounds, 1 Face; each chat as long as in the full run.
+
     python benchmarks/loops.py [--faces 1 10] [--rounds 5] [--quick] [--json PATH]
 """
 
@@ -69,7 +71,7 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
                 servers[f"raw {name}"] = RawServer(tmp / f"raw-{name}", durable=True).start()
         try:
             for n in args.faces:
-                count = fanout.DELTAS[n] // (3 if args.quick else 1)
+                count = fanout.DELTAS[n]
                 result = await fanout.throughput(servers, n, count, args.rounds)
                 runs = {key: per_event(result[key]) for key in servers}
                 note = f"{n} Face(s), {count:,} deltas per chat"
@@ -96,12 +98,15 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--faces", type=int, nargs="+", default=[1, 10])
+    parser.add_argument("--faces", type=int, nargs="+", help="default 1 10 (--quick: 1)")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help="a third of the deltas, 3 rounds")
+    parser.add_argument("--quick", action="store_true",
+                        help="3 rounds, 1 Face; each chat as long as in the full run")
     parser.add_argument("--json", help="write the summary rows to this file")
     args = parser.parse_args()
-    if args.quick:
+    if args.faces is None:
+        args.faces = [1] if args.quick else [1, 10]
+    if args.quick:  # fewer rounds and Face counts; each round's chat as in the full run
         args.rounds = min(args.rounds, 3)
     try:
         import uvloop  # noqa: F401

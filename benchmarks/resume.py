@@ -279,7 +279,8 @@ def report(prep: dict[str, Any], runs: dict[tuple[str, str], list[dict[str, Any]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help="3 rounds")
+    parser.add_argument("--quick", action="store_true",
+                        help="3 rounds; each resume (10,000 events) as in the full run")
     parser.add_argument("--json", help="write the summary rows to this file")
     args = parser.parse_args()
     if args.quick:

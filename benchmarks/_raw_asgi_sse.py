@@ -1,4 +1,4 @@
-"""The SSE baseline: a plain Starlette ``StreamingResponse`` under uvicorn.
+"""The ASGI reference for SSE: a plain Starlette ``StreamingResponse`` under uvicorn.
 
 ``GET /events`` streams, to each reader, events from its own unbounded
 queue (no resume token, no queue policy, no subscription, no store).
@@ -8,8 +8,10 @@ PRAGMAs and sizes, as the WebSocket baselines do), broadcasts N
 pre-framed delta events of S bytes each to every reader, yielding to the
 loop between events (as the Mind's scripted agent does between deltas),
 commits the end's rows, then sends a ``chat.completed`` event naming R; it
-answers 202 at once. What the Mind adds on top of this is what
-``sse_fanout.py`` measures.
+answers 202 at once. ``sse_fanout.py`` pairs ``halfpi mind --server asgi``
+with it (what the ASGI adapter adds on top of a Starlette endpoint); the
+raw baseline for halfpi's own server is ``_raw_sse.py`` (an
+``asyncio.Protocol``, no framework).
 
 Prints ``{"url": "http://127.0.0.1:PORT"}`` once it listens.
 """

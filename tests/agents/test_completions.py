@@ -242,6 +242,9 @@ def test_events_of_plain_newlines_split_anywhere_come_out_whole() -> None:
 
 
 def test_the_data_lines_of_one_event_are_joined() -> None:
+    events = EventStream()
+    assert events.feed(b"data: a\r\n") == []
+    assert events.feed(b"data: b\n\n") == [b"a\nb"]  # one event, two reads
     assert EventStream().feed(b"data: {\"a\":\ndata: 1}\n\n") == [b'{"a":\n1}']
     assert EventStream().feed(b"data:{}\n\n") == [b"{}"]
 

@@ -70,6 +70,16 @@ class EventStream:
         self._data: list[bytes] = []
 
     def feed(self, data: bytes) -> list[bytes]:
+        if (
+            not self._rest
+            and data.startswith(b"data: ")
+            and data.find(b"\n") == len(data) - 2
+            and data.endswith(b"\n\n")
+            and not self._data
+        ):
+            # One whole event of one line: what a read brings from a server
+            # that sends each event as an HTTP chunk (most of them).
+            return [data[6:-2]]
         buf = self._rest + data if self._rest else data
         if self._data or b"\r" in buf:
             events: list[bytes] = []

@@ -76,10 +76,11 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
                 runs = {key: per_event(result[key]) for key in servers}
                 note = f"{n} Face(s), {count:,} deltas per chat"
                 for kind in ("halfpi", "raw"):
-                    for key, unit, lower in (("chat_eps", "events/s", False),
-                                             ("cpu_us_per_event", "µs", True)):
+                    for key, what, unit, lower in (
+                            ("chat_eps", "whole chat", "events/s", False),
+                            ("cpu_us_per_event", "CPU per event", "µs", True)):
                         rows.append(figure(
-                            "loops", f"{kind}: uvloop vs asyncio, {n} Face(s), {key}", unit,
+                            "loops", f"{kind}: uvloop vs asyncio, {n} Face(s), {what}", unit,
                             runs[f"{kind} uvloop"], runs[f"{kind} asyncio"], key,
                             lower_is_better=lower, note=note,
                             refuse_when_load_bound=key != "chat_eps"))

@@ -45,6 +45,8 @@ NO_NEWS = frozenset({"hand", "http"})
 # The maintenance wheel's slot: deadlines are kept per second, a heartbeat
 # takes along what else of it is due within one (``BEAT_SLACK_S``).
 SLOT_S = BEAT_SLACK_S
+# Distinct liveness rules kept to be shared (the doors' few, with room to spare).
+MAX_SHARED_RULES = 64
 
 
 class Host(Protocol):
@@ -93,8 +95,14 @@ class Connections:
              collect: Replies | None = None) -> Connection:
         """A new connection, not yet welcomed; its first visit is due now."""
         mind = self.mind
-        # One Liveness value per rule, shared (each door makes its own per call).
-        liveness = self._rules.setdefault(liveness, liveness)
+        # One Liveness value per rule, shared (each door makes its own per
+        # call); bounded, as a long-poll's lifetime is the reader's choice.
+        rules = self._rules
+        shared = rules.get(liveness)
+        if shared is not None:
+            liveness = shared
+        elif len(rules) < MAX_SHARED_RULES:
+            rules[liveness] = liveness
         conn = Connection(self, framing, liveness, OutboundQueue(mind.config.queue), mind.now(),
                           collect)
         self.live.add(conn)

@@ -226,3 +226,45 @@ async def test_maintenance_rounds_follow_the_minds_clock(tmp_path: Path) -> None
         assert face.wire.closed_with is None
         await maintenance_after(rig, liveness.dead_after_s - liveness.heartbeat_s)
         assert face.wire.closed_with == CloseCode.GOING_AWAY  # it never answered
+
+
+class BeatingWire(Wire):
+    """The native server's side: a heartbeat is one write (``beat``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.beats = 0
+
+    def beat(self, frame: bytes) -> None:
+        self.beats += 1
+        self.write_frames([frame])
+
+
+async def test_one_round_serves_every_heartbeat_due_in_it_with_one_face_ping(
+    mind: tuple[Mind, Clock],
+) -> None:
+    """Faces whose heartbeats fall in one round get it in that round, each
+    as one write (the face.ping and the ping together), the face.ping made
+    once for all of them — even when a pong moved the ping 2 ms later."""
+    m, clock = mind
+    wires = []
+    for _ in range(50):
+        wire = BeatingWire()
+        session = FaceSession(m, wire)
+        token = m.config.face_token_path.read_text().strip()
+        hello = {"token": token, "client": {"name": "t", "version": "1"}, "protocol": 3}
+        session.on_frame(json.dumps({"type": "face.hello", "payload": hello}).encode())
+        wires.append((session, wire))
+    await until(lambda: all(w.of_type("face.welcome") for _, w in wires))
+    heartbeat = m.config.heartbeat_s
+    clock.now = T0 + heartbeat
+    assert m.tick_connections(clock.now) == 50
+    assert all(w.beats == 1 and w.pings == 0 for _, w in wires)
+    stamps = {w.of_type("face.ping")[0]["payload"]["ts"] for _, w in wires}
+    assert len(stamps) == 1  # one face.ping for the round
+    clock.now = T0 + heartbeat + 0.002
+    for session, _ in wires:
+        session.on_traffic()  # the pongs
+    clock.now = T0 + 2 * heartbeat
+    assert m.tick_connections(clock.now) == 50  # one visit each, not two 2 ms apart
+    assert all(w.beats == 2 and w.pings == 0 for _, w in wires)

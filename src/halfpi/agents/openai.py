@@ -198,15 +198,16 @@ async def _pump(chunks: AsyncIterator[bytes], answer: AnswerDecoder, ready: asyn
 
     The HTTP client hands over one piece per HTTP chunk (a chunk per model
     chunk, from most servers); the pieces of one network read come without
-    the loop running in between, and the pieces after the first are shown
-    together once this task waits for the network again. The first piece
-    of a read is shown at once, before that wait: getting ready to wait
+    the loop running in between, and are shown together once this task
+    waits for the network again. At a person's pace a read brings one
+    piece, and it is shown at once, before that wait: getting ready to wait
     for the network costs the HTTP client more than a token's whole way
-    through the Mind, and a token at a person's pace must not wait for
-    it (``waited``: the loop ran since the last piece, so this one came
-    after a wait)."""
+    through the Mind (``waited``: the loop ran since the last piece, so this
+    one starts a read; ``alone``: the read before it brought one piece).
+    A fast stream's reads bring many: one delta each."""
     loop = asyncio.get_running_loop()
     waited = True
+    pieces = 0  # of the current read
 
     def wake() -> None:
         nonlocal waited
@@ -217,9 +218,11 @@ async def _pump(chunks: AsyncIterator[bytes], answer: AnswerDecoder, ready: asyn
             answer.feed(data)
             ready.set()
             if waited:
-                await asyncio.sleep(0)  # the reader shows it before the next wait
-                waited = False
+                alone, pieces, waited = pieces <= 1, 0, False
+                if alone:
+                    await asyncio.sleep(0)  # the reader shows it before the next wait
                 loop.call_soon(wake)  # runs once this task waits again
+            pieces += 1
     except openai.APIError:
         raise
     except StreamError as exc:

@@ -44,14 +44,14 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from websockets.frames import Frame, Opcode
-
-from halfpi import loop
 from websockets.http11 import Request
 from websockets.protocol import State
 from websockets.server import ServerProtocol
+
+from halfpi import loop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -171,7 +171,7 @@ class Connection(asyncio.Protocol):
         self.ping: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast("asyncio.Transport", transport)  # asyncio's or uvloop's
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:

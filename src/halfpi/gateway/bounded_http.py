@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import h11
 from uvicorn.config import Config
@@ -61,18 +61,21 @@ if not any(isinstance(f, PeerMistakes) for f in _UVICORN.filters):
     _UVICORN.addFilter(PeerMistakes())
 
 
-class GuardedH11(H11Protocol):
-    """uvicorn's h11 protocol with the request head bounded in time and
-    the request line in length (module docstring)."""
+class Bounds(asyncio.Protocol):
+    """The bounds both parsers get (module docstring). A subclass says when
+    a request head is being read (``reading_head``), calls :meth:`head_read`
+    once one is whole, says whether a response may still be written
+    (``may_answer``) and whether its request's body is still arriving
+    (``body_unread``), and frames a body chunk (``chunk``)."""
 
-    def __init__(
-        self,
-        config: Config,
-        server_state: ServerState,
-        app_state: dict[str, Any],
-        ticket: Ticket,
-    ) -> None:
-        super().__init__(config, server_state, {**app_state, TICKET: ticket})
+    # Set by the uvicorn protocol this is mixed into.
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    cycle: Any
+    flow: Any
+    app: Any
+
+    def bind_ticket(self, ticket: Ticket) -> None:
         self.ticket = ticket
         # Each request's scope names where a streamed body may be written
         # straight to the socket (``BodyWriter``).
@@ -80,16 +83,29 @@ class GuardedH11(H11Protocol):
         self.head_timer: asyncio.TimerHandle | None = None
         self.line = 0  # bytes of the request line read so far (-1: it is whole)
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def reading_head(self) -> bool:
+        raise NotImplementedError
+
+    def may_answer(self) -> bool:
+        raise NotImplementedError
+
+    def body_unread(self) -> bool:
+        raise NotImplementedError
+
+    def chunk(self, data: bytes) -> bytes | None:
+        """``data`` framed as a chunk of the body under way (None: it cannot
+        be written around the ASGI send chain)."""
+        raise NotImplementedError
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self.ticket.attach(transport)
+        self.ticket.attach(cast("asyncio.Transport", transport))
         # The first head is due from the accept (native read its first line already).
         when = self.ticket.accepted_at + self.ticket.guard.head_timeout_s
         self.head_timer = self.loop.call_at(when, self.head_timeout)
 
     def data_received(self, data: bytes) -> None:
-        waiting = self.conn.their_state is h11.IDLE
-        if waiting:
+        if self.reading_head():
             if self.head_timer is None:  # the next request on a kept-alive connection
                 self.head_timer = self.loop.call_later(
                     self.ticket.guard.head_timeout_s, self.head_timeout
@@ -97,11 +113,12 @@ class GuardedH11(H11Protocol):
             if self.line >= 0 and self.line_too_long(data):
                 return
         super().data_received(data)
-        if self.conn.their_state is not h11.IDLE:  # the head is whole
-            if self.head_timer is not None:
-                self.head_timer.cancel()
-                self.head_timer = None
-            self.line = 0
+
+    def head_read(self) -> None:
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+            self.head_timer = None
+        self.line = 0
 
     def line_too_long(self, data: bytes) -> bool:
         """Answer 414 (and close) once the request line passes its bound."""
@@ -115,18 +132,18 @@ class GuardedH11(H11Protocol):
 
     def head_timeout(self) -> None:
         self.head_timer = None
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+        if self.reading_head() and not self.transport.is_closing():
             self.ticket.guard.head_timed_out(self.ticket.address)
             self.refuse(TOO_SLOW)
 
     def refuse(self, answer: bytes) -> None:
-        if self.conn.our_state is h11.IDLE:  # no response of ours under way
+        if self.may_answer():  # no response of ours under way
             self.transport.write(answer)
         self.transport.close()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+        super().on_response_complete()  # type: ignore[misc]
+        if self.body_unread() and not self.transport.is_closing():
             self.transport.close()  # a body nobody will read is not waited for
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -137,20 +154,55 @@ class GuardedH11(H11Protocol):
         self.ticket.settle()
 
 
+class GuardedH11(Bounds, H11Protocol):
+    """uvicorn's h11 protocol, bounded: HTTP/1.0, and every connection of
+    ``--server asgi`` (whose parser is chosen before a byte is read)."""
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        ticket: Ticket,
+    ) -> None:
+        H11Protocol.__init__(self, config, server_state, {**app_state, TICKET: ticket})
+        self.bind_ticket(ticket)
+
+    def reading_head(self) -> bool:
+        return self.conn.their_state is h11.IDLE
+
+    def may_answer(self) -> bool:
+        return self.conn.our_state is h11.IDLE
+
+    def body_unread(self) -> bool:
+        return self.conn.their_state is h11.SEND_BODY
+
+    def data_received(self, data: bytes) -> None:
+        reading = self.reading_head()
+        super().data_received(data)
+        if reading and not self.reading_head():  # the head is whole
+            self.head_read()
+
+    def chunk(self, data: bytes) -> bytes | None:
+        if self.conn.their_http_version == b"1.0":
+            return data  # the body runs until the connection closes
+        return b"%x\r\n%b\r\n" % (len(data), data)
+
+
 class BodyWriter:
     """Writes a streamed response's body chunks straight to the socket, as
-    h11 frames them (chunked for HTTP/1.1, as they are for 1.0) — without
-    the ASGI send chain (Starlette's wrappers, uvicorn's cycle, h11's event
-    machinery) that costs more than the write itself for a small SSE
-    event. Only while the response is under way and the transport takes
-    writes: otherwise :meth:`write` declines (False) and the response
-    sends through ASGI as usual (which waits for a drain). The response's
-    start and end always go through ASGI, so h11 keeps its state: it does
-    not count the body's bytes in either framing."""
+    the connection's parser frames them (chunked for HTTP/1.1, as they are
+    for 1.0) — without the ASGI send chain (Starlette's wrappers, uvicorn's
+    cycle, the parser's event machinery) that costs more than the write
+    itself for a small SSE event. Only while the response is under way and
+    the transport takes writes: otherwise :meth:`write` declines (False) and
+    the response sends through ASGI as usual (which waits for a drain). The
+    response's start and end always go through ASGI, so the parser keeps its
+    state: it does not count the body's bytes in either framing."""
 
     __slots__ = ("cycle", "protocol")
 
-    def __init__(self, protocol: GuardedH11) -> None:
+    def __init__(self, protocol: Bounds) -> None:
         self.protocol = protocol
         self.cycle = protocol.cycle
 
@@ -169,15 +221,15 @@ class BodyWriter:
             or protocol.transport.is_closing()
         ):
             return False
-        if protocol.conn.their_http_version == b"1.0":
-            protocol.transport.write(data)  # the body runs until the connection closes
-        else:
-            protocol.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        framed = protocol.chunk(data)
+        if framed is None:
+            return False
+        protocol.transport.write(framed)
         return True
 
 
 async def _with_body_writer(
-    protocol: GuardedH11, app: Any, scope: Any, receive: Any, send: Any
+    protocol: Bounds, app: Any, scope: Any, receive: Any, send: Any
 ) -> None:
     if scope["type"] == "http":
         scope.setdefault("extensions", {})[BODY_WRITER] = BodyWriter(protocol)

@@ -48,6 +48,9 @@ log = logging.getLogger("halfpi.gateway.guard")
 # The longest request line read (RFC 9112 advises servers to accept at
 # least 8000 octets); longer is answered 414.
 MAX_REQUEST_LINE = 8192
+# The largest request head read, as h11's own bound (uvicorn's default):
+# a larger one is answered 431 (the h11 parser answers 400).
+MAX_REQUEST_HEAD = 16 * 1024
 ACCEPT_RETRY_S = 0.1  # after a failed accept (no descriptor left), accept again after this
 ACCEPTS_PER_TURN = 64  # then the loop's other work has its turn
 FAILURE_LOG_INTERVAL_S = 10.0
@@ -55,6 +58,10 @@ FAILURE_LOG_INTERVAL_S = 10.0
 TICKET = "halfpi.ticket"
 TOO_LONG = b"HTTP/1.1 414 URI Too Long\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 TOO_SLOW = b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n"
+    b"Connection: close\r\n\r\n"
+)
 UNLIMITED_TARGET = 1_048_576  # the soft limit sought when the hard one is unlimited
 _OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 

@@ -9,8 +9,8 @@ load processes as in ``fanout.py``). Reported per Face count: events/s and
 the **server's CPU per delivered event** (from ``/proc``, all threads: what a
 busy machine bends least), uvloop against asyncio for each server (median
 of per-round ratios, spread), and halfpi against the raw server on each
-loop. This is the figure behind uvloop being the default where it is
-installed (``halfpi.loop``, docs/performance.md).
+loop. This is the figure behind the choice of loop (``halfpi.loop``,
+docs/performance.md: uvloop is opt-in).
 
 ``--quick``: 3 rounds, 1 Face; each chat as long as in the full run.
 

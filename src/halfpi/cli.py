@@ -239,7 +239,7 @@ def cmd_mind(args: argparse.Namespace) -> int:
 
     try:
         with contextlib.suppress(KeyboardInterrupt):
-            loop.run(serve(config))  # uvloop where installed (halfpi.loop)
+            loop.run(serve(config))  # asyncio, or uvloop (halfpi.loop)
     except HomeInUse as exc:  # another Mind owns this home (DESIGN §12)
         print(f"halfpi: {exc}", file=sys.stderr)
         return 1

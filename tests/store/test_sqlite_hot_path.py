@@ -89,3 +89,20 @@ async def test_a_busy_database_sends_the_lookup_to_a_reader_thread(
     found = await store.get_request("p_1", "r_1")
     assert found is not None and found.request_id == "r_1"
     assert threads[0] is loop_thread and threads[1] is not loop_thread
+
+
+async def test_the_credentials_version_is_read_on_the_loop_thread(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The maintenance round reads it four times a second (I8): an idle Mind
+    # must not pay a thread hop for each.
+    threads: list[str] = []
+    read = sqlite_sql.credentials_version
+
+    def watched(conn: sqlite3.Connection) -> int:
+        threads.append(threading.current_thread().name)
+        return read(conn)
+
+    monkeypatch.setattr(sqlite_sql, "credentials_version", watched)
+    assert await store.credentials_version() == 0
+    assert threads == [threading.current_thread().name]

@@ -241,24 +241,28 @@ class SQLiteStore:
         assert self._loop is not None
         return await self._loop.run_in_executor(self._readers, run)
 
-    async def get_request(
-        self, principal_id: str, request_id: str
-    ) -> RequestRecord | Tombstone | None:
-        """Every command's first read (the registry, I5): two primary-key
-        probes, answered on the loop's thread from SQLite's page cache —
-        a few µs, where a reader thread costs two hops and the GIL twice
-        (docs/performance.md, "Durable chats"). Should the database be
-        busy (WAL recovery), a reader thread waits for it instead."""
-        lookup = partial(sql.lookup_request, principal_id=principal_id, request_id=request_id)
+    async def _read_here(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """A point read answered on the loop's thread from SQLite's page
+        cache — a few µs, where a reader thread costs two hops and the GIL
+        twice (docs/performance.md, "Durable chats"). Should the database
+        be busy (WAL recovery), a reader thread waits for it instead."""
         here = self._here
         if here is not None:
             try:
-                return lookup(here)
+                return fn(here)
             except sqlite3.OperationalError:
                 pass  # busy: wait for it on a reader thread, not on the loop
             except sqlite3.Error as exc:
                 raise StoreError(f"read failed: {exc}") from exc
-        return await self._read(lookup)
+        return await self._read(fn)
+
+    async def get_request(
+        self, principal_id: str, request_id: str
+    ) -> RequestRecord | Tombstone | None:
+        """Every command's first read (the registry, I5): two primary-key probes."""
+        return await self._read_here(
+            partial(sql.lookup_request, principal_id=principal_id, request_id=request_id)
+        )
 
     async def prune_requests(self, now: float, retention: RequestRetention) -> int:
         """Move terminal records past retention to tombstones; expire old tombstones."""
@@ -373,7 +377,9 @@ class SQLiteStore:
         return await self._read(sql.credentials)
 
     async def credentials_version(self) -> int:
-        return await self._read(sql.credentials_version)
+        """Read four times a second by the maintenance round (I8) and by
+        handshakes: one row, on the loop's thread (``_read_here``)."""
+        return await self._read_here(sql.credentials_version)
 
     async def add_credential(self, credential: Credential) -> None:
         await self._read(partial(sql.add_credential, c=credential), doing="adding a credential")

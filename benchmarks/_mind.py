@@ -9,15 +9,20 @@ overrides; used by the idle benchmark to hold heartbeats off.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
 import logging
 import sys
 
-from halfpi import loop
 from halfpi.config import Config, default_home, env_delta_ms
 from halfpi.process import serve
+
+try:  # the loop `halfpi mind` runs on (HALFPI_LOOP); a tree before it: asyncio's
+    from halfpi.loop import run
+except ImportError:
+    run = asyncio.run
 
 
 def main() -> None:
@@ -27,7 +32,7 @@ def main() -> None:
     config = dataclasses.replace(config, **overrides)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     with contextlib.suppress(KeyboardInterrupt):
-        loop.run(serve(config))  # the loop `halfpi mind` runs on
+        run(serve(config))
 
 
 if __name__ == "__main__":

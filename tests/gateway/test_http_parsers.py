@@ -21,7 +21,8 @@ pytest.importorskip("httptools")
 
 
 @pytest.fixture(autouse=True)
-def fresh_choice() -> Iterator[None]:
+def fresh_choice(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.delenv("HALFPI_HTTP", raising=False)  # the default, whatever CI sets
     httptools_chosen.cache_clear()
     yield
     httptools_chosen.cache_clear()

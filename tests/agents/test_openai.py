@@ -5,6 +5,7 @@ real ``openai`` SDK: streaming, tool calls, retries, failures, cancel."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -393,6 +394,26 @@ async def test_an_error_the_server_reports_mid_stream_fails_the_chat_with_its_me
     assert failed.value.code == "provider_error"
     assert "overloaded" in str(failed.value)
     assert waits == []
+
+
+async def test_a_reply_left_after_a_stream_error_leaves_no_unheard_failure(
+    model: FakeModel,
+) -> None:
+    model.script(Reply([*text("partial", finish=None), {"error": {"message": "overloaded"}}]))
+    brain, _ = agent(model)
+    loop = asyncio.get_running_loop()
+    unheard: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: unheard.append(context))
+    try:
+        replies = brain.reply(chat())
+        assert await anext(replies) == Delta("partial")
+        await replies.aclose()  # the caller goes away before the failure is raised
+        del replies
+        await loop.shutdown_asyncgens()  # the provider's inner generators end now
+        gc.collect()
+    finally:
+        loop.set_exception_handler(None)
+    assert not [c for c in unheard if "never retrieved" in str(c.get("message"))]
 
 
 async def test_a_stream_that_ends_without_a_finish_reason_is_not_a_whole_reply(

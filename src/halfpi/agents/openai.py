@@ -461,6 +461,8 @@ class OpenAIAgent:
                 if not reader.done():  # cancelled, or the caller went away
                     reader.cancel()
                     await asyncio.wait({reader})
+                if not reader.cancelled():
+                    reader.exception()  # raised above, or nobody is left to hear it
         step.finish = answer.finish
         if step.finish is None:
             raise _Broken("the model server ended the stream before the reply finished")

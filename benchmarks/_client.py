@@ -306,12 +306,19 @@ def is_reply(request_id: str, *types: str) -> Callable[[dict[str, Any]], bool]:
     return lambda m: m["type"] in types and m["payload"].get("request_id") == request_id
 
 
+CHAT_ENDS = frozenset({"chat.completed", "chat.failed", "chat.cancelled", "chat.interrupted"})
+
+
 def is_chat_end(request_id: str) -> Callable[[dict[str, Any]], bool]:
+    """Any end of the chat: a round that ended otherwise than completed is
+    refused by whoever checks its ``face.result`` (a cluster node that lost
+    its lease ends the chat ``interrupted``; waiting for ``completed`` then
+    held every load process until its timeout)."""
     def predicate(m: dict[str, Any]) -> bool:
         p = m["payload"]
         return (
             m["type"] == "face.event"
-            and p.get("type") == "chat.completed"
+            and p.get("type") in CHAT_ENDS
             and p["data"].get("request_id") == request_id
         )
 

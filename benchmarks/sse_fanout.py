@@ -64,6 +64,7 @@ HERE = Path(__file__).resolve().parent
 DELTAS = {1: 20_000, 10: 6_000, 100: 1_500}
 PROCS = {1: 1, 10: 2, 100: 4}
 MAX_PROCS = 8
+OPENING = 50  # streams a load process opens at once
 RESUME_EVENTS = 10_000
 RESUME_TARGET_S = 0.25
 IDLE_STREAMS = 1_000
@@ -182,10 +183,13 @@ async def worker() -> None:
         try:
             if cmd["op"] == "connect":
                 mark = cmd["mark"].encode()
-                for start in range(0, cmd["n"], 100):
+                # At most OPENING at once per worker: the Mind closes the oldest
+                # unauthenticated connection beyond 256 per address (its guard),
+                # and four workers share 127.0.0.1.
+                for start in range(0, cmd["n"], OPENING):
                     readers += await asyncio.gather(*(
                         open_reader(cmd["host"], cmd["port"], cmd["target"], cmd["headers"], mark)
-                        for _ in range(min(100, cmd["n"] - start))))
+                        for _ in range(min(OPENING, cmd["n"] - start))))
                 reply({"ok": True})
             elif cmd["op"] == "arm":
                 for r in readers:

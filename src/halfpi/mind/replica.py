@@ -149,8 +149,6 @@ class Replica:
         if self._resyncing is not None:
             self._resyncing.extend(entries)
             return
-        if len(entries) > 1:
-            self._write_once_each()
         for entry in entries:
             seq = entry.seq
             if seq <= self.published:
@@ -161,17 +159,6 @@ class Replica:
                 self._resyncing.extend(e for e in entries if e.seq >= seq)
                 return
             self._publish(entry)
-
-    def _write_once_each(self) -> None:
-        """Several entries came at once (one owner's batch): each connection
-        queues them and writes them together at the end of this loop turn
-        (``wake``: one write per connection, not one per entry). Its queue
-        keeps the order and the bounds (I7) as for any burst."""
-        for sub in self.subscribers.values():
-            if sub.live:
-                wake = getattr(sub.session, "wake", None)
-                if wake is not None:
-                    wake()
 
     def _publish(self, entry: JournalEntry) -> None:
         self.published = entry.seq
